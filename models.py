@@ -1,0 +1,130 @@
+"""Users and API keys in peewee, and how each process reuses its database connection."""
+
+import datetime
+import sys
+
+from peewee import (
+    BigIntegerField,
+    CharField,
+    DatabaseProxy,
+    DateTimeField,
+    ForeignKeyField,
+    Model,
+    SqliteDatabase,
+)
+from playhouse.db_url import connect
+
+db = DatabaseProxy()
+
+SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1}
+
+
+def utcnow():
+    """Return the current UTC time as a naive datetime, the form stored in the database."""
+    return datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+
+
+class BaseModel(Model):
+    class Meta:
+        database = db
+
+
+class User(BaseModel):
+    username = CharField(unique=True, max_length=32)
+    email = CharField(unique=True, max_length=254)
+    password_hash = CharField()
+    created_at = DateTimeField(default=utcnow)
+
+    class Meta:
+        table_name = "users"
+
+
+class ApiKey(BaseModel):
+    user = ForeignKeyField(User, backref="api_keys", on_delete="CASCADE")
+    name = CharField(max_length=100)
+    key_type = CharField(max_length=16)
+    rate_limit_tier = CharField(default="free", max_length=32)
+    display_prefix = CharField(max_length=16)
+    key_hash = CharField(unique=True, max_length=64)
+    created_at = DateTimeField(default=utcnow)
+    last_used_at = DateTimeField(null=True)
+    revoked_at = DateTimeField(null=True)
+    total_requests = BigIntegerField(default=0)
+
+    class Meta:
+        table_name = "api_keys"
+
+    @classmethod
+    def active_for(cls, user):
+        """Return the user's keys that are not revoked, oldest first."""
+        return cls.select().where((cls.user == user) & cls.revoked_at.is_null()).order_by(cls.id)
+
+
+class Statements:
+    """The SQL of the hot path, written once per database because building a peewee query costs
+    far more than running it."""
+
+    def __init__(self, database):
+        p = database.param
+        self.find_active_key = (
+            "SELECT id, user_id, name, key_type, rate_limit_tier FROM api_keys "
+            f"WHERE key_hash = {p} AND revoked_at IS NULL"
+        )
+        self.is_active = f"SELECT 1 FROM api_keys WHERE id = {p} AND revoked_at IS NULL"
+        self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
+        self.add_usage = (
+            f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "
+            f"WHERE id = {p}"
+        )
+
+
+def find_active_key(key_hash):
+    """Return the unrevoked ApiKey with this hash (only the fields a request needs), or None."""
+    row = db.execute_sql(db.statements.find_active_key, (key_hash,)).fetchone()
+    if row is None:
+        return None
+    key_id, user_id, name, key_type, tier = row
+    return ApiKey(id=key_id, user=user_id, name=name, key_type=key_type, rate_limit_tier=tier)
+
+
+def greenlets_share_thread():
+    """Return True when gevent has patched threading, so every request runs in one OS thread."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and monkey.is_module_patched("threading")
+
+
+def open_database(url):
+    """Return a peewee database for a playhouse.db_url URL, set up for this process."""
+    if url.startswith(("postgres://", "postgresql://")):
+        # A pool hands each request a warm connection; teardown returns it.
+        url = url.replace("://", "+pool://", 1)
+        return connect(url, max_connections=20, stale_timeout=300)
+    if url.startswith("sqlite"):
+        # Under gevent all greenlets share one connection: SQLite calls never yield, so no
+        # two greenlets can interleave inside a statement or a transaction. With real
+        # threads (the CLI, Flask's test client) each thread keeps its own connection.
+        shared = greenlets_share_thread()
+        return connect(
+            url,
+            pragmas=SQLITE_PRAGMAS,
+            thread_safe=not shared,
+            check_same_thread=not shared,
+        )
+    return connect(url)
+
+
+def init_app(app):
+    """Connect the models to DATABASE_URL, create missing tables and register connection hooks."""
+    database = open_database(app.config["DATABASE_URL"])
+    database.statements = Statements(database)
+    db.initialize(database)
+    with database.connection_context():
+        database.create_tables([User, ApiKey], safe=True)
+    if not isinstance(database, SqliteDatabase):
+        app.teardown_appcontext(release_connection)
+
+
+def release_connection(exc=None):
+    """Return the request's connection to the pool, even after an error."""
+    if not db.is_closed():
+        db.close()

@@ -1,0 +1,252 @@
+"""Request allowances per API key and per client IP on the `limits` library, the rate-limit
+headers, and the per-key usage counts that are written to the database once a second."""
+
+import collections
+import functools
+import logging
+import math
+import re
+import threading
+import time
+
+from flask import current_app, g, request
+from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute
+from limits import RateLimitItemPerSecond
+from limits.errors import StorageError
+from limits.storage import MemoryStorage, storage_from_string
+from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
+
+from models import ApiKey, db, utcnow
+
+log = logging.getLogger(__name__)
+
+PERIODS = {
+    "second": RateLimitItemPerSecond,
+    "minute": RateLimitItemPerMinute,
+    "hour": RateLimitItemPerHour,
+    "day": RateLimitItemPerDay,
+}
+RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
+TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
+PUBLIC_POLICY = "public"
+FLUSH_INTERVAL = 1.0
+
+RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
+RateLimitState.__doc__ = "One request's place in its window; reset is in epoch seconds."
+
+
+class RateLimitExceeded(TooManyRequests):
+    """The allowance of the window is used up (HTTP 429, with Retry-After)."""
+
+    error_code = "rate_limit_exceeded"
+
+
+class LimitStorageUnavailable(ServiceUnavailable):
+    """The limit storage cannot be reached; limits fail closed (HTTP 503)."""
+
+    description = "The rate-limit storage is unavailable; try again shortly."
+
+
+class SweptMemoryStorage(MemoryStorage):
+    """limits' memory storage, with its sweep of expired windows run every few seconds instead of
+    10 ms after any hit: each sweep walks every key, which starves a busy worker with many keys.
+    Reads still expire a stale window on the spot, so counts are unaffected."""
+
+    SWEEP_INTERVAL = 10.0
+
+    def _MemoryStorage__schedule_expiry(self):
+        if not self.timer.is_alive():
+            self.timer = threading.Timer(self.SWEEP_INTERVAL, self._MemoryStorage__expire_events)
+            self.timer.daemon = True
+            self.timer.start()
+
+
+def parse_rate(text):
+    """Return the limits item for 'N/period', or raise ValueError."""
+    match = RATE_PATTERN.fullmatch(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a rate like 1000/hour (period second, minute, hour or day).")
+    return PERIODS[match[2]](int(match[1]))
+
+
+def parse_tiers(spec):
+    """Return {tier: item} from 'free=1000/hour,pro=10000/hour', or raise ValueError."""
+    tiers = {}
+    for entry in spec.split(","):
+        name, sep, rate = entry.partition("=")
+        name = name.strip()
+        if not sep or not TIER_NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"RATE_LIMIT_TIERS entry {entry.strip()!r} is not like free=1000/hour.")
+        if name in tiers:
+            raise ValueError(f"RATE_LIMIT_TIERS names the tier {name!r} twice.")
+        tiers[name] = parse_rate(rate)
+    return tiers
+
+
+def open_storage(url):
+    """Return the limits storage for a storage URI; its errors surface as StorageError."""
+    if url.strip() == "memory://":
+        return SweptMemoryStorage(wrap_exceptions=True)
+    return storage_from_string(url, wrap_exceptions=True)
+
+
+class Limiter:
+    """Fixed windows that start with their first request, kept in a limits storage."""
+
+    def __init__(self, storage, tiers, public_rate):
+        self.storage = storage
+        self.tiers = tiers
+        self.public_rate = public_rate
+
+    def hit(self, item, identity, policy):
+        """Count one request for identity; return its RateLimitState or raise RateLimitExceeded."""
+        window_key = item.key_for(identity)
+        try:
+            count = self.storage.incr(window_key, item.get_expiry())
+            reset = self.storage.get_expiry(window_key)
+        except StorageError as error:
+            log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            raise LimitStorageUnavailable() from None
+        state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, item.get_expiry())
+        g.rate_limit = state
+        if count > item.amount:
+            retry_after = max(1, seconds_until(reset))
+            raise RateLimitExceeded(
+                f"The {policy!r} allowance of {item.amount} requests is used up; "
+                f"retry in {retry_after} seconds.",
+                retry_after=retry_after,
+            )
+        return state
+
+
+class UsageCounter:
+    """Counts requests per key in memory and adds them to the database in one transaction at most
+    FLUSH_INTERVAL later, so no request pays for a write."""
+
+    def __init__(self, database, interval=FLUSH_INTERVAL):
+        self.database = database
+        self.interval = interval
+        self.pending = collections.Counter()
+        self.pending_lock = threading.Lock()
+        self.flush_lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.flusher = None
+
+    def add(self, key_id):
+        """Count one request for the key."""
+        with self.pending_lock:
+            self.pending[key_id] += 1
+        if self.flusher is None:
+            self.flusher = threading.Thread(target=self.flush_periodically, daemon=True)
+            self.flusher.start()
+
+    def total(self, key_id):
+        """Return the key's lifetime count: what the database holds plus what is pending here."""
+        with self.flush_lock:
+            row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
+            with self.pending_lock:
+                return (row[0] if row else 0) + self.pending[key_id]
+
+    def flush(self):
+        """Write the pending counts in one transaction; on failure keep them for the next try."""
+        with self.flush_lock:
+            with self.pending_lock:
+                counts, self.pending = self.pending, collections.Counter()
+            if not counts:
+                return
+            used_at = utcnow()
+            try:
+                with self.database.atomic():
+                    for key_id, count in counts.items():
+                        self.database.execute_sql(
+                            self.database.statements.add_usage, (count, used_at, key_id)
+                        )
+            except Exception:
+                with self.pending_lock:
+                    self.pending.update(counts)
+                raise
+
+    def flush_periodically(self):
+        while not self.stopped.wait(self.interval):
+            try:
+                self.flush()
+            except Exception:
+                log.exception("Could not write usage counts; they stay pending for the next try.")
+
+    def close(self):
+        """Stop the periodic flush and write what is pending (graceful shutdown)."""
+        self.stopped.set()
+        self.flush()
+
+
+def init_app(app):
+    """Parse the tiers and the public rate, open the limit storage and register the header hook."""
+    tiers = parse_tiers(app.config["RATE_LIMIT_TIERS"])
+    public = app.config["PUBLIC_RATE_LIMIT"].strip()
+    public_rate = None if public.lower() == "off" else parse_rate(public)
+    storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
+    app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate)
+    app.extensions["usage"] = UsageCounter(db.obj)
+    app.after_request(add_rate_limit_headers)
+    warn_about_unknown_tiers(tiers)
+
+
+def warn_about_unknown_tiers(tiers):
+    with db.connection_context():
+        used = {key.rate_limit_tier for key in ApiKey.select(ApiKey.rate_limit_tier).distinct()}
+    for tier in sorted(used - tiers.keys()):
+        log.warning("API keys with tier %r will be refused: RATE_LIMIT_TIERS does not define it.", tier)
+
+
+def tier_names():
+    """Return the names of the configured tiers."""
+    return current_app.extensions["ratelimit"].tiers.keys()
+
+
+def count_request(key):
+    """Count a request against the key's allowance and its usage; raise RateLimitExceeded when over."""
+    limiter = current_app.extensions["ratelimit"]
+    item = limiter.tiers.get(key.rate_limit_tier)
+    if item is None:
+        log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, key.rate_limit_tier)
+        raise InternalServerError("This API key's rate limit tier is not configured on the server.")
+    state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier)
+    current_app.extensions["usage"].add(key.id)
+    return state
+
+
+def total_requests(key):
+    """Return the key's exact lifetime request count."""
+    return current_app.extensions["usage"].total(key.id)
+
+
+def ip_rate_limited(view):
+    """Limit a public view per client IP to PUBLIC_RATE_LIMIT."""
+
+    @functools.wraps(view)
+    def limited(*args, **kwargs):
+        limiter = current_app.extensions["ratelimit"]
+        if limiter.public_rate is not None:
+            limiter.hit(limiter.public_rate, f"ip:{request.remote_addr}", PUBLIC_POLICY)
+        return view(*args, **kwargs)
+
+    return limited
+
+
+def seconds_until(epoch):
+    """Return the whole seconds from now until an epoch time, rounded up, never negative."""
+    return max(0, math.ceil(epoch - time.time()))
+
+
+def add_rate_limit_headers(response):
+    """Report the request's window in the X-RateLimit-* and IETF draft-11 RateLimit headers."""
+    state = g.get("rate_limit")
+    if state is not None:
+        response.headers["X-RateLimit-Limit"] = str(state.limit)
+        response.headers["X-RateLimit-Remaining"] = str(state.remaining)
+        response.headers["X-RateLimit-Reset"] = str(math.ceil(state.reset))
+        response.headers["RateLimit-Policy"] = f'"{state.policy}";q={state.limit};w={state.window}'
+        response.headers["RateLimit"] = (
+            f'"{state.policy}";r={state.remaining};t={seconds_until(state.reset)}'
+        )
+    return response

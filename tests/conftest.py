@@ -1,0 +1,59 @@
+"""Fixtures: an app on a temporary SQLite file with in-memory limits, its clients, a user and keys."""
+
+import os
+import tempfile
+
+# app.py builds `app = create_app()` on import: point it at throwaway state first.
+_import_dir = tempfile.mkdtemp(prefix="apiservice-import-")
+os.environ["DATABASE_URL"] = f"sqlite:///{_import_dir}/import.db"
+os.environ.setdefault("SECRET_KEY", "test-secret")
+
+import pytest  # noqa: E402
+
+import auth  # noqa: E402
+from app import create_app  # noqa: E402
+
+TEST_TIERS = "free=3/minute,pro=100/minute"
+
+
+@pytest.fixture
+def app(tmp_path):
+    app = create_app({
+        "DATABASE_URL": f"sqlite:///{tmp_path}/test.db",
+        "RATELIMIT_STORAGE_URL": "memory://",
+        "RATE_LIMIT_TIERS": TEST_TIERS,
+        "PUBLIC_RATE_LIMIT": "5/minute",
+        "TESTING": True,
+    })
+    with app.app_context():
+        yield app
+    app.extensions["usage"].close()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):
+    return app.test_cli_runner()
+
+
+@pytest.fixture
+def user(app):
+    return auth.create_user("alice", "alice@example.com", "correct horse battery")
+
+
+@pytest.fixture
+def api_key(user):
+    """The secret of an active development key of tier free (3/minute in tests)."""
+    _, secret = auth.issue_key(user, "Alice dev", "development")
+    return secret
+
+
+@pytest.fixture
+def pro_key(user):
+    """The secret of an active production key of tier pro (100/minute in tests)."""
+    _, secret = auth.issue_key(user, "Alice live", "production", "pro")
+    return secret

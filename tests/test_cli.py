@@ -1,0 +1,100 @@
+"""The flask CLI: users create, keys create/list/revoke."""
+
+import re
+
+import pytest
+
+import auth
+from models import ApiKey, User
+
+
+def test_users_create_with_password_stdin(runner):
+    result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com", "--password-stdin"],
+                           input="s3cret-password\nignored second line\n")
+    assert result.exit_code == 0, result.output
+    user = User.get(User.username == "bob")
+    assert auth.password_matches(user, "s3cret-password")
+
+
+def test_users_create_prompts_for_password(runner):
+    result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
+                           input="s3cret-password\ns3cret-password\n")
+    assert result.exit_code == 0, result.output
+    assert auth.password_matches(User.get(User.username == "bob"), "s3cret-password")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["alice", "--email", "new@example.com"], "already taken"),
+    (["bob", "--email", "alice@example.com"], "already belongs"),
+    (["bob", "--email", "nope"], "email"),
+])
+def test_users_create_errors(runner, user, args, message):
+    result = runner.invoke(args=["users", "create", *args, "--password-stdin"], input="long enough pw\n")
+    assert result.exit_code != 0
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_keys_create_prints_the_secret_last(runner, user):
+    result = runner.invoke(args=["keys", "create", "alice", "--name", "ci key", "--type", "production"])
+    assert result.exit_code == 0, result.output
+    secret = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"sk_live_[A-Za-z0-9]{32,}", secret)
+    key = auth.authenticate(secret)
+    assert (key.name, key.key_type, key.rate_limit_tier) == ("ci key", "production", "free")
+
+
+def test_keys_create_with_tier(runner, user):
+    result = runner.invoke(args=["keys", "create", "alice", "--name", "k", "--type", "development", "--tier", "pro"])
+    assert result.exit_code == 0, result.output
+    assert auth.authenticate(result.stdout.splitlines()[-1]).rate_limit_tier == "pro"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nobody", "--name", "k", "--type", "development"], "no user named 'nobody'"),
+    (["alice", "--name", "k", "--type", "staging"], "staging"),
+    (["alice", "--name", "k", "--type", "development", "--tier", "gold"], "Unknown rate limit tier 'gold'"),
+    (["alice", "--name", "", "--type", "development"], "key name"),
+])
+def test_keys_create_errors(runner, user, args, message):
+    result = runner.invoke(args=["keys", "create", *args])
+    assert result.exit_code != 0
+    assert message in result.stderr
+    assert ApiKey.select().count() == 0
+
+
+def test_keys_list_never_shows_secrets(runner, user, api_key, pro_key):
+    revoked = ApiKey.get(ApiKey.key_hash == auth.hash_key(pro_key))
+    auth.revoke_key(revoked)
+    result = runner.invoke(args=["keys", "list", "alice"])
+    assert result.exit_code == 0
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2
+    first = lines[0].split("\t")
+    assert first[1:] == ["Alice dev", "development", api_key[:12] + "...", "free", "active"]
+    assert int(first[0]) == auth.authenticate(api_key).id
+    assert lines[1].split("\t")[1:] == ["Alice live", "production", pro_key[:12] + "...", "pro", "revoked"]
+    assert api_key not in result.output and pro_key not in result.output
+
+
+def test_keys_list_unknown_user(runner):
+    result = runner.invoke(args=["keys", "list", "nobody"])
+    assert result.exit_code != 0
+    assert "nobody" in result.stderr
+
+
+def test_keys_revoke(runner, client, api_key):
+    key_id = auth.authenticate(api_key).id
+    result = runner.invoke(args=["keys", "revoke", str(key_id)])
+    assert result.exit_code == 0
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": api_key}).status_code == 401
+    again = runner.invoke(args=["keys", "revoke", str(key_id)])
+    assert again.exit_code == 0
+    assert "already revoked" in again.stdout
+
+
+@pytest.mark.parametrize("key_id", ["999", "abc"])
+def test_keys_revoke_errors(runner, key_id):
+    result = runner.invoke(args=["keys", "revoke", key_id])
+    assert result.exit_code != 0
+    assert result.stderr

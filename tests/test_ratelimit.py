@@ -1,0 +1,149 @@
+"""Tier parsing, fixed windows, the memory storage's sweep, and the usage counter's flushes."""
+
+import threading
+
+import pytest
+from limits import RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
+
+import ratelimit
+from models import ApiKey, db
+
+
+def test_parse_tiers():
+    tiers = ratelimit.parse_tiers("free=1000/hour, pro = 5 / second,team=20/minute,big=1/day")
+    assert tiers["free"] == RateLimitItemPerHour(1000)
+    assert tiers["pro"] == RateLimitItemPerSecond(5)
+    assert tiers["team"] == RateLimitItemPerMinute(20)
+    assert tiers["big"].get_expiry() == 86400
+
+
+@pytest.mark.parametrize("spec", ["", "free", "free=", "free=abc/hour", "free=-1/hour", "free=1/week",
+                                  "Free Tier=1/hour", "free=1/hour,"])
+def test_parse_tiers_rejects(spec):
+    with pytest.raises(ValueError):
+        ratelimit.parse_tiers(spec)
+
+
+class FakeClock:
+    def __init__(self, monkeypatch, start=1_000_000.0):
+        self.now = start
+        monkeypatch.setattr("limits.storage.memory.time.time", lambda: self.now)
+        monkeypatch.setattr("ratelimit.time.time", lambda: self.now)
+
+
+def test_fixed_window_starts_with_first_request_and_resets(app, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    limiter = app.extensions["ratelimit"]
+    item = RateLimitItemPerMinute(2)
+    with app.test_request_context():
+        first = limiter.hit(item, "w", "t")
+        assert (first.remaining, first.reset) == (1, clock.now + 60)
+        clock.now += 59.9
+        assert limiter.hit(item, "w", "t").remaining == 0
+        with pytest.raises(ratelimit.RateLimitExceeded) as raised:
+            limiter.hit(item, "w", "t")
+        assert raised.value.retry_after == 1
+        clock.now += 0.1
+        fresh = limiter.hit(item, "w", "t")
+        assert (fresh.remaining, fresh.reset) == (1, clock.now + 60)
+
+
+def test_memory_storage_sweeps_rarely_but_reads_expire_at_once(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    storage = ratelimit.SweptMemoryStorage()
+    storage.timer.join()  # the one sweep limits schedules on construction
+    for i in range(100):
+        storage.incr(f"k{i}", 1)
+    assert storage.timer.interval == ratelimit.SweptMemoryStorage.SWEEP_INTERVAL
+    assert storage.timer.daemon
+    clock.now += 1
+    assert storage.get("k1") == 0
+    assert len(storage.storage) == 99
+    storage._MemoryStorage__expire_events()
+    assert len(storage.storage) == 0
+    storage.timer.cancel()
+
+
+def test_storage_failure_is_503_and_lets_nothing_through(app, client, api_key, monkeypatch):
+    from limits.errors import StorageError
+
+    def fail(*args, **kwargs):
+        raise StorageError(ConnectionError("redis is down"))
+
+    monkeypatch.setattr(app.extensions["ratelimit"].storage, "incr", fail)
+    response = client.get("/api/v1/protected/test", headers={"X-API-Key": api_key})
+    assert response.status_code == 503
+    assert response.get_json()["error"]["code"] == "service_unavailable"
+    assert app.extensions["usage"].pending == {}
+
+
+def key_id(secret):
+    import auth
+
+    return ApiKey.get(ApiKey.key_hash == auth.hash_key(secret)).id
+
+
+def test_usage_counter_flushes_in_one_go(app, user, pro_key):
+    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    kid = key_id(pro_key)
+    for _ in range(7):
+        counter.add(kid)
+    assert counter.total(kid) == 7
+    assert ApiKey.get_by_id(kid).total_requests == 0
+    counter.flush()
+    assert counter.pending == {}
+    assert ApiKey.get_by_id(kid).total_requests == 7
+    assert counter.total(kid) == 7
+    counter.close()
+
+
+def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, monkeypatch):
+    import peewee
+
+    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    kid = key_id(pro_key)
+    for _ in range(4):
+        counter.add(kid)
+    original = db.obj.execute_sql
+
+    def fail(sql, *args, **kwargs):
+        if sql.startswith("UPDATE"):
+            raise peewee.OperationalError("disk I/O error")
+        return original(sql, *args, **kwargs)
+
+    monkeypatch.setattr(db.obj, "execute_sql", fail)
+    with pytest.raises(peewee.OperationalError):
+        counter.flush()
+    counter.add(kid)
+    monkeypatch.setattr(db.obj, "execute_sql", original)
+    counter.close()
+    assert ApiKey.get_by_id(kid).total_requests == 5
+
+
+def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro_key):
+    counter = ratelimit.UsageCounter(db.obj, interval=0.01)
+    kid = key_id(pro_key)
+
+    def add_many():
+        for _ in range(2000):
+            counter.add(kid)
+
+    threads = [threading.Thread(target=add_many) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counter.close()
+    assert ApiKey.get_by_id(kid).total_requests == 16000
+
+
+def test_periodic_flush_writes_without_requests(app, user, pro_key):
+    counter = ratelimit.UsageCounter(db.obj, interval=0.01)
+    kid = key_id(pro_key)
+    counter.add(kid)
+    for _ in range(500):
+        if ApiKey.get_by_id(kid).total_requests == 1:
+            break
+        threading.Event().wait(0.01)
+    assert ApiKey.get_by_id(kid).total_requests == 1
+    counter.close()

@@ -1,0 +1,246 @@
+"""The real thing: the Procfile's gunicorn command (gevent worker) and `python app.py` on free
+ports, driven over HTTP by `requests`, with keys made by the real CLI."""
+
+import concurrent.futures
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def service_env(tmp_path, **extra):
+    env = dict(os.environ)
+    env.update({
+        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        "DATABASE_URL": f"sqlite:///{tmp_path}/server.db",
+        "SECRET_KEY": "test-secret",
+        "RATE_LIMIT_TIERS": "free=100000/hour,tiny=2/minute",
+        "PUBLIC_RATE_LIMIT": "off",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra)
+    return env
+
+
+def cli(env, *args, stdin=None):
+    result = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT, env=env,
+                            input=stdin, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def make_key(env, tier="free"):
+    """Create user carol and a production key of the tier with the CLI; return the secret."""
+    cli(env, "users", "create", "carol", "--email", "carol@example.com", "--password-stdin",
+        stdin="a long password\n")
+    return cli(env, "keys", "create", "carol", "--name", f"{tier} key", "--type", "production",
+               "--tier", tier).strip().splitlines()[-1]
+
+
+class Server:
+    def __init__(self, command, env, port, log_path):
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.output()
+            try:
+                requests.get(self.base + "/api/v1/status", timeout=1)
+                return
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.stop()
+        raise AssertionError("server did not start:\n" + self.output())
+
+    def output(self):
+        self.log.flush()
+        return Path(self.log_path).read_text()
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.process.poll() is None:
+            # As a platform does: the signal goes to the whole process group.
+            os.killpg(self.process.pid, sig)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+        return self.process.returncode
+
+
+def procfile_command():
+    """Return the Procfile's web process as (NAME=value settings, argv)."""
+    line = (ROOT / "Procfile").read_text().strip()
+    assert line.startswith("web: ")
+    words = shlex.split(line.removeprefix("web: "))
+    settings = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Z_]+=\S*", word))
+    return settings, words[len(settings):]
+
+
+def start_procfile(tmp_path, env):
+    port = free_port()
+    settings, argv = procfile_command()
+    env = dict(env, **settings, PORT=str(port))
+    return Server(argv, env, port, tmp_path / f"gunicorn-{port}.log")
+
+
+@pytest.fixture
+def env(tmp_path):
+    return service_env(tmp_path)
+
+
+@pytest.fixture
+def server(tmp_path, env):
+    server = start_procfile(tmp_path, env)
+    yield server
+    server.stop()
+
+
+def test_procfile_runs_gunicorn_with_gevent(server):
+    assert "Using worker: gevent" in server.output()
+    assert requests.get(server.base + "/api/v1/status").json() == {
+        "status": "operational", "version": "1.0.0", "authenticated": False}
+
+
+def test_every_endpoint_over_http(server, env):
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    year = requests.get(server.base + "/api/v1/demo/year").json()
+    assert year["year"] == time.gmtime().tm_year
+    assert requests.get(server.base + "/api/v1/status", headers=headers).json()["authenticated"] is True
+    test = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+    assert test.status_code == 200
+    assert test.json()["api_key_type"] == "production"
+    assert test.headers["RateLimit-Policy"] == '"free";q=100000;w=3600'
+    me = requests.get(server.base + "/api/v1/user/me", headers=headers).json()
+    assert (me["username"], me["api_key_count"]) == ("carol", 1)
+    stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers)
+    assert stats.json()["total_requests"] == 3
+    assert stats.json()["requests_remaining"] == int(stats.headers["X-RateLimit-Remaining"]) == 99997
+    missing = requests.get(server.base + "/api/v1/protected/test")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "missing_api_key"
+    assert missing.headers["Content-Type"] == "application/json"
+    assert requests.get(server.base + "/api/v1/nope").json()["error"]["code"] == "not_found"
+
+
+def test_rate_limit_over_http(server, env):
+    headers = {"X-API-Key": make_key(env, tier="tiny")}
+    statuses = [requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code
+                for _ in range(4)]
+    assert statuses == [200, 200, 429, 429]
+    refused = requests.get(server.base + "/api/v1/usage/stats", headers=headers)
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+
+
+def test_revocation_by_cli_takes_effect_on_the_next_request(server, env):
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+    key_id = cli(env, "keys", "list", "carol").split("\t")[0]
+    cli(env, "keys", "revoke", key_id)
+    refused = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("value", ["sk_live_" + "a" * 4000, "sk_live_\xe9\xe9" + "a" * 40,
+                                   "sk_live_" + "a" * 40 + "\t"])
+def test_odd_key_headers_get_a_json_401(server, value):
+    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value.encode("latin-1")})
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("value, status", [(b"a" * 100_000, 431), (b"sk_live_\x01\x7f" + b"a" * 40, 400)])
+def test_headers_gunicorn_cannot_parse_get_its_own_4xx(server, value, status):
+    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value})
+    assert response.status_code == status
+
+
+def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    clients, per_client = 20, 50
+
+    def hammer(_):
+        with requests.Session() as session:
+            return [session.get(f"{server.base}/api/v1/protected/test", headers=headers).status_code
+                    for _ in range(per_client)]
+
+    server = start_procfile(tmp_path, env)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            statuses = [status for batch in pool.map(hammer, range(clients)) for status in batch]
+        assert statuses == [200] * (clients * per_client)
+        stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()
+        assert stats["total_requests"] == clients * per_client + 1
+    finally:
+        assert server.stop(signal.SIGTERM) == 0
+
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        server = start_procfile(tmp_path, env)
+        try:
+            stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()
+        finally:
+            server.stop(stop_signal)
+        expected = clients * per_client + 2 if stop_signal == signal.SIGINT else clients * per_client + 3
+        assert stats["total_requests"] == expected
+    assert f"\t{key[:12]}...\t" in cli(env, "keys", "list", "carol")
+
+
+def test_python_app_py_seeds_a_demo_key_once(tmp_path):
+    port = free_port()
+    env = service_env(tmp_path, PORT=str(port))
+    env.pop("PUBLIC_RATE_LIMIT")
+    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py.log")
+    try:
+        output = server.output()
+        secret = re.search(r"^\s+(sk_test_[A-Za-z0-9]{32,})$", output, re.M)[1]
+        curl = re.search(r"^\s+(curl .*)$", output, re.M)[1]
+        assert curl == f'curl -H "X-API-Key: {secret}" http://127.0.0.1:{port}/api/v1/protected/test'
+        response = requests.get(shlex.split(curl)[-1], headers={"X-API-Key": secret})
+        assert response.json()["api_key_name"] == "Demo key"
+        assert "Using worker: gevent" in output
+        assert f"Listening at: http://127.0.0.1:{port}" in output
+    finally:
+        assert server.stop(signal.SIGINT) == 0
+    assert output.count(secret) == 2
+
+    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py-2.log")
+    try:
+        assert "sk_test_" not in server.output()
+        stats = requests.get(server.base + "/api/v1/usage/stats", headers={"X-API-Key": secret}).json()
+        assert stats["total_requests"] == 2
+    finally:
+        server.stop()
+
+
+def test_access_log_has_no_query_string(server):
+    requests.get(server.base + "/api/v1/status?api_key=sk_test_" + "q" * 40)
+    time.sleep(0.2)
+    output = server.output()
+    assert '"GET /api/v1/status HTTP/1.1" 200' in output
+    assert "qqqq" not in output
