@@ -2,107 +2,16 @@
 ports, driven over HTTP by `requests`, with keys made by the real CLI."""
 
 import concurrent.futures
-import os
 import re
 import shlex
 import signal
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def service_env(tmp_path, **extra):
-    env = dict(os.environ)
-    env.update({
-        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        "DATABASE_URL": f"sqlite:///{tmp_path}/server.db",
-        "SECRET_KEY": "test-secret",
-        "RATE_LIMIT_TIERS": "free=100000/hour,tiny=2/minute",
-        "PUBLIC_RATE_LIMIT": "off",
-        "PYTHONUNBUFFERED": "1",
-    })
-    env.update(extra)
-    return env
-
-
-def cli(env, *args, stdin=None):
-    result = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT, env=env,
-                            input=stdin, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def make_key(env, tier="free"):
-    """Create user carol and a production key of the tier with the CLI; return the secret."""
-    cli(env, "users", "create", "carol", "--email", "carol@example.com", "--password-stdin",
-        stdin="a long password\n")
-    return cli(env, "keys", "create", "carol", "--name", f"{tier} key", "--type", "production",
-               "--tier", tier).strip().splitlines()[-1]
-
-
-class Server:
-    def __init__(self, command, env, port, log_path):
-        self.base = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.output()
-            try:
-                requests.get(self.base + "/api/v1/status", timeout=1)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.1)
-        self.stop()
-        raise AssertionError("server did not start:\n" + self.output())
-
-    def output(self):
-        self.log.flush()
-        return Path(self.log_path).read_text()
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.process.poll() is None:
-            # As a platform does: the signal goes to the whole process group.
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self.log.close()
-        return self.process.returncode
-
-
-def procfile_command():
-    """Return the Procfile's web process as (NAME=value settings, argv)."""
-    line = (ROOT / "Procfile").read_text().strip()
-    assert line.startswith("web: ")
-    words = shlex.split(line.removeprefix("web: "))
-    settings = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Z_]+=\S*", word))
-    return settings, words[len(settings):]
-
-
-def start_procfile(tmp_path, env):
-    port = free_port()
-    settings, argv = procfile_command()
-    env = dict(env, **settings, PORT=str(port))
-    return Server(argv, env, port, tmp_path / f"gunicorn-{port}.log")
+from liveserver import Server, cli, free_port, make_key, service_env, start_procfile
 
 
 @pytest.fixture
