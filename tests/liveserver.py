@@ -37,17 +37,23 @@ def service_env(tmp_path, **extra):
     return env
 
 
+def run_cli(env, *args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT, env=env,
+                          input=stdin, capture_output=True, text=True, timeout=60)
+
+
 def cli(env, *args, stdin=None):
-    result = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT, env=env,
-                            input=stdin, capture_output=True, text=True, timeout=60)
+    """Run `flask --app app ARGS` against env's database; return its stdout."""
+    result = run_cli(env, *args, stdin=stdin)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def make_key(env, tier="free"):
-    """Create user carol and a production key of the tier with the CLI; return the secret."""
-    cli(env, "users", "create", "carol", "--email", "carol@example.com", "--password-stdin",
-        stdin="a long password\n")
+    """Create a production key of the tier for user carol (made on first use); return the secret."""
+    if run_cli(env, "keys", "list", "carol").returncode != 0:
+        cli(env, "users", "create", "carol", "--email", "carol@example.com", "--password-stdin",
+            stdin="a long password\n")
     return cli(env, "keys", "create", "carol", "--name", f"{tier} key", "--type", "production",
                "--tier", tier).strip().splitlines()[-1]
 
