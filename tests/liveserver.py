@@ -65,13 +65,13 @@ class Server:
         self.log = open(log_path, "w")
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.output()
             try:
-                requests.get(self.base + "/api/v1/status", timeout=1)
+                requests.get(self.base + "/api/v1/status", timeout=5)
                 return
-            except requests.ConnectionError:
+            except requests.RequestException:
                 time.sleep(0.1)
         self.stop()
         raise AssertionError("server did not start:\n" + self.output())
@@ -79,6 +79,14 @@ class Server:
     def output(self):
         self.log.flush()
         return Path(self.log_path).read_text()
+
+    def wait_for_output(self, text, seconds=10):
+        """Return the output once it contains text; fail after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while text not in (output := self.output()):
+            assert time.monotonic() < deadline, f"{text!r} never appeared in:\n{output}"
+            time.sleep(0.05)
+        return output
 
     def stop(self, sig=signal.SIGTERM):
         if self.process.poll() is None:

@@ -183,9 +183,8 @@ def test_revoked_key_closes_its_socket_with_4401(server, env):
 def test_socket_logs_never_contain_the_key(server, key):
     connect(server, f"/api/v1/ws/time?api_key={key}").close()
     refusal(server, f"/api/v1/ws/time?api_key={key}x")
-    time.sleep(1.5)
-    output = server.output()
-    assert "/api/v1/ws/time" in output
+    server.wait_for_output("/api/v1/ws/time closed after")
+    output = server.wait_for_output('"GET /api/v1/ws/time HTTP/1.1" 401')
     assert key not in output and key[12:] not in output
 
 
@@ -198,11 +197,9 @@ def test_shutdown_closes_sockets_with_1001(tmp_path, stop_signal):
         echo = connect(server, "/api/v1/ws/echo")
         clock = connect(server, f"/api/v1/ws/time?api_key={key}")
         clock.recv()
-        started = time.monotonic()
         server.process.send_signal(stop_signal)
         assert close_code(echo) == 1001
         assert close_code(clock) == 1001
-        assert time.monotonic() - started < 5
     finally:
         assert server.stop() == 0
 
