@@ -48,20 +48,21 @@ def free_port():
 class Server:
     """gunicorn -c gunicorn.conf.py with one gevent worker, pinned to SERVER_CORE."""
 
-    def __init__(self, wsgi_app, env, chdir=ROOT):
+    def __init__(self, wsgi_app, env, chdir=ROOT, config=ROOT / "gunicorn.conf.py"):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = dict(env, PORT=str(self.port), WEB_CONCURRENCY="1")
         command = ["taskset", "-c", SERVER_CORE, sys.executable, "-m", "gunicorn",
-                   "-c", str(ROOT / "gunicorn.conf.py"), "--chdir", str(chdir),
+                   "-c", str(config), "--chdir", str(chdir),
                    "--access-logfile", "/dev/null", wsgi_app]
         self.process = subprocess.Popen(command, cwd=chdir, env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         for _ in range(300):
             try:
-                requests.get(self.base + "/", timeout=1)
+                requests.get(self.base + "/", timeout=5)
                 break
-            except requests.ConnectionError:
+            except requests.RequestException:
+                assert self.process.poll() is None, f"{wsgi_app} did not start"
                 time.sleep(0.1)
         self.worker_pid = int(subprocess.check_output(["pgrep", "-P", str(self.process.pid)]).split()[0])
 
@@ -121,8 +122,11 @@ def wrk(url, headers=(), script=None, env=None, seconds=WRK_SECONDS):
 
 
 def latency_ms(text):
-    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
-    return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if match is None:
+        raise ValueError(f"wrk printed a latency of {text!r}")
+    value, unit = match.groups()
+    return float(value) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000}[unit]
 
 
 def bench_rest(workdir):
@@ -131,7 +135,7 @@ def bench_rest(workdir):
     keys_file = workdir / "keys.txt"
     keys_file.write_text("\n".join(secrets) + "\n")
     service = Server("app:app", env)
-    bare = Server("bare:app", env, chdir=ROOT / "bench")
+    bare = Server("bare:app", env, chdir=ROOT / "bench", config=ROOT / "bench" / "bare.conf.py")
     cases = {
         "bare Flask `GET /bare`": lambda: wrk(bare.base + "/bare"),
         "public `GET /api/v1/demo/year`": lambda: wrk(service.base + "/api/v1/demo/year"),
