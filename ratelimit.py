@@ -87,6 +87,9 @@ def open_storage(url):
     """Return the limits storage for a storage URI; its errors surface as StorageError."""
     if url.strip() == "memory://":
         return SweptMemoryStorage(wrap_exceptions=True)
+    if url.startswith(("redis://", "rediss://", "redis+")):
+        # Without timeouts a Redis that hangs would hang every protected request with it.
+        return storage_from_string(url, wrap_exceptions=True, socket_timeout=1, socket_connect_timeout=1)
     return storage_from_string(url, wrap_exceptions=True)
 
 
@@ -223,8 +226,13 @@ def total_requests(key):
 def limit_client_ip():
     """Count a public request against its client IP's PUBLIC_RATE_LIMIT, unless that is off."""
     limiter = current_app.extensions["ratelimit"]
-    if limiter.public_rate is not None:
+    if limiter.public_rate is None:
+        return
+    try:
         limiter.hit(limiter.public_rate, f"ip:{request.remote_addr}", PUBLIC_POLICY)
+    except LimitStorageUnavailable:
+        # Public endpoints stay up without the limit storage; only keyed traffic fails closed.
+        pass
 
 
 def ip_rate_limited(view):

@@ -7,11 +7,14 @@ import logging
 import math
 import threading
 import time
+import uuid
 import weakref
 
 import flask_sock
+import redis
 import simple_websocket
 from flask import Blueprint, current_app, g, request
+from limits.storage import RedisStorage
 from werkzeug.exceptions import TooManyRequests
 
 import auth
@@ -84,17 +87,80 @@ class SocketSlots:
         self.open = collections.Counter()
 
     def take(self, key_id):
-        """Reserve a slot for the key, or raise TooManyConnections."""
+        """Reserve a slot for the key and return its token, or raise TooManyConnections."""
         if self.open[key_id] >= self.per_key:
-            raise TooManyConnections(
-                f"This API key already has {self.per_key} open time sockets; close one first."
-            )
+            raise too_many_connections(self.per_key)
         self.open[key_id] += 1
+        return key_id
 
-    def give_back(self, key_id):
+    def give_back(self, key_id, token):
         self.open[key_id] -= 1
         if self.open[key_id] <= 0:
             del self.open[key_id]
+
+    def refresh(self, slots):
+        """Nothing to do: a process's own counts cannot outlive it."""
+
+
+class SharedSocketSlots:
+    """Counts each key's open time sockets in Redis, so the cap holds across workers and
+    instances. A slot is a member of the key's sorted set, scored by its last heartbeat, so
+    the slots of a worker that died expire instead of leaking."""
+
+    STALE_SECONDS = 90
+    HEARTBEAT_SECONDS = 30
+    TAKE = """
+        redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+        if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+        redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
+        redis.call('EXPIRE', KEYS[1], ARGV[5])
+        return 1
+    """
+
+    def __init__(self, client, per_key):
+        self.client = client
+        self.per_key = per_key
+        self.take_script = client.register_script(self.TAKE)
+
+    @staticmethod
+    def name(key_id):
+        return f"time-sockets:{key_id}"
+
+    def take(self, key_id):
+        """Reserve a slot for the key and return its token, or raise TooManyConnections."""
+        token = uuid.uuid4().hex
+        now = time.time()
+        try:
+            taken = self.take_script(keys=[self.name(key_id)],
+                                     args=[now, now - self.STALE_SECONDS, self.per_key, token, self.STALE_SECONDS])
+        except redis.RedisError as error:
+            log.error("Socket slots unavailable in Redis: %s", error)
+            raise ratelimit.LimitStorageUnavailable() from None
+        if not taken:
+            raise too_many_connections(self.per_key)
+        return token
+
+    def give_back(self, key_id, token):
+        try:
+            self.client.zrem(self.name(key_id), token)
+        except redis.RedisError as error:
+            log.warning("Could not free a socket slot (it expires by itself): %s", error)
+
+    def refresh(self, slots):
+        """Renew the heartbeat of this worker's open slots."""
+        now = time.time()
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key_id, token in slots:
+                    pipe.zadd(self.name(key_id), {token: now}, xx=True)
+                    pipe.expire(self.name(key_id), self.STALE_SECONDS)
+                pipe.execute()
+        except redis.RedisError as error:
+            log.warning("Could not renew socket slots: %s", error)
+
+
+def too_many_connections(per_key):
+    return TooManyConnections(f"This API key already has {per_key} open time sockets; close one first.")
 
 
 def init_app(app):
@@ -102,8 +168,14 @@ def init_app(app):
     app.config.setdefault("SOCK_SERVER_OPTIONS", {"max_message_size": 65536, "ping_interval": 25})
     app.config.setdefault("TIME_SOCKETS_PER_KEY", 10)
     app.config.setdefault("REVOCATION_CHECK_SECONDS", 5)
-    app.extensions["socket_slots"] = SocketSlots(app.config["TIME_SOCKETS_PER_KEY"])
-    app.extensions["ticker"] = Ticker(app.config["REVOCATION_CHECK_SECONDS"])
+    storage = app.extensions["ratelimit"].storage
+    per_key = app.config["TIME_SOCKETS_PER_KEY"]
+    if isinstance(storage, RedisStorage):
+        slots = SharedSocketSlots(storage.get_connection(), per_key)
+    else:
+        slots = SocketSlots(per_key)
+    app.extensions["socket_slots"] = slots
+    app.extensions["ticker"] = Ticker(slots, app.config["REVOCATION_CHECK_SECONDS"])
     app.register_blueprint(bp)
 
 
@@ -115,18 +187,16 @@ def admit_socket():
         ratelimit.limit_client_ip()
     elif request.endpoint == "sockets.time_stream":
         key = auth.authenticate(request.args.get("api_key"), "the api_key query parameter")
-        slots = current_app.extensions["socket_slots"]
-        slots.take(key.id)
-        g.socket_slot = key.id
+        g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
         ratelimit.count_request(key)
 
 
 @bp.teardown_request
 def release_socket_slot(exc=None):
-    key_id = g.pop("socket_slot", None)
-    if key_id is not None:
-        current_app.extensions["socket_slots"].give_back(key_id)
+    slot = g.pop("socket_slot", None)
+    if slot is not None:
+        current_app.extensions["socket_slots"].give_back(*slot)
 
 
 def tracked(handler):
@@ -209,13 +279,15 @@ class Ticker:
     """One greenlet per worker sends each whole second's time_update to every open time socket:
     one timer and one message build a second instead of one per socket."""
 
-    def __init__(self, check_every):
+    def __init__(self, slots, check_every):
+        self.slots = slots
         self.check_every = check_every
         self.sockets = {}
         self.thread = None
 
-    def add(self, ws, key_id):
-        self.sockets[ws] = key_id
+    def add(self, ws, slot):
+        """Start sending ticks to ws, which holds slot (key id, token)."""
+        self.sockets[ws] = slot
         if self.thread is None:
             self.thread = threading.Thread(target=self.run, name="time-ticker", daemon=True)
             self.thread.start()
@@ -246,11 +318,13 @@ class Ticker:
                 self.discard(ws)
         if second % self.check_every == 0:
             self.close_revoked()
+        if second % SharedSocketSlots.HEARTBEAT_SECONDS == 0:
+            self.slots.refresh(list(self.sockets.values()))
 
     def close_revoked(self):
         """Close with 4401 the sockets whose key has been revoked."""
         active = {}
-        for ws, key_id in list(self.sockets.items()):
+        for ws, (key_id, _) in list(self.sockets.items()):
             if key_id not in active:
                 active[key_id] = key_is_active(key_id)
             if not active[key_id]:
@@ -266,7 +340,7 @@ def time_stream(ws):
     ticker = current_app.extensions["ticker"]
     log.info("time socket opened for key %s (%s...)", key.id, key.display_prefix)
     ws.send(json.dumps({"type": "auth_success", "api_key_name": key.name}))
-    ticker.add(ws, key.id)
+    ticker.add(ws, g.socket_slot)
     try:
         while True:
             # Client messages are ignored; receive() raises once the socket is closed by

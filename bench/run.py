@@ -114,8 +114,8 @@ def wrk(url, headers=(), script=None, env=None, seconds=WRK_SECONDS):
     errors = re.search(r"Socket errors: (.*)", output)
     return {
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", output)[1]),
-        "p50": latency_ms(re.search(r"50%\s+(\S+)", output)[1]),
-        "p99": latency_ms(re.search(r"99%\s+(\S+)", output)[1]),
+        "p50": latency_ms(re.search(r"^\s+50%\s+(\S+)", output, re.M)[1]),
+        "p99": latency_ms(re.search(r"^\s+99%\s+(\S+)", output, re.M)[1]),
         "non_2xx": int(non_2xx[1]) if non_2xx else 0,
         "errors": errors[1] if errors else "none",
     }

@@ -11,15 +11,28 @@ os.environ.setdefault("SECRET_KEY", "test-secret")
 import pytest  # noqa: E402
 
 import auth  # noqa: E402
+import services  # noqa: E402
 from app import create_app  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
 
 
+def pytest_sessionfinish(session):
+    services.drop_session_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    """Each test that uses the database runs on SQLite and on PostgreSQL."""
+    if request.param == "postgresql":
+        return services.postgres_url()
+    return f"sqlite:///{tmp_path}/test.db"
+
+
 @pytest.fixture
-def app(tmp_path):
+def app(database_url):
     app = create_app({
-        "DATABASE_URL": f"sqlite:///{tmp_path}/test.db",
+        "DATABASE_URL": database_url,
         "RATELIMIT_STORAGE_URL": "memory://",
         "RATE_LIMIT_TIERS": TEST_TIERS,
         "PUBLIC_RATE_LIMIT": "5/minute",

@@ -44,16 +44,15 @@ def test_refused_handshake_is_not_counted(app, client, api_key):
 
 def test_socket_slots_cap_and_release():
     slots = sockets.SocketSlots(per_key=2)
-    slots.take(7)
-    slots.take(7)
+    first, _ = slots.take(7), slots.take(7)
     with pytest.raises(sockets.TooManyConnections) as raised:
         slots.take(7)
     assert (raised.value.code, raised.value.error_code) == (429, "too_many_connections")
-    slots.take(8)
-    slots.give_back(7)
+    other = slots.take(8)
+    slots.give_back(7, first)
     slots.take(7)
-    for key_id in (7, 7, 8):
-        slots.give_back(key_id)
+    for key_id, token in ((7, first), (7, first), (8, other)):
+        slots.give_back(key_id, token)
     assert slots.open == {}
 
 

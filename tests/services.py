@@ -1,0 +1,59 @@
+"""PostgreSQL and Redis for the tests: the machine's servers, each test run in its own database.
+Where a server is unreachable the tests that need it skip, except under CI=true, where they fail."""
+
+import os
+import socket
+import uuid
+
+import psycopg
+import pytest
+
+POSTGRES = ("127.0.0.1", 5432)
+REDIS = ("127.0.0.1", 6379)
+REDIS_URL = "redis://127.0.0.1:6379/15"
+_session_database = f"apitest_{uuid.uuid4().hex[:12]}"
+_created = False
+
+
+def require(name, address):
+    try:
+        socket.create_connection(address, timeout=2).close()
+    except OSError as error:
+        message = f"{name} is not reachable on {address[0]}:{address[1]} ({error})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + "; CI must run these tests")
+        pytest.skip(message)
+
+
+def admin_connection():
+    return psycopg.connect(host=POSTGRES[0], port=POSTGRES[1], user="postgres", dbname="test", autocommit=True)
+
+
+def postgres_url():
+    """Return the URL of this test run's own, empty PostgreSQL database."""
+    global _created
+    require("PostgreSQL", POSTGRES)
+    if not _created:
+        with admin_connection() as connection:
+            connection.execute(f"CREATE DATABASE {_session_database}")
+        _created = True
+    url = f"postgresql://postgres@{POSTGRES[0]}:{POSTGRES[1]}/{_session_database}"
+    with psycopg.connect(url.replace("postgresql://", "postgresql://", 1), autocommit=True) as connection:
+        connection.execute("DROP SCHEMA public CASCADE")
+        connection.execute("CREATE SCHEMA public")
+    return url
+
+
+def drop_session_database():
+    if _created:
+        with admin_connection() as connection:
+            connection.execute(f"DROP DATABASE IF EXISTS {_session_database} WITH (FORCE)")
+
+
+def redis_url():
+    """Return the URL of a Redis database emptied for the test."""
+    import redis
+
+    require("Redis", REDIS)
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    return REDIS_URL
