@@ -16,7 +16,7 @@ from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from models import ApiKey, db, utcnow
+from models import ApiKey, db, start_of_hour, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,8 @@ class Limiter:
 
 
 class UsageCounter:
-    """Counts requests per key in memory and adds them to the database in one transaction at most
-    FLUSH_INTERVAL later, so no request pays for a write."""
+    """Counts requests per key in memory and adds them to the database (lifetime and per-hour
+    counts) in one transaction at most FLUSH_INTERVAL later, so no request pays for a write."""
 
     def __init__(self, database, interval=FLUSH_INTERVAL):
         self.database = database
@@ -155,12 +155,13 @@ class UsageCounter:
             if not counts:
                 return
             used_at = utcnow()
+            hour = start_of_hour(used_at)
+            statements = self.database.statements
             try:
                 with self.database.atomic():
                     for key_id, count in counts.items():
-                        self.database.execute_sql(
-                            self.database.statements.add_usage, (count, used_at, key_id)
-                        )
+                        self.database.execute_sql(statements.add_usage, (count, used_at, key_id))
+                        self.database.execute_sql(statements.add_hourly_usage, (key_id, hour, count))
             except Exception:
                 with self.pending_lock:
                     self.pending.update(counts)
