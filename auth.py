@@ -26,6 +26,10 @@ MIN_PASSWORD_LENGTH = 8
 MAX_KEY_NAME_LENGTH = 100
 
 
+class AccountTaken(ValueError):
+    """The username or the email already belongs to an account."""
+
+
 class ApiKeyError(Unauthorized):
     """A missing, malformed, unknown or revoked API key (HTTP 401)."""
 
@@ -52,6 +56,21 @@ def password_matches(user, password):
     return check_password_hash(user.password_hash, password)
 
 
+@functools.cache
+def unknown_user_hash():
+    return hash_password(secrets.token_hex())
+
+
+def user_for_login(username, password):
+    """Return the user with this username and password, or None; an unknown username takes as long
+    as a wrong password, so timing does not tell which usernames exist."""
+    user = User.get_or_none(User.username == username.strip())
+    if user is None:
+        check_password_hash(unknown_user_hash(), password)
+        return None
+    return user if password_matches(user, password) else None
+
+
 def create_user(username, email, password):
     """Create and return a user, or raise ValueError with a sentence saying what is wrong."""
     username, email = username.strip(), email.strip().lower()
@@ -62,15 +81,15 @@ def create_user(username, email, password):
     if len(password) < MIN_PASSWORD_LENGTH:
         raise ValueError(f"A password needs at least {MIN_PASSWORD_LENGTH} characters.")
     if User.select().where(User.username == username).exists():
-        raise ValueError(f"The username {username!r} is already taken.")
+        raise AccountTaken(f"The username {username!r} is already taken.")
     if User.select().where(User.email == email).exists():
-        raise ValueError(f"The email {email!r} already belongs to an account.")
+        raise AccountTaken(f"The email {email!r} already belongs to an account.")
     password_hash = hash_password(password)
     try:
         with db.atomic():
             return User.create(username=username, email=email, password_hash=password_hash)
     except IntegrityError:
-        raise ValueError("That username or email was taken a moment ago.") from None
+        raise AccountTaken("That username or email was taken a moment ago.") from None
 
 
 def issue_key(user, name, key_type, tier="free"):

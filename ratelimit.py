@@ -29,6 +29,8 @@ PERIODS = {
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
 PUBLIC_POLICY = "public"
+LOGIN_RATE_PER_IP = RateLimitItemPerMinute(20)
+LOGIN_RATE_PER_USERNAME = RateLimitItemPerMinute(5)
 FLUSH_INTERVAL = 1.0
 
 RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
@@ -98,8 +100,9 @@ class Limiter:
         self.tiers = tiers
         self.public_rate = public_rate
 
-    def hit(self, item, identity, policy):
-        """Count one request for identity; return its RateLimitState or raise RateLimitExceeded."""
+    def hit(self, item, identity, policy, report=True):
+        """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
+        With report, the state goes on g.rate_limit and so into the response headers."""
         window_key = item.key_for(identity)
         try:
             count = self.storage.incr(window_key, item.get_expiry())
@@ -108,7 +111,8 @@ class Limiter:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None
         state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, item.get_expiry())
-        g.rate_limit = state
+        if report:
+            g.rate_limit = state
         if count > item.amount:
             retry_after = max(1, seconds_until(reset))
             raise RateLimitExceeded(
@@ -232,6 +236,14 @@ def ip_rate_limited(view):
         return view(*args, **kwargs)
 
     return limited
+
+
+def count_login_attempt(username):
+    """Count a login or sign-up attempt per client IP and per username; raise RateLimitExceeded when
+    either allowance is used up."""
+    limiter = current_app.extensions["ratelimit"]
+    limiter.hit(LOGIN_RATE_PER_IP, f"login-ip:{request.remote_addr}", "login", report=False)
+    limiter.hit(LOGIN_RATE_PER_USERNAME, f"login-user:{username.strip().lower()}", "login", report=False)
 
 
 def seconds_until(epoch):
