@@ -1,6 +1,5 @@
 """The service: configuration, the app factory, the REST API, error rendering and the CLI."""
 
-import datetime
 import logging
 import math
 import os
@@ -18,9 +17,10 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 import auth
 import models
 import ratelimit
+import sockets
 import web
 from auth import require_api_key
-from models import ApiKey, User
+from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
 
 VERSION = "1.0.0"
@@ -69,8 +69,9 @@ def create_app(overrides=None):
 
     models.init_app(app)
     ratelimit.init_app(app)
-    web.init_app(app)
     app.register_blueprint(api)
+    sockets.init_app(app)
+    web.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
     app.register_error_handler(peewee.OperationalError, render_database_error)
     app.register_error_handler(peewee.InterfaceError, render_database_error)
@@ -117,20 +118,6 @@ def render_database_error(error):
 def render_unexpected_error(error):
     log.exception("Unhandled error on %s %s", request.method, request.path)
     return render_http_error(InternalServerError("Something went wrong on our side."))
-
-
-def iso_ms(moment):
-    """Return a naive UTC datetime as ISO 8601 with milliseconds and Z."""
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-def iso_seconds(moment):
-    """Return a naive UTC datetime as ISO 8601 to the second, with Z."""
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def utc_from_epoch(epoch):
-    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).replace(tzinfo=None)
 
 
 api = Blueprint("api", __name__, url_prefix="/api/v1")

@@ -21,6 +21,28 @@ accesslog = "-"
 access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
 
 
+def post_worker_init(worker):
+    """Make SIGTERM and SIGINT close every open WebSocket with 1001 before the worker stops;
+    gunicorn on its own would cut them after graceful_timeout with no close frame."""
+    import signal
+
+    import gevent
+
+    from sockets import close_all_sockets
+
+    def chain(previous):
+        def handler(signum, frame):
+            # A signal handler may run in gevent's hub, which must not block: close in a greenlet.
+            gevent.spawn(close_all_sockets)
+            previous(signum, frame)
+
+        return handler
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, chain(signal.getsignal(signum)))
+    signal.siginterrupt(signal.SIGTERM, False)
+
+
 def worker_exit(server, worker):
     """Write the usage counts still held in memory before the worker goes."""
     app = getattr(worker, "wsgi", None)

@@ -26,6 +26,26 @@ def utcnow():
     return datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
 
 
+def utc_from_epoch(epoch):
+    """Return epoch seconds as a naive UTC datetime."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).replace(tzinfo=None)
+
+
+def iso_ms(moment):
+    """Return a naive UTC datetime as ISO 8601 with milliseconds and Z."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def iso_seconds(moment):
+    """Return a naive UTC datetime as ISO 8601 to the second, with Z."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def display_time(moment):
+    """Return a naive UTC datetime in the form people read."""
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 class BaseModel(Model):
     class Meta:
         database = db
@@ -89,7 +109,7 @@ class Statements:
     def __init__(self, database):
         p = database.param
         self.find_active_key = (
-            "SELECT id, user_id, name, key_type, rate_limit_tier FROM api_keys "
+            "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix FROM api_keys "
             f"WHERE key_hash = {p} AND revoked_at IS NULL"
         )
         self.is_active = f"SELECT 1 FROM api_keys WHERE id = {p} AND revoked_at IS NULL"
@@ -111,8 +131,14 @@ def find_active_key(key_hash):
     row = db.execute_sql(db.statements.find_active_key, (key_hash,)).fetchone()
     if row is None:
         return None
-    key_id, user_id, name, key_type, tier = row
-    return ApiKey(id=key_id, user=user_id, name=name, key_type=key_type, rate_limit_tier=tier)
+    key_id, user_id, name, key_type, tier, display_prefix = row
+    return ApiKey(id=key_id, user=user_id, name=name, key_type=key_type, rate_limit_tier=tier,
+                  display_prefix=display_prefix)
+
+
+def key_is_active(key_id):
+    """Return True while the key exists and is not revoked."""
+    return db.execute_sql(db.statements.is_active, (key_id,)).fetchone() is not None
 
 
 def greenlets_share_thread():
@@ -148,11 +174,10 @@ def init_app(app):
     db.initialize(database)
     with database.connection_context():
         database.create_tables([User, ApiKey, UsageHour], safe=True)
-    if not isinstance(database, SqliteDatabase):
-        app.teardown_appcontext(release_connection)
+    app.teardown_appcontext(release_connection)
 
 
 def release_connection(exc=None):
-    """Return the request's connection to the pool, even after an error."""
-    if not db.is_closed():
+    """Return a pooled connection to its pool, even after an error; SQLite's stays open."""
+    if not isinstance(db.obj, SqliteDatabase) and not db.is_closed():
         db.close()

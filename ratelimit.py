@@ -225,14 +225,19 @@ def total_requests(key):
     return current_app.extensions["usage"].total(key.id)
 
 
+def limit_client_ip():
+    """Count a public request against its client IP's PUBLIC_RATE_LIMIT, unless that is off."""
+    limiter = current_app.extensions["ratelimit"]
+    if limiter.public_rate is not None:
+        limiter.hit(limiter.public_rate, f"ip:{request.remote_addr}", PUBLIC_POLICY)
+
+
 def ip_rate_limited(view):
     """Limit a public view per client IP to PUBLIC_RATE_LIMIT."""
 
     @functools.wraps(view)
     def limited(*args, **kwargs):
-        limiter = current_app.extensions["ratelimit"]
-        if limiter.public_rate is not None:
-            limiter.hit(limiter.public_rate, f"ip:{request.remote_addr}", PUBLIC_POLICY)
+        limit_client_ip()
         return view(*args, **kwargs)
 
     return limited

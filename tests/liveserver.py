@@ -37,17 +37,23 @@ def service_env(tmp_path, **extra):
     return env
 
 
+def run_cli(env, *args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT, env=env,
+                          input=stdin, capture_output=True, text=True, timeout=60)
+
+
 def cli(env, *args, stdin=None):
-    result = subprocess.run([sys.executable, "-m", "flask", "--app", "app", *args], cwd=ROOT, env=env,
-                            input=stdin, capture_output=True, text=True, timeout=60)
+    """Run `flask --app app ARGS` against env's database; return its stdout."""
+    result = run_cli(env, *args, stdin=stdin)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
 def make_key(env, tier="free"):
-    """Create user carol and a production key of the tier with the CLI; return the secret."""
-    cli(env, "users", "create", "carol", "--email", "carol@example.com", "--password-stdin",
-        stdin="a long password\n")
+    """Create a production key of the tier for user carol (made on first use); return the secret."""
+    if run_cli(env, "keys", "list", "carol").returncode != 0:
+        cli(env, "users", "create", "carol", "--email", "carol@example.com", "--password-stdin",
+            stdin="a long password\n")
     return cli(env, "keys", "create", "carol", "--name", f"{tier} key", "--type", "production",
                "--tier", tier).strip().splitlines()[-1]
 
@@ -59,13 +65,13 @@ class Server:
         self.log = open(log_path, "w")
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.output()
             try:
-                requests.get(self.base + "/api/v1/status", timeout=1)
+                requests.get(self.base + "/api/v1/status", timeout=5)
                 return
-            except requests.ConnectionError:
+            except requests.RequestException:
                 time.sleep(0.1)
         self.stop()
         raise AssertionError("server did not start:\n" + self.output())
@@ -73,6 +79,14 @@ class Server:
     def output(self):
         self.log.flush()
         return Path(self.log_path).read_text()
+
+    def wait_for_output(self, text, seconds=10):
+        """Return the output once it contains text; fail after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while text not in (output := self.output()):
+            assert time.monotonic() < deadline, f"{text!r} never appeared in:\n{output}"
+            time.sleep(0.05)
+        return output
 
     def stop(self, sig=signal.SIGTERM):
         if self.process.poll() is None:

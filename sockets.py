@@ -1,0 +1,238 @@
+"""The two WebSockets: a public echo, and a stream of the server time for a valid API key."""
+
+import collections
+import functools
+import json
+import logging
+import math
+import threading
+import time
+import weakref
+
+import flask_sock
+import simple_websocket
+from flask import Blueprint, current_app, g, request
+from werkzeug.exceptions import TooManyRequests
+
+import auth
+import models
+import ratelimit
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN = 1001
+UNSUPPORTED_DATA = 1003
+INTERNAL_ERROR = 1011
+MESSAGE_TOO_BIG = 1009
+KEY_REVOKED = 4401
+LINGER_SECONDS = 1.0
+
+
+class Server(simple_websocket.Server):
+    """simple-websocket's server without permessage-deflate, and with a 1009 close that the
+    client actually receives."""
+
+    def __init__(self, environ, **options):
+        # The handshake is answered from these environ keys: without the client's offer no
+        # extension is agreed, which saves ~100 KiB of compression state per socket.
+        environ.pop("HTTP_SEC_WEBSOCKET_EXTENSIONS", None)
+        super().__init__(environ, **options)
+
+    def _handle_events(self):
+        keep_going = super()._handle_events()
+        if not keep_going and self.max_message_size and self.incoming_message_len > self.max_message_size:
+            # The library has just queued close 1009 and would close the socket with the rest
+            # of the message unread, which resets the connection and loses the close frame.
+            self.connected = False
+            self.event.set()
+            drain(self.sock, LINGER_SECONDS)
+        return keep_going
+
+
+def drain(sock, seconds):
+    """Read and discard what the peer still sends, until it closes or the time is up."""
+    deadline = time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(65536):
+                return
+    except OSError:
+        pass
+
+
+# flask-sock looks the server class up by this module-level name on every connection.
+flask_sock.Server = Server
+sock = flask_sock.Sock()
+bp = Blueprint("sockets", __name__, url_prefix="/api/v1/ws")
+
+open_sockets = weakref.WeakSet()
+shutting_down = threading.Event()
+
+
+class TooManyConnections(TooManyRequests):
+    """The key already has its maximum of open time sockets (HTTP 429)."""
+
+    error_code = "too_many_connections"
+
+
+class SocketSlots:
+    """Counts each key's open time sockets in this process."""
+
+    def __init__(self, per_key):
+        self.per_key = per_key
+        self.open = collections.Counter()
+
+    def take(self, key_id):
+        """Reserve a slot for the key, or raise TooManyConnections."""
+        if self.open[key_id] >= self.per_key:
+            raise TooManyConnections(
+                f"This API key already has {self.per_key} open time sockets; close one first."
+            )
+        self.open[key_id] += 1
+
+    def give_back(self, key_id):
+        self.open[key_id] -= 1
+        if self.open[key_id] <= 0:
+            del self.open[key_id]
+
+
+def init_app(app):
+    """Configure the socket server and register the sockets blueprint."""
+    app.config.setdefault("SOCK_SERVER_OPTIONS", {"max_message_size": 65536, "ping_interval": 25})
+    app.config.setdefault("TIME_SOCKETS_PER_KEY", 10)
+    app.config.setdefault("REVOCATION_CHECK_SECONDS", 5)
+    app.extensions["socket_slots"] = SocketSlots(app.config["TIME_SOCKETS_PER_KEY"])
+    app.register_blueprint(bp)
+
+
+@bp.before_request
+def admit_socket():
+    # flask-sock completes the upgrade before the handler runs, so refusals happen here,
+    # where they are still plain HTTP responses.
+    if request.endpoint == "sockets.echo":
+        ratelimit.limit_client_ip()
+    elif request.endpoint == "sockets.time_stream":
+        key = auth.authenticate(request.args.get("api_key"), "the api_key query parameter")
+        slots = current_app.extensions["socket_slots"]
+        slots.take(key.id)
+        g.socket_slot = key.id
+        g.api_key = key
+        ratelimit.count_request(key)
+
+
+@bp.teardown_request
+def release_socket_slot(exc=None):
+    key_id = g.pop("socket_slot", None)
+    if key_id is not None:
+        current_app.extensions["socket_slots"].give_back(key_id)
+
+
+def tracked(handler):
+    """Register the socket for the shutdown close, and log its life without the key."""
+
+    @functools.wraps(handler)
+    def run(ws):
+        models.release_connection()
+        if shutting_down.is_set():
+            ws.close(SHUTDOWN, "The server is shutting down.")
+            return
+        open_sockets.add(ws)
+        started = time.monotonic()
+        try:
+            handler(ws)
+        except (simple_websocket.ConnectionClosed, OSError):
+            pass
+        except Exception:
+            # After the upgrade Flask's error handlers can no longer reach the client.
+            log.exception("%s failed", request.path)
+            close_quietly(ws, INTERNAL_ERROR, "Something went wrong on our side.")
+        finally:
+            open_sockets.discard(ws)
+            # Let the reader see the client's answer to our close before gunicorn drops the
+            # connection; otherwise the client may get a reset instead of the close code.
+            ws.thread.join(timeout=LINGER_SECONDS)
+            log.info("%s closed after %.1f s", request.path, time.monotonic() - started)
+
+    return run
+
+
+def close_all_sockets():
+    """Close every open socket with 1001 (called on SIGTERM/SIGINT from gunicorn.conf.py)."""
+    shutting_down.set()
+    for ws in list(open_sockets):
+        close_quietly(ws, SHUTDOWN, "The server is shutting down.")
+        ws.event.set()
+
+
+def close_quietly(ws, code, reason):
+    """Close with a code unless the connection is already gone."""
+    try:
+        ws.close(code, reason)
+    except (simple_websocket.ConnectionClosed, OSError):
+        pass
+
+
+@sock.route("/echo", bp=bp)
+@tracked
+def echo(ws):
+    limit = current_app.config["SOCK_SERVER_OPTIONS"].get("max_message_size")
+    while True:
+        message = ws.receive()
+        if isinstance(message, bytes):
+            ws.close(UNSUPPORTED_DATA, "Only text messages are echoed.")
+            return
+        # simple-websocket measures text in characters; the limit is in bytes.
+        if limit and len(message.encode()) > limit:
+            ws.close(MESSAGE_TOO_BIG, "Message is too big.")
+            return
+        now = models.utcnow()
+        ws.send(json.dumps({
+            "type": "echo",
+            "message": message,
+            "timestamp": models.iso_ms(now),
+            "server_time": models.display_time(now),
+        }))
+
+
+@functools.lru_cache(maxsize=2)
+def time_update(second):
+    """Return the time_update message for a whole second, built once for every socket."""
+    now = models.utcnow()
+    return json.dumps({
+        "type": "time_update",
+        "formatted": models.display_time(models.utc_from_epoch(second)),
+        "timestamp": models.iso_ms(now),
+    })
+
+
+@sock.route("/time", bp=bp)
+@tracked
+def time_stream(ws):
+    key = g.api_key
+    check_every = current_app.config["REVOCATION_CHECK_SECONDS"]
+    log.info("time socket opened for key %s (%s...)", key.id, key.display_prefix)
+    ws.send(json.dumps({"type": "auth_success", "api_key_name": key.name}))
+    next_tick = math.floor(time.time()) + 1
+    next_check = time.monotonic() + check_every
+    while not shutting_down.is_set():
+        wait = next_tick - time.time()
+        if wait > 0:
+            # Waiting on the socket is the sleep: a departed client ends it at once.
+            ws.receive(timeout=wait)
+            continue
+        ws.send(time_update(next_tick))
+        # Computed from the clock, not by adding a second's sleep, so ticks never drift.
+        next_tick = max(next_tick + 1, math.floor(time.time()) + 1)
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + check_every
+            if not key_is_active(key.id):
+                ws.close(KEY_REVOKED, "The API key was revoked.")
+                return
+
+
+def key_is_active(key_id):
+    try:
+        return models.key_is_active(key_id)
+    finally:
+        models.release_connection()

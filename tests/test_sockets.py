@@ -1,0 +1,239 @@
+"""Both WebSockets against the real server (the Procfile's gunicorn command and `python app.py`),
+with websocket-client."""
+
+import datetime
+import json
+import re
+import signal
+import sys
+import time
+
+import pytest
+import requests
+import websocket
+
+from liveserver import Server, cli, free_port, make_key, service_env, start_procfile
+
+MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+DISPLAY_TIME = "%Y-%m-%d %H:%M:%S UTC"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return service_env(tmp_path_factory.mktemp("sockets"))
+
+
+@pytest.fixture(scope="module")
+def server(env, tmp_path_factory):
+    server = start_procfile(tmp_path_factory.mktemp("sockets-log"), env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def key(env):
+    return make_key(env)
+
+
+def ws_url(server, path):
+    return server.base.replace("http://", "ws://") + path
+
+
+def connect(server, path, **options):
+    return websocket.create_connection(ws_url(server, path), timeout=10, **options)
+
+
+def close_code(ws):
+    """Read until the server's close frame; return its code."""
+    while True:
+        opcode, data = ws.recv_data(control_frame=True)
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            return int.from_bytes(data[:2], "big")
+
+
+def refusal(server, path):
+    with pytest.raises(websocket.WebSocketBadStatusException) as raised:
+        connect(server, path)
+    return raised.value
+
+
+def test_echo_replies_in_order_with_the_contract_shape(server):
+    ws = connect(server, "/api/v1/ws/echo")
+    texts = ["hello", "", "ünïcødé ✓ 🚀", '{"json": "inside"}', "x" * 65536]
+    for text in texts:
+        ws.send(text)
+    replies = [json.loads(ws.recv()) for _ in texts]
+    ws.close()
+    assert [reply["message"] for reply in replies] == texts
+    for reply in replies:
+        assert list(reply) == ["type", "message", "timestamp", "server_time"]
+        assert reply["type"] == "echo"
+        assert MS_TIMESTAMP.fullmatch(reply["timestamp"])
+        datetime.datetime.strptime(reply["server_time"], DISPLAY_TIME)
+
+
+def test_echo_closes_binary_frames_with_1003(server):
+    ws = connect(server, "/api/v1/ws/echo")
+    ws.send_binary(b"\x00\x01")
+    assert close_code(ws) == 1003
+
+
+@pytest.mark.parametrize("text", ["x" * 70_000, "x" * 1_000_000, "€" * 30_000])
+def test_echo_closes_oversized_messages_with_1009(server, text):
+    ws = connect(server, "/api/v1/ws/echo")
+    ws.send(text)
+    assert close_code(ws) == 1009
+
+
+def test_one_socket_closing_leaves_others_alone(server):
+    bystander = connect(server, "/api/v1/ws/echo")
+    offender = connect(server, "/api/v1/ws/echo")
+    offender.send_binary(b"\x00")
+    assert close_code(offender) == 1003
+    bystander.send("still here")
+    assert json.loads(bystander.recv())["message"] == "still here"
+    bystander.close()
+
+
+def test_time_socket_streams_whole_seconds(server, key):
+    ws = connect(server, f"/api/v1/ws/time?api_key={key}")
+    assert json.loads(ws.recv()) == {"type": "auth_success", "api_key_name": "free key"}
+    ticks = [json.loads(ws.recv()) for _ in range(4)]
+    ws.close()
+    seconds = []
+    for tick in ticks:
+        assert list(tick) == ["type", "formatted", "timestamp"]
+        assert tick["type"] == "time_update"
+        formatted = datetime.datetime.strptime(tick["formatted"], DISPLAY_TIME)
+        sent = datetime.datetime.strptime(tick["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        assert sent.replace(microsecond=0) == formatted
+        seconds.append(formatted)
+    assert [b - a for a, b in zip(seconds, seconds[1:])] == [datetime.timedelta(seconds=1)] * 3
+
+
+@pytest.mark.parametrize("query, code", [
+    ("", "missing_api_key"),
+    ("?api_key=", "missing_api_key"),
+    ("?api_key=nonsense", "invalid_api_key"),
+    ("?api_key=sk_live_" + "Z" * 40, "invalid_api_key"),
+])
+def test_time_socket_refuses_bad_keys_before_upgrading(server, query, code):
+    refused = refusal(server, "/api/v1/ws/time" + query)
+    assert refused.status_code == 401
+    assert json.loads(refused.resp_body)["error"]["code"] == code
+    assert refused.resp_headers["content-type"] == "application/json"
+    assert refused.resp_headers["www-authenticate"].startswith("ApiKey")
+
+
+def test_time_socket_ignores_a_key_header(server, key):
+    with pytest.raises(websocket.WebSocketBadStatusException) as raised:
+        connect(server, "/api/v1/ws/time", header=[f"X-API-Key: {key}"])
+    assert raised.value.status_code == 401
+
+
+def test_handshake_counts_as_a_request(server, key):
+    headers = {"X-API-Key": key}
+    before = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()["total_requests"]
+    connect(server, f"/api/v1/ws/time?api_key={key}").close()
+    refusal(server, "/api/v1/ws/time?api_key=" + key[:-1] + "!")
+    after = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()["total_requests"]
+    assert after == before + 2
+
+
+def test_time_socket_over_the_limit_gets_429(server, env):
+    key = make_key(env, tier="tiny")
+    for _ in range(2):
+        connect(server, f"/api/v1/ws/time?api_key={key}").close()
+    refused = refusal(server, f"/api/v1/ws/time?api_key={key}")
+    assert refused.status_code == 429
+    assert json.loads(refused.resp_body)["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.resp_headers["retry-after"]) >= 1
+
+
+def test_at_most_ten_time_sockets_per_key(server, env):
+    key = make_key(env)
+    sockets = [connect(server, f"/api/v1/ws/time?api_key={key}") for _ in range(10)]
+    refused = refusal(server, f"/api/v1/ws/time?api_key={key}")
+    assert refused.status_code == 429
+    assert json.loads(refused.resp_body)["error"]["code"] == "too_many_connections"
+    sockets.pop().close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sockets.append(connect(server, f"/api/v1/ws/time?api_key={key}"))
+            break
+        except websocket.WebSocketBadStatusException as refused:
+            assert refused.status_code == 429 and time.monotonic() < deadline
+            time.sleep(0.1)
+    for ws in sockets:
+        ws.close()
+
+
+def test_revoked_key_closes_its_socket_with_4401(server, env):
+    key = make_key(env)
+    ws = connect(server, f"/api/v1/ws/time?api_key={key}")
+    assert json.loads(ws.recv())["type"] == "auth_success"
+    key_id = next(line.split("\t")[0] for line in cli(env, "keys", "list", "carol").splitlines()
+                  if f"\t{key[:12]}...\t" in line)
+    cli(env, "keys", "revoke", key_id)
+    ws.settimeout(60)
+    assert close_code(ws) == 4401
+
+
+def test_socket_logs_never_contain_the_key(server, key):
+    connect(server, f"/api/v1/ws/time?api_key={key}").close()
+    refusal(server, f"/api/v1/ws/time?api_key={key}x")
+    server.wait_for_output("/api/v1/ws/time closed after")
+    output = server.wait_for_output('"GET /api/v1/ws/time HTTP/1.1" 401')
+    assert key not in output and key[12:] not in output
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_shutdown_closes_sockets_with_1001(tmp_path, stop_signal):
+    env = service_env(tmp_path)
+    key = make_key(env)
+    server = start_procfile(tmp_path, env)
+    try:
+        echo = connect(server, "/api/v1/ws/echo")
+        clock = connect(server, f"/api/v1/ws/time?api_key={key}")
+        clock.recv()
+        server.process.send_signal(stop_signal)
+        assert close_code(echo) == 1001
+        assert close_code(clock) == 1001
+    finally:
+        assert server.stop() == 0
+
+
+def test_python_app_py_gives_the_same_close_codes(tmp_path):
+    port = free_port()
+    server = Server([sys.executable, "app.py"], service_env(tmp_path, PORT=str(port)), port,
+                    tmp_path / "app-py.log")
+    try:
+        secret = re.search(r"sk_test_[A-Za-z0-9]{32,}", server.output())[0]
+        clock = connect(server, f"/api/v1/ws/time?api_key={secret}")
+        assert json.loads(clock.recv())["api_key_name"] == "Demo key"
+        echo = connect(server, "/api/v1/ws/echo")
+        echo.send_binary(b"\x00")
+        assert close_code(echo) == 1003
+        server.process.send_signal(signal.SIGINT)
+        assert close_code(clock) == 1001
+    finally:
+        assert server.stop() == 0
+
+
+def test_vanished_clients_free_their_slots(server, env):
+    key = make_key(env)
+    for _ in range(30):
+        ws = connect(server, f"/api/v1/ws/time?api_key={key}")
+        ws.recv()
+        ws.sock.close()  # gone without a close frame
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sockets = [connect(server, f"/api/v1/ws/time?api_key={key}") for _ in range(10)]
+            break
+        except websocket.WebSocketBadStatusException as refused:
+            assert refused.status_code == 429 and time.monotonic() < deadline
+            time.sleep(0.2)
+    for ws in sockets:
+        ws.close()

@@ -1,0 +1,71 @@
+"""The socket handshake gate and helpers, through Flask's test client (no upgrade happens here)."""
+
+import json
+
+import pytest
+
+import auth
+import sockets
+from models import ApiKey
+
+UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+           "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+def error_code(response):
+    assert response.mimetype == "application/json"
+    return response.get_json()["error"]["code"]
+
+
+@pytest.mark.parametrize("query, code", [("", "missing_api_key"), ("?api_key=%20", "missing_api_key"),
+                                         ("?api_key=sk_test_bad", "invalid_api_key")])
+def test_time_handshake_refusals(client, query, code):
+    response = client.get("/api/v1/ws/time" + query, headers=UPGRADE)
+    assert response.status_code == 401
+    assert error_code(response) == code
+    assert response.headers["WWW-Authenticate"].startswith("ApiKey")
+
+
+def test_missing_key_message_names_the_query_parameter(client):
+    response = client.get("/api/v1/ws/time", headers=UPGRADE)
+    assert "api_key query parameter" in response.get_json()["error"]["message"]
+
+
+def test_revoked_key_is_refused(client, api_key):
+    auth.revoke_key(ApiKey.get(ApiKey.key_hash == auth.hash_key(api_key)))
+    response = client.get(f"/api/v1/ws/time?api_key={api_key}", headers=UPGRADE)
+    assert (response.status_code, error_code(response)) == (401, "invalid_api_key")
+
+
+def test_refused_handshake_is_not_counted(app, client, api_key):
+    client.get(f"/api/v1/ws/time?api_key={api_key}x", headers=UPGRADE)
+    assert app.extensions["usage"].pending == {}
+
+
+def test_socket_slots_cap_and_release():
+    slots = sockets.SocketSlots(per_key=2)
+    slots.take(7)
+    slots.take(7)
+    with pytest.raises(sockets.TooManyConnections) as raised:
+        slots.take(7)
+    assert (raised.value.code, raised.value.error_code) == (429, "too_many_connections")
+    slots.take(8)
+    slots.give_back(7)
+    slots.take(7)
+    for key_id in (7, 7, 8):
+        slots.give_back(key_id)
+    assert slots.open == {}
+
+
+def test_plain_http_to_a_socket_path_is_a_json_4xx(client):
+    response = client.get("/api/v1/ws/echo")
+    assert 400 <= response.status_code < 500
+    assert error_code(response) == "bad_request"
+
+
+def test_time_update_is_built_once_per_second():
+    first = sockets.time_update(1_795_315_403)
+    assert sockets.time_update(1_795_315_403) is first
+    message = json.loads(first)
+    assert message["type"] == "time_update"
+    assert message["formatted"] == "2026-11-22 02:43:23 UTC"
