@@ -24,6 +24,7 @@ USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
 MIN_PASSWORD_LENGTH = 8
 MAX_KEY_NAME_LENGTH = 100
+PASSWORD_METHOD = "scrypt:32768:8:1"
 
 
 class AccountTaken(ValueError):
@@ -48,7 +49,7 @@ def hash_key(secret):
 
 def hash_password(password):
     """Return a salted scrypt hash of a password."""
-    return generate_password_hash(password)
+    return generate_password_hash(password, method=PASSWORD_METHOD)
 
 
 def password_matches(user, password):

@@ -17,6 +17,12 @@ from app import create_app  # noqa: E402
 TEST_TIERS = "free=3/minute,pro=100/minute"
 
 
+@pytest.fixture(autouse=True)
+def cheap_password_hashing(monkeypatch):
+    """scrypt at a test's cost: the default takes ~0.2 s per hash and the tests make hundreds."""
+    monkeypatch.setattr(auth, "PASSWORD_METHOD", "scrypt:1024:8:1")
+
+
 @pytest.fixture
 def app(tmp_path):
     app = create_app({

@@ -52,7 +52,7 @@ def test_signup_logs_in_and_hashes_the_password(client):
     profile = page(client.get("/settings/profile"))
     assert "bob@example.com" in profile and "Log out bob" in profile
     user = User.get(User.username == "bob")
-    assert user.password_hash.startswith("scrypt:") and "s3cret pass" not in user.password_hash
+    assert user.password_hash.startswith("scrypt:1024:8:1$") and "s3cret pass" not in user.password_hash
 
 
 @pytest.mark.parametrize("username, email, password, message", [
