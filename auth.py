@@ -103,9 +103,7 @@ def issue_key(user, name, key_type, tier="free"):
     if tier not in ratelimit.tier_names():
         known = ", ".join(sorted(ratelimit.tier_names()))
         raise ValueError(f"Unknown rate limit tier {tier!r}; the configured tiers are: {known}.")
-    secret = KEY_PREFIXES[key_type] + "".join(
-        secrets.choice(KEY_ALPHABET) for _ in range(KEY_BODY_LENGTH)
-    )
+    secret = generate_secret(key_type)
     with db.atomic():
         key = ApiKey.create(
             user=user,
@@ -116,6 +114,11 @@ def issue_key(user, name, key_type, tier="free"):
             key_hash=hash_key(secret),
         )
     return key, secret
+
+
+def generate_secret(key_type):
+    """Return a new secret of the type's prefix and KEY_BODY_LENGTH characters from a CSPRNG."""
+    return KEY_PREFIXES[key_type] + "".join(secrets.choice(KEY_ALPHABET) for _ in range(KEY_BODY_LENGTH))
 
 
 def revoke_key(key):

@@ -103,6 +103,7 @@ def init_app(app):
     app.config.setdefault("TIME_SOCKETS_PER_KEY", 10)
     app.config.setdefault("REVOCATION_CHECK_SECONDS", 5)
     app.extensions["socket_slots"] = SocketSlots(app.config["TIME_SOCKETS_PER_KEY"])
+    app.extensions["ticker"] = Ticker(app.config["REVOCATION_CHECK_SECONDS"])
     app.register_blueprint(bp)
 
 
@@ -195,40 +196,84 @@ def echo(ws):
         }))
 
 
-@functools.lru_cache(maxsize=2)
 def time_update(second):
-    """Return the time_update message for a whole second, built once for every socket."""
-    now = models.utcnow()
+    """Return the time_update message for a whole second."""
     return json.dumps({
         "type": "time_update",
         "formatted": models.display_time(models.utc_from_epoch(second)),
-        "timestamp": models.iso_ms(now),
+        "timestamp": models.iso_ms(models.utcnow()),
     })
+
+
+class Ticker:
+    """One greenlet per worker sends each whole second's time_update to every open time socket:
+    one timer and one message build a second instead of one per socket."""
+
+    def __init__(self, check_every):
+        self.check_every = check_every
+        self.sockets = {}
+        self.thread = None
+
+    def add(self, ws, key_id):
+        self.sockets[ws] = key_id
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.run, name="time-ticker", daemon=True)
+            self.thread.start()
+
+    def discard(self, ws):
+        self.sockets.pop(ws, None)
+
+    def run(self):
+        second = math.floor(time.time())
+        while True:
+            # The next whole second comes from the clock, not from adding a second, so ticks
+            # never drift; a late tick skips ahead rather than bursting.
+            second = max(second + 1, math.floor(time.time()) + 1)
+            time.sleep(max(0.0, second - time.time()))
+            try:
+                self.tick(second)
+            except Exception:
+                log.exception("The time ticker failed at %s.", second)
+
+    def tick(self, second):
+        message = time_update(second)
+        # A send blocks only when a client's socket buffer is full, which at ~100 bytes a
+        # second takes hours; the ping timeout closes such a client long before.
+        for ws in list(self.sockets):
+            try:
+                ws.send(message)
+            except (simple_websocket.ConnectionClosed, OSError):
+                self.discard(ws)
+        if second % self.check_every == 0:
+            self.close_revoked()
+
+    def close_revoked(self):
+        """Close with 4401 the sockets whose key has been revoked."""
+        active = {}
+        for ws, key_id in list(self.sockets.items()):
+            if key_id not in active:
+                active[key_id] = key_is_active(key_id)
+            if not active[key_id]:
+                self.discard(ws)
+                close_quietly(ws, KEY_REVOKED, "The API key was revoked.")
+                ws.event.set()
 
 
 @sock.route("/time", bp=bp)
 @tracked
 def time_stream(ws):
     key = g.api_key
-    check_every = current_app.config["REVOCATION_CHECK_SECONDS"]
+    ticker = current_app.extensions["ticker"]
     log.info("time socket opened for key %s (%s...)", key.id, key.display_prefix)
     ws.send(json.dumps({"type": "auth_success", "api_key_name": key.name}))
-    next_tick = math.floor(time.time()) + 1
-    next_check = time.monotonic() + check_every
-    while not shutting_down.is_set():
-        wait = next_tick - time.time()
-        if wait > 0:
-            # Waiting on the socket is the sleep: a departed client ends it at once.
-            ws.receive(timeout=wait)
-            continue
-        ws.send(time_update(next_tick))
-        # Computed from the clock, not by adding a second's sleep, so ticks never drift.
-        next_tick = max(next_tick + 1, math.floor(time.time()) + 1)
-        if time.monotonic() >= next_check:
-            next_check = time.monotonic() + check_every
-            if not key_is_active(key.id):
-                ws.close(KEY_REVOKED, "The API key was revoked.")
-                return
+    ticker.add(ws, key.id)
+    try:
+        while True:
+            # Client messages are ignored; receive() raises once the socket is closed by
+            # either side, the ticker (revocation) or the shutdown.
+            ws.receive()
+    finally:
+        ticker.discard(ws)
 
 
 def key_is_active(key_id):

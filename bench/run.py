@@ -1,0 +1,355 @@
+"""Benchmark, run by hand: the service and a bare Flask app under the same gunicorn settings,
+one gevent worker pinned to core 1, the load generators on core 0. Prints markdown tables.
+
+    pip install -r bench/requirements.txt && apt-get install wrk
+    python bench/run.py                 # everything
+    python bench/run.py rest            # REST only (wrk)
+    python bench/run.py sockets echo    # time sockets, echo round trips
+"""
+
+import argparse
+import asyncio
+import base64
+import datetime
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+import websockets
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SERVER_CORE, CLIENT_CORE = "1", "0"
+WRK_SECONDS, WRK_CONNECTIONS, REPETITIONS = 10, 50, 3
+RANDOM_KEYS = 100_000
+SOCKET_COUNTS = (1000, 3000, 5000)
+TICK_SECONDS = 10
+SAMPLE_SOCKETS = 100
+ECHO_CLIENTS, ECHO_SECONDS = 50, 10
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """gunicorn -c gunicorn.conf.py with one gevent worker, pinned to SERVER_CORE."""
+
+    def __init__(self, wsgi_app, env, chdir=ROOT):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = dict(env, PORT=str(self.port), WEB_CONCURRENCY="1")
+        command = ["taskset", "-c", SERVER_CORE, sys.executable, "-m", "gunicorn",
+                   "-c", str(ROOT / "gunicorn.conf.py"), "--chdir", str(chdir),
+                   "--access-logfile", "/dev/null", wsgi_app]
+        self.process = subprocess.Popen(command, cwd=chdir, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        for _ in range(300):
+            try:
+                requests.get(self.base + "/", timeout=1)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.worker_pid = int(subprocess.check_output(["pgrep", "-P", str(self.process.pid)]).split()[0])
+
+    def rss_kib(self):
+        status = Path(f"/proc/{self.worker_pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status)[1])
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def service_env(workdir):
+    return dict(os.environ,
+                DATABASE_URL=f"sqlite:///{workdir}/bench.db",
+                SECRET_KEY="bench",
+                RATE_LIMIT_TIERS="free=1000000000/hour",
+                PUBLIC_RATE_LIMIT="1000000000/minute")
+
+
+def seed_keys(env, count):
+    """Create user bench with `count` development keys; return their secrets."""
+    os.environ.update(env)
+    import auth
+    import models
+    from app import create_app
+
+    app = create_app()
+    with app.app_context():
+        user = auth.create_user("bench", "bench@example.com", "bench password")
+        secrets = [auth.generate_secret("development") for _ in range(count)]
+        rows = [{"user": user.id, "name": f"bench {i}", "key_type": "development",
+                 "display_prefix": secret[:12], "key_hash": auth.hash_key(secret)}
+                for i, secret in enumerate(secrets)]
+        with models.db.atomic():
+            for start in range(0, len(rows), 500):
+                models.ApiKey.insert_many(rows[start:start + 500]).execute()
+    return secrets
+
+
+def wrk(url, headers=(), script=None, env=None, seconds=WRK_SECONDS):
+    command = ["taskset", "-c", CLIENT_CORE, "wrk", "-t2", f"-c{WRK_CONNECTIONS}", f"-d{seconds}s", "--latency"]
+    for header in headers:
+        command += ["-H", header]
+    if script:
+        command += ["-s", script]
+    output = subprocess.run(command + [url], capture_output=True, text=True, env=env, check=True).stdout
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    errors = re.search(r"Socket errors: (.*)", output)
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", output)[1]),
+        "p50": latency_ms(re.search(r"50%\s+(\S+)", output)[1]),
+        "p99": latency_ms(re.search(r"99%\s+(\S+)", output)[1]),
+        "non_2xx": int(non_2xx[1]) if non_2xx else 0,
+        "errors": errors[1] if errors else "none",
+    }
+
+
+def latency_ms(text):
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
+
+
+def bench_rest(workdir):
+    env = service_env(workdir)
+    secrets = seed_keys(env, RANDOM_KEYS)
+    keys_file = workdir / "keys.txt"
+    keys_file.write_text("\n".join(secrets) + "\n")
+    service = Server("app:app", env)
+    bare = Server("bare:app", env, chdir=ROOT / "bench")
+    cases = {
+        "bare Flask `GET /bare`": lambda: wrk(bare.base + "/bare"),
+        "public `GET /api/v1/demo/year`": lambda: wrk(service.base + "/api/v1/demo/year"),
+        "`GET /api/v1/protected/test`, 1 key": lambda: wrk(
+            service.base + "/api/v1/protected/test", headers=[f"X-API-Key: {secrets[0]}"]),
+        f"`GET /api/v1/protected/test`, random of {RANDOM_KEYS:,} keys": lambda: wrk(
+            service.base, script=str(ROOT / "bench" / "random_key.lua"),
+            env=dict(os.environ, KEYS_FILE=str(keys_file))),
+    }
+    try:
+        for run in cases.values():
+            run()  # warm-up
+        results = {name: [] for name in cases}
+        for _ in range(REPETITIONS):
+            for name, run in cases.items():
+                results[name].append(run())
+        rss = service.rss_kib()
+    finally:
+        service.stop()
+        bare.stop()
+
+    medians = {name: {field: statistics.median(r[field] for r in runs) for field in ("rps", "p50", "p99")}
+               | {"non_2xx": sum(r["non_2xx"] for r in runs), "errors": runs[-1]["errors"]}
+               for name, runs in results.items()}
+    ceiling = medians["bare Flask `GET /bare`"]["rps"]
+    print(f"\nREST: wrk -t2 -c{WRK_CONNECTIONS} -d{WRK_SECONDS}s, median of {REPETITIONS} interleaved runs\n")
+    print("| endpoint | req/s | x bare | p50 ms | p99 ms | non-2xx | socket errors |")
+    print("|---|---|---|---|---|---|---|")
+    for name, m in medians.items():
+        print(f"| {name} | {m['rps']:,.0f} | {m['rps'] / ceiling:.2f} | {m['p50']:.2f} | {m['p99']:.2f} "
+              f"| {m['non_2xx']} | {m['errors']} |")
+    print(f"\nworker RSS after the runs ({RANDOM_KEYS:,} keys with windows): {rss / 1024:.0f} MiB")
+
+
+def bench_sockets(workdir):
+    env = service_env(workdir)
+    secrets = seed_keys(env, max(SOCKET_COUNTS) // 10)
+    print(f"\nTime sockets: all open, {TICK_SECONDS} s of ticks; lateness after the whole second, measured on "
+          f"the {SAMPLE_SOCKETS} sockets opened last (the others never read, so the client costs nothing)\n")
+    print("| sockets | handshake failures | skipped seconds (sample) | built p50 / p99 / max ms "
+          "| arrived p50 / p99 / max ms | RSS per socket KiB |")
+    print("|---|---|---|---|---|---|")
+    for count in SOCKET_COUNTS:
+        server = Server("app:app", env)
+        try:
+            before = server.rss_kib()
+            row = asyncio.run(measure_ticks(server, secrets, count, before))
+        finally:
+            server.stop()
+        print(row)
+
+
+async def hold_raw_socket(host, port, path):
+    """Open a WebSocket with a bare handshake and never read from it: holding thousands costs the
+    client no CPU, so the measured sample below sees the server's lateness, not the client's."""
+    reader, writer = await asyncio.open_connection(host, port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                 .encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 101"):
+        raise ConnectionError(head.split(b"\r\n")[0].decode())
+    writer.transport.pause_reading()
+    return writer
+
+
+async def measure_ticks(server, secrets, count, rss_before):
+    host, port = "127.0.0.1", server.port
+    url = server.base.replace("http", "ws") + "/api/v1/ws/time?api_key="
+    failures, holders, sample = [], [], []
+    gate = asyncio.Semaphore(100)
+
+    async def hold(index):
+        async with gate:
+            try:
+                holders.append(await hold_raw_socket(host, port, f"/api/v1/ws/time?api_key={secrets[index // 10]}"))
+            except Exception as error:
+                failures.append(repr(error))
+
+    async def watch(index):
+        # Opened last, so the ticker reaches these after every holder: the worst case.
+        try:
+            ws = await websockets.connect(url + secrets[index // 10], open_timeout=120, ping_interval=None,
+                                          compression=None, max_queue=None)
+            await ws.recv()
+            sample.append((ws, []))
+        except Exception as error:
+            failures.append(repr(error))
+
+    await asyncio.gather(*(hold(i) for i in range(count - SAMPLE_SOCKETS)))
+    await asyncio.gather(*(watch(i) for i in range(count - SAMPLE_SOCKETS, count)))
+
+    async def listen(ws, arrivals):
+        async for raw in ws:
+            arrivals.append((raw, time.time()))
+
+    listeners = [asyncio.ensure_future(listen(ws, arrivals)) for ws, arrivals in sample]
+    await asyncio.sleep(2)
+    rss_open = server.rss_kib()
+    first_second = int(time.time()) + 2
+    window = set(range(first_second, first_second + TICK_SECONDS))
+    await asyncio.sleep(first_second + TICK_SECONDS + 1.5 - time.time())
+    for listener in listeners:
+        listener.cancel()
+    await asyncio.gather(*listeners, return_exceptions=True)
+    for writer in holders:
+        writer.close()
+
+    parsed = {}
+    built_ms, arrived_ms, skipped = [], [], 0
+    for _, arrivals in sample:
+        seen = set()
+        for raw, arrived in arrivals:
+            if raw not in parsed:
+                message = json.loads(raw)
+                parsed[raw] = (epoch(message["formatted"], "%Y-%m-%d %H:%M:%S UTC"),
+                               epoch(message["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ"))
+            second, built = parsed[raw]
+            if second in window:
+                seen.add(second)
+                built_ms.append((built - second) * 1000)
+                arrived_ms.append((arrived - second) * 1000)
+        skipped += len(window - seen)
+    per_socket = (rss_open - rss_before) / max(1, len(holders) + len(sample))
+    return (f"| {count:,} | {len(failures)} | {skipped} | {percentiles(sorted(built_ms))} "
+            f"| {percentiles(sorted(arrived_ms))} | {per_socket:.1f} |")
+
+
+def epoch(text, layout):
+    return datetime.datetime.strptime(text, layout).replace(tzinfo=datetime.UTC).timestamp()
+
+
+def percentiles(values):
+    if not values:
+        return "-"
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return f"{pick(0.5):.1f} / {pick(0.99):.1f} / {values[-1]:.1f}"
+
+
+def bench_echo(workdir):
+    env = service_env(workdir)
+    server = Server("app:app", env)
+    url = server.base.replace("http", "ws") + "/api/v1/ws/echo"
+    latencies = []
+
+    async def client(stop_at):
+        async with websockets.connect(url, ping_interval=None, compression=None) as ws:
+            while time.time() < stop_at:
+                started = time.perf_counter()
+                await ws.send("ping")
+                await ws.recv()
+                latencies.append(time.perf_counter() - started)
+
+    async def run():
+        stop_at = time.time() + ECHO_SECONDS
+        await asyncio.gather(*(client(stop_at) for _ in range(ECHO_CLIENTS)))
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.stop()
+    latencies.sort()
+    print(f"\nEcho: {ECHO_CLIENTS} clients in one asyncio process, {ECHO_SECONDS} s\n")
+    print("| round trips/s | p50 ms | p99 ms |")
+    print("|---|---|---|")
+    print(f"| {len(latencies) / ECHO_SECONDS:,.0f} | {latencies[len(latencies) // 2] * 1000:.2f} "
+          f"| {latencies[int(len(latencies) * 0.99)] * 1000:.2f} |")
+
+
+def bench_cycles(workdir):
+    """Connect and drop 1,000 time sockets (half without a close frame); report the RSS change."""
+    env = service_env(workdir)
+    secrets = seed_keys(env, 10)
+    server = Server("app:app", env)
+    url = server.base.replace("http", "ws") + "/api/v1/ws/time?api_key="
+
+    async def cycle(index):
+        ws = await websockets.connect(url + secrets[index % 10], compression=None)
+        await ws.recv()
+        if index % 2:
+            ws.transport.abort()
+        else:
+            await ws.close()
+
+    async def run(rounds):
+        for start in range(0, rounds, 10):
+            await asyncio.gather(*(cycle(i) for i in range(start, start + 10)))
+
+    try:
+        asyncio.run(run(200))
+        time.sleep(2)
+        before = server.rss_kib()
+        asyncio.run(run(1000))
+        time.sleep(2)
+        after = server.rss_kib()
+        still_open = requests.get(server.base + "/api/v1/status").status_code
+    finally:
+        server.stop()
+    print(f"\n1,000 connect/disconnect cycles: worker RSS {before} -> {after} KiB "
+          f"({after - before:+d} KiB); server answering: {still_open == 200}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("parts", nargs="*", default=["rest", "sockets", "echo", "cycles"],
+                        choices=["rest", "sockets", "echo", "cycles"])
+    parts = parser.parse_args().parts
+    os.sched_setaffinity(0, {int(CLIENT_CORE)})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    print(f"{datetime.date.today()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+          f"one gevent worker on core {SERVER_CORE}, clients on core {CLIENT_CORE}")
+    for part in parts:
+        with tempfile.TemporaryDirectory(prefix=f"bench-{part}-") as workdir:
+            {"rest": bench_rest, "sockets": bench_sockets, "echo": bench_echo,
+             "cycles": bench_cycles}[part](Path(workdir))
+
+
+if __name__ == "__main__":
+    main()
