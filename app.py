@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 import peewee
-from flask import Blueprint, Flask, g, json, request
+from flask import Blueprint, Flask, g, json, render_template, request
 from flask.cli import AppGroup
 from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.proxy_fix import ProxyFix
@@ -18,6 +18,7 @@ import auth
 import models
 import ratelimit
 import sockets
+import web
 from auth import require_api_key
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
@@ -56,7 +57,7 @@ def instance_secret_key():
 
 def create_app(overrides=None):
     """Build the Flask app from the environment, then apply overrides (tests use them)."""
-    app = Flask(__name__, instance_path=str(INSTANCE), static_folder=None)
+    app = Flask(__name__, instance_path=str(INSTANCE), static_folder="static")
     app.config.from_mapping(load_config())
     if overrides:
         app.config.update(overrides)
@@ -70,6 +71,7 @@ def create_app(overrides=None):
     ratelimit.init_app(app)
     app.register_blueprint(api)
     sockets.init_app(app)
+    web.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
     app.register_error_handler(peewee.OperationalError, render_database_error)
     app.register_error_handler(peewee.InterfaceError, render_database_error)
@@ -84,8 +86,13 @@ def create_app(overrides=None):
 
 
 def render_http_error(error):
-    """Render any HTTP error as {"error": {"code", "message"}}, keeping its status and headers."""
+    """Render any HTTP error as {"error": {"code", "message"}}, keeping its status and headers; a
+    browser asking for a web page gets templates/error.html instead."""
     response = error.get_response()
+    if request.blueprint == "web" and prefers_html():
+        response.set_data(render_template("error.html", error=error))
+        response.content_type = "text/html; charset=utf-8"
+        return response
     code = getattr(error, "error_code", None) or ERROR_CODES.get(error.code) or snake_case(error.name)
     response.set_data(json.dumps({"error": {"code": code, "message": error.description}}, separators=(",", ":")))
     response.content_type = "application/json"
@@ -93,6 +100,10 @@ def render_http_error(error):
 
 
 ERROR_CODES = {500: "internal_error"}
+
+
+def prefers_html():
+    return request.accept_mimetypes.best_match(["application/json", "text/html"]) == "text/html"
 
 
 def snake_case(text):

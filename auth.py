@@ -24,6 +24,11 @@ USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
 MIN_PASSWORD_LENGTH = 8
 MAX_KEY_NAME_LENGTH = 100
+PASSWORD_METHOD = "scrypt:32768:8:1"
+
+
+class AccountTaken(ValueError):
+    """The username or the email already belongs to an account."""
 
 
 class ApiKeyError(Unauthorized):
@@ -44,12 +49,27 @@ def hash_key(secret):
 
 def hash_password(password):
     """Return a salted scrypt hash of a password."""
-    return generate_password_hash(password)
+    return generate_password_hash(password, method=PASSWORD_METHOD)
 
 
 def password_matches(user, password):
     """Return True when the password is the user's."""
     return check_password_hash(user.password_hash, password)
+
+
+@functools.cache
+def unknown_user_hash():
+    return hash_password(secrets.token_hex())
+
+
+def user_for_login(username, password):
+    """Return the user with this username and password, or None; an unknown username takes as long
+    as a wrong password, so timing does not tell which usernames exist."""
+    user = User.get_or_none(User.username == username.strip())
+    if user is None:
+        check_password_hash(unknown_user_hash(), password)
+        return None
+    return user if password_matches(user, password) else None
 
 
 def create_user(username, email, password):
@@ -62,15 +82,15 @@ def create_user(username, email, password):
     if len(password) < MIN_PASSWORD_LENGTH:
         raise ValueError(f"A password needs at least {MIN_PASSWORD_LENGTH} characters.")
     if User.select().where(User.username == username).exists():
-        raise ValueError(f"The username {username!r} is already taken.")
+        raise AccountTaken(f"The username {username!r} is already taken.")
     if User.select().where(User.email == email).exists():
-        raise ValueError(f"The email {email!r} already belongs to an account.")
+        raise AccountTaken(f"The email {email!r} already belongs to an account.")
     password_hash = hash_password(password)
     try:
         with db.atomic():
             return User.create(username=username, email=email, password_hash=password_hash)
     except IntegrityError:
-        raise ValueError("That username or email was taken a moment ago.") from None
+        raise AccountTaken("That username or email was taken a moment ago.") from None
 
 
 def issue_key(user, name, key_type, tier="free"):

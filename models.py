@@ -1,4 +1,5 @@
-"""Users and API keys in peewee, and how each process reuses its database connection."""
+"""Users, API keys and their hourly usage in peewee, and how each process reuses its database
+connection."""
 
 import datetime
 import sys
@@ -9,6 +10,7 @@ from peewee import (
     DatabaseProxy,
     DateTimeField,
     ForeignKeyField,
+    IntegerField,
     Model,
     SqliteDatabase,
 )
@@ -80,6 +82,26 @@ class ApiKey(BaseModel):
         return cls.select().where((cls.user == user) & cls.revoked_at.is_null()).order_by(cls.id)
 
 
+class UsageHour(BaseModel):
+    api_key = ForeignKeyField(ApiKey, backref="usage_hours", on_delete="CASCADE")
+    hour = DateTimeField()
+    requests = IntegerField(default=0)
+
+    class Meta:
+        table_name = "usage_hours"
+        indexes = ((("api_key", "hour"), True),)
+
+    @classmethod
+    def counts_since(cls, keys, start):
+        """Return {(api_key_id, hour): requests} for the keys' hours from start on."""
+        rows = cls.select(cls.api_key, cls.hour, cls.requests).where(cls.api_key.in_(keys) & (cls.hour >= start))
+        return {(row.api_key_id, row.hour): row.requests for row in rows}
+
+
+def start_of_hour(moment):
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
 class Statements:
     """The SQL of the hot path, written once per database because building a peewee query costs
     far more than running it."""
@@ -95,6 +117,12 @@ class Statements:
         self.add_usage = (
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "
             f"WHERE id = {p}"
+        )
+        # Qualified, because PostgreSQL finds a bare `requests` ambiguous next to `excluded`.
+        self.add_hourly_usage = (
+            f"INSERT INTO usage_hours (api_key_id, hour, requests) VALUES ({p}, {p}, {p}) "
+            "ON CONFLICT (api_key_id, hour) DO UPDATE "
+            "SET requests = usage_hours.requests + excluded.requests"
         )
 
 
@@ -145,7 +173,7 @@ def init_app(app):
     database.statements = Statements(database)
     db.initialize(database)
     with database.connection_context():
-        database.create_tables([User, ApiKey], safe=True)
+        database.create_tables([User, ApiKey, UsageHour], safe=True)
     app.teardown_appcontext(release_connection)
 
 

@@ -16,7 +16,7 @@ from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from models import ApiKey, db, utcnow
+from models import ApiKey, db, start_of_hour, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ PERIODS = {
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
 PUBLIC_POLICY = "public"
+LOGIN_RATE_PER_IP = RateLimitItemPerMinute(20)
+LOGIN_RATE_PER_USERNAME = RateLimitItemPerMinute(5)
 FLUSH_INTERVAL = 1.0
 
 RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
@@ -101,8 +103,9 @@ class Limiter:
         self.tiers = tiers
         self.public_rate = public_rate
 
-    def hit(self, item, identity, policy):
-        """Count one request for identity; return its RateLimitState or raise RateLimitExceeded."""
+    def hit(self, item, identity, policy, report=True):
+        """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
+        With report, the state goes on g.rate_limit and so into the response headers."""
         window_key = item.key_for(identity)
         try:
             count = self.storage.incr(window_key, item.get_expiry())
@@ -111,7 +114,8 @@ class Limiter:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None
         state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, item.get_expiry())
-        g.rate_limit = state
+        if report:
+            g.rate_limit = state
         if count > item.amount:
             retry_after = max(1, seconds_until(reset))
             raise RateLimitExceeded(
@@ -123,8 +127,8 @@ class Limiter:
 
 
 class UsageCounter:
-    """Counts requests per key in memory and adds them to the database in one transaction at most
-    FLUSH_INTERVAL later, so no request pays for a write."""
+    """Counts requests per key in memory and adds them to the database (lifetime and per-hour
+    counts) in one transaction at most FLUSH_INTERVAL later, so no request pays for a write."""
 
     def __init__(self, database, interval=FLUSH_INTERVAL):
         self.database = database
@@ -158,12 +162,13 @@ class UsageCounter:
             if not counts:
                 return
             used_at = utcnow()
+            hour = start_of_hour(used_at)
+            statements = self.database.statements
             try:
                 with self.database.atomic():
                     for key_id, count in counts.items():
-                        self.database.execute_sql(
-                            self.database.statements.add_usage, (count, used_at, key_id)
-                        )
+                        self.database.execute_sql(statements.add_usage, (count, used_at, key_id))
+                        self.database.execute_sql(statements.add_hourly_usage, (key_id, hour, count))
             except Exception:
                 with self.pending_lock:
                     self.pending.update(counts)
@@ -244,6 +249,14 @@ def ip_rate_limited(view):
         return view(*args, **kwargs)
 
     return limited
+
+
+def count_login_attempt(username):
+    """Count a login or sign-up attempt per client IP and per username; raise RateLimitExceeded when
+    either allowance is used up."""
+    limiter = current_app.extensions["ratelimit"]
+    limiter.hit(LOGIN_RATE_PER_IP, f"login-ip:{request.remote_addr}", "login", report=False)
+    limiter.hit(LOGIN_RATE_PER_USERNAME, f"login-user:{username.strip().lower()}", "login", report=False)
 
 
 def seconds_until(epoch):

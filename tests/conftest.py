@@ -1,4 +1,5 @@
-"""Fixtures: an app on a temporary SQLite file with in-memory limits, its clients, a user and keys."""
+"""Fixtures: an app on a temporary SQLite file with in-memory limits, its clients, a user, keys, and a
+client logged in to the web application."""
 
 import os
 import tempfile
@@ -15,6 +16,12 @@ import services  # noqa: E402
 from app import create_app  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
+
+
+@pytest.fixture(autouse=True)
+def cheap_password_hashing(monkeypatch):
+    """scrypt at a test's cost: the default takes ~0.2 s per hash and the tests make hundreds."""
+    monkeypatch.setattr(auth, "PASSWORD_METHOD", "scrypt:1024:8:1")
 
 
 def pytest_sessionfinish(session):
@@ -37,6 +44,8 @@ def app(database_url):
         "RATE_LIMIT_TIERS": TEST_TIERS,
         "PUBLIC_RATE_LIMIT": "5/minute",
         "TESTING": True,
+        # test_web.py turns CSRF back on where it is the subject.
+        "WTF_CSRF_ENABLED": False,
     })
     with app.app_context():
         yield app
@@ -70,3 +79,11 @@ def pro_key(user):
     """The secret of an active production key of tier pro (100/minute in tests)."""
     _, secret = auth.issue_key(user, "Alice live", "production", "pro")
     return secret
+
+
+@pytest.fixture
+def logged_in(client, user):
+    """The client, logged in to the web application as alice."""
+    response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
+    assert response.status_code == 302
+    return client

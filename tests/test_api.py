@@ -241,7 +241,7 @@ def test_bad_tier_configuration_fails_at_start(tmp_path, tiers):
 
 def test_unknown_path_is_json_404(client):
     assert_error(client.get("/api/v1/nothing-here"), 404, "not_found")
-    assert_error(client.get("/"), 404, "not_found")
+    assert_error(client.get("/nothing-here"), 404, "not_found")
 
 
 @pytest.mark.parametrize("method", ["post", "put", "delete", "patch"])

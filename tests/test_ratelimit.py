@@ -6,7 +6,7 @@ import pytest
 from limits import RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 
 import ratelimit
-from models import ApiKey, db
+from models import ApiKey, UsageHour, db, start_of_hour, utcnow
 
 
 def test_parse_tiers():
@@ -95,6 +95,43 @@ def test_usage_counter_flushes_in_one_go(app, user, pro_key):
     assert ApiKey.get_by_id(kid).total_requests == 7
     assert counter.total(kid) == 7
     counter.close()
+
+
+def test_usage_counter_adds_hourly_counts_in_the_same_flush(app, user, api_key, pro_key):
+    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    dev, live = key_id(api_key), key_id(pro_key)
+    for kid, count in [(dev, 2), (live, 5)]:
+        for _ in range(count):
+            counter.add(kid)
+    counter.flush()
+    counter.add(live)
+    counter.close()
+    hour = start_of_hour(utcnow())
+    assert UsageHour.counts_since([dev, live], hour) == {(dev, hour): 2, (live, hour): 6}
+    assert UsageHour.select().count() == 2
+
+
+def test_a_failed_hourly_write_rolls_back_the_lifetime_count(app, user, pro_key, monkeypatch):
+    import peewee
+
+    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    kid = key_id(pro_key)
+    counter.add(kid)
+    original = db.obj.execute_sql
+
+    def fail(sql, *args, **kwargs):
+        if sql.startswith("INSERT INTO usage_hours"):
+            raise peewee.OperationalError("disk full")
+        return original(sql, *args, **kwargs)
+
+    monkeypatch.setattr(db.obj, "execute_sql", fail)
+    with pytest.raises(peewee.OperationalError):
+        counter.flush()
+    assert ApiKey.get_by_id(kid).total_requests == 0
+    monkeypatch.setattr(db.obj, "execute_sql", original)
+    counter.close()
+    assert ApiKey.get_by_id(kid).total_requests == 1
+    assert UsageHour.get(UsageHour.api_key == kid).requests == 1
 
 
 def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, monkeypatch):

@@ -1,0 +1,140 @@
+"""A user's path through the web application in headless Chromium (Debian's, driven by Python
+Playwright) against the real gunicorn server: get a key, see it once, use it, revoke it; then the
+playground's REST calls, clock and echo. The run saves the README's screenshots to docs/."""
+
+import os
+
+import pytest
+import requests
+
+from liveserver import ROOT, service_env, start_procfile
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:
+    sync_playwright = None
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+DOCS = ROOT / "docs"
+
+
+def require(ready, reason):
+    """Skip when part of the browser stack is missing; under CI=true that is a failure instead."""
+    if ready:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}, and CI=true requires the browser tests to run.")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require(sync_playwright is not None, "Python Playwright is not installed (pip install -r requirements-dev.txt)")
+    require(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(browser, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("browser")
+    server = start_procfile(tmp_path, service_env(tmp_path))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(base_url=server.base, viewport={"width": 1000, "height": 760})
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    blocked = []
+    page.on("console", lambda message: "Content Security Policy" in message.text and blocked.append(message.text))
+    yield page
+    context.close()
+    assert blocked == []
+
+
+def sign_up(page, username):
+    page.goto("/")
+    page.get_by_role("link", name="Sign up").first.click()
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Email").fill(f"{username}@example.com")
+    page.get_by_label("Password").fill("a long password")
+    page.get_by_role("button", name="Create account").click()
+    expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
+
+
+def create_key(page, name):
+    """From Profile Settings: Security, Create New API Key; return the secret shown once."""
+    page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Security").click()
+    page.get_by_label("Name", exact=True).fill(name)
+    page.get_by_label("Production").check()
+    page.get_by_role("button", name="Create New API Key").click()
+    expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
+    return page.get_by_label("Secret key").input_value()
+
+
+def protected_test(server, secret):
+    return requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=5)
+
+
+def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server):
+    sign_up(page, "dana")
+    secret = create_key(page, "Browser key")
+    assert secret.startswith("sk_live_")
+    page.get_by_role("button", name="Copy").click()
+    expect(page.get_by_role("button", name="Copied")).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == secret
+    DOCS.mkdir(exist_ok=True)
+    page.screenshot(path=DOCS / "security-tab.png", full_page=True)
+
+    assert protected_test(server, secret).status_code == 200
+    page.reload()
+    expect(page.get_by_role("cell", name="Browser key")).to_be_visible()
+    expect(page.get_by_label("Secret key")).to_have_count(0)
+    assert secret not in page.content()
+
+    row = page.get_by_role("row", name="Browser key")
+    row.get_by_text("Revoke", exact=True).click()
+    row.get_by_role("button", name="Yes, revoke").click()
+    expect(page.get_by_role("row", name="Browser key").get_by_text("Revoked", exact=True)).to_be_visible()
+    refused = protected_test(server, secret)
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_playground_calls_rest_ticks_the_clock_echoes_and_shows_a_refusal(page):
+    sign_up(page, "erin")
+    secret = create_key(page, "Playground key")
+    page.get_by_role("link", name="Try it in the playground").click()
+    expect(page.get_by_label("API key")).to_have_value(secret)
+
+    page.get_by_role("button", name="GET /api/v1/usage/stats").click()
+    expect(page.locator("#rest-status")).to_have_text("200 OK")
+    expect(page.locator("#rest-headers")).to_contain_text("x-ratelimit-remaining:")
+    expect(page.locator("#rest-body")).to_contain_text('"api_key_name": "Playground key"')
+
+    page.get_by_role("button", name="Open").click()
+    expect(page.locator("#time-state")).to_have_text("Connected with key “Playground key”.")
+    clock = page.locator("#clock")
+    expect(clock).not_to_have_text("--:--:--")
+    first = clock.text_content()
+    expect(clock).not_to_have_text(first, timeout=3000)
+
+    page.get_by_label("Message").fill("hello from the browser")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#echo-log")).to_contain_text("hello from the browser")
+    page.screenshot(path=DOCS / "playground.png", full_page=True)
+
+    page.get_by_role("button", name="Close").click()
+    expect(page.locator("#time-state")).to_have_text("Closed (code 1000).")
+    page.get_by_label("API key").fill("sk_test_" + "x" * 40)
+    page.get_by_role("button", name="Open").click()
+    expect(page.locator("#time-state")).to_contain_text("Refused: the server did not accept this key")

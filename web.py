@@ -1,0 +1,204 @@
+"""The web application: accounts, Profile Settings with the Security tab's keys, and the playground."""
+
+import datetime
+import functools
+
+from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
+from flask.sessions import SecureCookieSessionInterface
+from flask_wtf.csrf import CSRFProtect
+
+import auth
+import ratelimit
+from models import ApiKey, UsageHour, User, start_of_hour, utcnow
+
+bp = Blueprint("web", __name__)
+csrf = CSRFProtect()
+
+KEY_TYPES = {"development": "Development", "production": "Production"}
+ENDPOINTS = [
+    ("GET", "/api/v1/demo/year", "public"),
+    ("GET", "/api/v1/status", "public"),
+    ("GET", "/api/v1/protected/test", "API key"),
+    ("GET", "/api/v1/user/me", "API key"),
+    ("GET", "/api/v1/usage/stats", "API key"),
+]
+CHART_HOURS = 24
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
+)
+
+
+class SessionInterface(SecureCookieSessionInterface):
+    """Signed cookie sessions whose cookie is Secure whenever the request came over HTTPS."""
+
+    def get_cookie_secure(self, app):
+        return super().get_cookie_secure(app) or request.is_secure
+
+
+def init_app(app):
+    """Protect every form against CSRF, set the session cookie's flags and register the pages."""
+    app.config["SESSION_COOKIE_HTTPONLY"] = True
+    app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
+    app.session_interface = SessionInterface()
+    csrf.init_app(app)
+    app.register_blueprint(bp)
+
+
+@bp.before_request
+def load_logged_in_user():
+    user_id = session.get("user_id")
+    g.user = User.get_or_none(User.id == user_id) if user_id else None
+
+
+@bp.after_request
+def add_page_headers(response):
+    # Pages can show a secret once, or a user's keys: no cache may keep them.
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "same-origin"
+    return response
+
+
+def login_required(view):
+    """Send a visitor who is not logged in to the login page, and back here afterwards."""
+
+    @functools.wraps(view)
+    def wrapped(**kwargs):
+        if g.user is None:
+            return redirect(url_for("web.login", next=request.path))
+        return view(**kwargs)
+
+    return wrapped
+
+
+def log_in(user):
+    # A fresh session, so nothing from before the login (nor its CSRF token) carries over.
+    session.clear()
+    session["user_id"] = user.id
+
+
+def local_path(target):
+    """Return target when it is a path on this site, else None (no open redirects)."""
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
+        return target
+    return None
+
+
+@bp.get("/")
+def landing():
+    return render_template("landing.html", endpoints=ENDPOINTS)
+
+
+@bp.route("/signup", methods=("GET", "POST"))
+def signup():
+    if request.method == "GET":
+        return render_template("signup.html")
+    form = request.form
+    try:
+        ratelimit.count_login_attempt(form.get("username", ""))
+        user = auth.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""))
+    except ratelimit.RateLimitExceeded as error:
+        return too_many_attempts("signup.html", error)
+    except auth.AccountTaken:
+        # One sentence for both, so sign-up does not confirm which email addresses have accounts.
+        flash("That username or email cannot be used. Choose another, or log in.", "error")
+        return render_template("signup.html"), 400
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_template("signup.html"), 400
+    log_in(user)
+    flash(f"Welcome, {user.username}. Create an API key under Security.")
+    return redirect(url_for("web.settings_profile"))
+
+
+@bp.route("/login", methods=("GET", "POST"))
+def login():
+    if request.method == "GET":
+        return render_template("login.html")
+    username, password = request.form.get("username", ""), request.form.get("password", "")
+    try:
+        ratelimit.count_login_attempt(username)
+    except ratelimit.RateLimitExceeded as error:
+        return too_many_attempts("login.html", error)
+    user = auth.user_for_login(username, password)
+    if user is None:
+        flash("The username or password is incorrect.", "error")
+        return render_template("login.html"), 400
+    log_in(user)
+    return redirect(local_path(request.args.get("next")) or url_for("web.settings_profile"))
+
+
+def too_many_attempts(template, error):
+    flash(f"Too many attempts. Try again in {error.retry_after} seconds.", "error")
+    return render_template(template), 429, {"Retry-After": str(error.retry_after)}
+
+
+@bp.post("/logout")
+def logout():
+    session.clear()
+    flash("You are logged out.")
+    return redirect(url_for("web.landing"))
+
+
+@bp.get("/settings")
+@login_required
+def settings():
+    return redirect(url_for("web.settings_profile"))
+
+
+@bp.get("/settings/profile")
+@login_required
+def settings_profile():
+    return render_template("settings_profile.html", active_keys=ApiKey.active_for(g.user).count())
+
+
+@bp.get("/settings/security")
+@login_required
+def settings_security():
+    return render_security_tab(new_key=session.pop("new_key", None))
+
+
+def render_security_tab(status=200, new_key=None):
+    keys = list(ApiKey.select().where(ApiKey.user == g.user).order_by(ApiKey.id.desc()))
+    hours = last_hours(utcnow())
+    counts = UsageHour.counts_since([key.id for key in keys], hours[0])
+    usage = {key.id: [counts.get((key.id, hour), 0) for hour in hours] for key in keys}
+    return render_template("settings_security.html", keys=keys, hours=hours, usage=usage,
+                           new_key=new_key, key_types=KEY_TYPES), status
+
+
+def last_hours(now):
+    """Return the starts of the CHART_HOURS hours up to and including the current one, oldest first."""
+    current = start_of_hour(now)
+    return [current - datetime.timedelta(hours=n) for n in reversed(range(CHART_HOURS))]
+
+
+@bp.post("/settings/security/keys")
+@login_required
+def create_key():
+    try:
+        key, secret = auth.issue_key(g.user, request.form.get("name", ""), request.form.get("type", ""))
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=400)
+    # Carried to the next page only and popped there, so a reload never shows it again.
+    session["new_key"] = {"name": key.name, "secret": secret}
+    return redirect(url_for("web.settings_security"))
+
+
+@bp.post("/settings/security/keys/<int:key_id>/revoke")
+@login_required
+def revoke_key(key_id):
+    key = ApiKey.get_or_none((ApiKey.id == key_id) & (ApiKey.user == g.user))
+    if key is None:
+        abort(404)
+    auth.revoke_key(key)
+    flash(f"Revoked {key.name!r}: requests with it now fail.")
+    return redirect(url_for("web.settings_security"))
+
+
+@bp.get("/playground")
+@login_required
+def playground():
+    return render_template("playground.html", keys=ApiKey.active_for(g.user), endpoints=ENDPOINTS)
