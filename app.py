@@ -11,6 +11,7 @@ import click
 import peewee
 from flask import Blueprint, Flask, g, json, render_template, request
 from flask.cli import AppGroup
+from playhouse.pool import MaxConnectionsExceeded
 from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.proxy_fix import ProxyFix
 
@@ -75,6 +76,7 @@ def create_app(overrides=None):
     app.register_error_handler(HTTPException, render_http_error)
     app.register_error_handler(peewee.OperationalError, render_database_error)
     app.register_error_handler(peewee.InterfaceError, render_database_error)
+    app.register_error_handler(MaxConnectionsExceeded, render_database_error)
     app.register_error_handler(Exception, render_unexpected_error)
     app.cli.add_command(users_cli)
     app.cli.add_command(keys_cli)

@@ -21,9 +21,22 @@ accesslog = "-"
 access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
 
 
+def on_starting(server):
+    """Make SIGINT a graceful stop, and warn when several workers would each keep their own limits."""
+    # gunicorn's SIGINT is a quick stop that cuts sockets and can interrupt the last usage flush;
+    # Ctrl-C should stop the service as gracefully as SIGTERM does.
+    server.handle_int = server.handle_term
+    storage = os.environ.get("RATELIMIT_STORAGE_URL") or "memory://"
+    if server.cfg.workers > 1 and storage.startswith("memory://"):
+        server.log.warning(
+            "RATELIMIT_STORAGE_URL is memory://, so each of the %d workers keeps its own rate limits "
+            "and time-socket caps; set a redis:// URL to share them.", server.cfg.workers)
+
+
 def post_worker_init(worker):
-    """Make SIGTERM and SIGINT close every open WebSocket with 1001 before the worker stops;
-    gunicorn on its own would cut them after graceful_timeout with no close frame."""
+    """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
+    gracefully; gunicorn on its own would cut sockets after graceful_timeout with no close frame,
+    and its SIGINT is a quick stop."""
     import signal
 
     import gevent
@@ -38,9 +51,11 @@ def post_worker_init(worker):
 
         return handler
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(signum, chain(signal.getsignal(signum)))
+    signal.signal(signal.SIGTERM, chain(signal.getsignal(signal.SIGTERM)))
+    signal.signal(signal.SIGINT, chain(worker.handle_exit))
+    signal.signal(signal.SIGQUIT, chain(signal.getsignal(signal.SIGQUIT)))
     signal.siginterrupt(signal.SIGTERM, False)
+    signal.siginterrupt(signal.SIGINT, False)
 
 
 def worker_exit(server, worker):

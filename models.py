@@ -12,12 +12,16 @@ from peewee import (
     ForeignKeyField,
     IntegerField,
     Model,
+    PostgresqlDatabase,
     SqliteDatabase,
 )
 from playhouse.db_url import connect
 
 db = DatabaseProxy()
 
+POOL_SIZE = 10
+SCHEMA_LOCK_ID = 0x61706B73  # any constant shared by every process of the service
+POOL_WAIT_SECONDS = 10
 SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1}
 
 
@@ -150,9 +154,10 @@ def greenlets_share_thread():
 def open_database(url):
     """Return a peewee database for a playhouse.db_url URL, set up for this process."""
     if url.startswith(("postgres://", "postgresql://")):
-        # A pool hands each request a warm connection; teardown returns it.
+        # A pool hands each request a warm connection and teardown returns it. Greenlets beyond
+        # POOL_SIZE wait for one, so 8 workers stay within PostgreSQL's default 100 connections.
         url = url.replace("://", "+pool://", 1)
-        return connect(url, max_connections=20, stale_timeout=300)
+        return connect(url, max_connections=POOL_SIZE, timeout=POOL_WAIT_SECONDS, stale_timeout=300)
     if url.startswith("sqlite"):
         # Under gevent all greenlets share one connection: SQLite calls never yield, so no
         # two greenlets can interleave inside a statement or a transaction. With real
@@ -172,12 +177,26 @@ def init_app(app):
     database = open_database(app.config["DATABASE_URL"])
     database.statements = Statements(database)
     db.initialize(database)
-    with database.connection_context():
+    create_tables(database)
+    app.teardown_appcontext(release_request_connection)
+
+
+def create_tables(database):
+    """Create the missing tables. Workers that start together on PostgreSQL take turns, since two
+    concurrent CREATE ... IF NOT EXISTS can collide there."""
+    with database.connection_context(), database.atomic():
+        if isinstance(database, PostgresqlDatabase):
+            database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
         database.create_tables([User, ApiKey, UsageHour], safe=True)
-    app.teardown_appcontext(release_connection)
 
 
-def release_connection(exc=None):
+def release_connection(database=None):
     """Return a pooled connection to its pool, even after an error; SQLite's stays open."""
-    if not isinstance(db.obj, SqliteDatabase) and not db.is_closed():
-        db.close()
+    if database is None:
+        database = db.obj
+    if not isinstance(database, SqliteDatabase) and not database.is_closed():
+        database.close()
+
+
+def release_request_connection(exc):
+    release_connection()

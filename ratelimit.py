@@ -16,7 +16,7 @@ from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from models import ApiKey, db, start_of_hour, utcnow
+from models import ApiKey, db, release_connection, start_of_hour, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,8 @@ class UsageCounter:
                 with self.pending_lock:
                     self.pending.update(counts)
                 raise
+            finally:
+                release_connection(self.database)
 
     def flush_periodically(self):
         while not self.stopped.wait(self.interval):

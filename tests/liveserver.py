@@ -13,6 +13,8 @@ from pathlib import Path
 
 import requests
 
+import services
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -23,11 +25,12 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def service_env(tmp_path, **extra):
+def service_env(tmp_path, database="sqlite", **extra):
+    """Return the environment of a server on a fresh database: "sqlite" or "postgresql"."""
     env = dict(os.environ)
     env.update({
         "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        "DATABASE_URL": f"sqlite:///{tmp_path}/server.db",
+        "DATABASE_URL": services.postgres_url() if database == "postgresql" else f"sqlite:///{tmp_path}/server.db",
         "SECRET_KEY": "test-secret",
         "RATE_LIMIT_TIERS": "free=100000/hour,tiny=2/minute",
         "PUBLIC_RATE_LIMIT": "off",
@@ -68,16 +71,20 @@ class Server:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.output()
-            try:
-                requests.get(self.base + "/api/v1/status", timeout=5)
-                return
-            except requests.RequestException:
-                time.sleep(0.1)
+            # gunicorn's own line, so a server of another test run on the same port is not taken for ours.
+            if f":{port} (" in self.output():
+                try:
+                    requests.get(self.base + "/api/v1/status", timeout=5)
+                    return
+                except requests.RequestException:
+                    pass
+            time.sleep(0.1)
         self.stop()
         raise AssertionError("server did not start:\n" + self.output())
 
     def output(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return Path(self.log_path).read_text()
 
     def wait_for_output(self, text, seconds=10):

@@ -37,11 +37,19 @@ def postgres_url():
         with admin_connection() as connection:
             connection.execute(f"CREATE DATABASE {_session_database}")
         _created = True
-    url = f"postgresql://postgres@{POSTGRES[0]}:{POSTGRES[1]}/{_session_database}"
-    with psycopg.connect(url.replace("postgresql://", "postgresql://", 1), autocommit=True) as connection:
+    url = postgres_url_of(_session_database)
+    with psycopg.connect(url, autocommit=True) as connection:
         connection.execute("DROP SCHEMA public CASCADE")
         connection.execute("CREATE SCHEMA public")
     return url
+
+
+def postgres_url_of(database):
+    return f"postgresql://postgres@{POSTGRES[0]}:{POSTGRES[1]}/{database}"
+
+
+def session_database():
+    return _session_database
 
 
 def drop_session_database():

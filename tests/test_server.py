@@ -14,9 +14,9 @@ import requests
 from liveserver import Server, cli, free_port, make_key, service_env, start_procfile
 
 
-@pytest.fixture
-def env(tmp_path):
-    return service_env(tmp_path)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def env(request, tmp_path):
+    return service_env(tmp_path, request.param)
 
 
 @pytest.fixture

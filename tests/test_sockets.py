@@ -18,9 +18,9 @@ MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 DISPLAY_TIME = "%Y-%m-%d %H:%M:%S UTC"
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return service_env(tmp_path_factory.mktemp("sockets"))
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def env(request, tmp_path_factory):
+    return service_env(tmp_path_factory.mktemp("sockets"), request.param)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,150 @@
+"""Several workers and instances: PostgreSQL for the data, Redis for shared limits, and what
+happens when either goes away and comes back."""
+
+import concurrent.futures
+import sqlite3
+import time
+
+import psycopg
+import pytest
+import requests
+import websocket
+
+import services
+from liveserver import make_key, service_env, start_procfile
+from tcpproxy import TcpProxy
+
+
+def stored_total(database_url, key):
+    """Return the key's total_requests as the database holds it."""
+    sql = "SELECT total_requests FROM api_keys WHERE display_prefix = %s"
+    if database_url.startswith("sqlite"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as connection:
+            return connection.execute(sql.replace("%s", "?"), (key[:12],)).fetchone()[0]
+    with psycopg.connect(database_url) as connection:
+        return connection.execute(sql, (key[:12],)).fetchone()[0]
+
+
+def wait_for(predicate, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def get_all(urls, headers):
+    """GET every url at once from 50 threads; return the statuses."""
+    with concurrent.futures.ThreadPoolExecutor(50) as pool:
+        return list(pool.map(lambda url: requests.get(url, headers=headers, timeout=30).status_code, urls))
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Two instances of four workers each, on one PostgreSQL database and one Redis."""
+    env = service_env(tmp_path, DATABASE_URL=services.postgres_url(), RATELIMIT_STORAGE_URL=services.redis_url(),
+                      WEB_CONCURRENCY="4", RATE_LIMIT_TIERS="free=100000/hour,five=5/minute")
+    servers = [start_procfile(tmp_path, env) for _ in range(2)]
+    yield env, servers
+    for server in servers:
+        server.stop()
+
+
+def test_redis_shares_each_window_across_workers_and_instances(cluster):
+    env, servers = cluster
+    key = make_key(env, tier="five")
+    urls = [f"{servers[i % 2].base}/api/v1/protected/test" for i in range(50)]
+    statuses = get_all(urls, {"X-API-Key": key})
+    assert sorted(statuses) == [200] * 5 + [429] * 45
+
+
+def test_counts_are_exact_across_workers_and_instances(cluster):
+    env, servers = cluster
+    key = make_key(env)
+    urls = [f"{servers[i % 2].base}/api/v1/protected/test" for i in range(600)]
+    statuses = get_all(urls, {"X-API-Key": key})
+    assert statuses == [200] * 600
+    wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 600)
+
+
+def test_time_socket_cap_holds_across_workers(cluster):
+    env, servers = cluster
+    key = make_key(env)
+    url = lambda i: servers[i % 2].base.replace("http", "ws") + f"/api/v1/ws/time?api_key={key}"  # noqa: E731
+    sockets = [websocket.create_connection(url(i), timeout=10) for i in range(10)]
+    try:
+        with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+            websocket.create_connection(url(10), timeout=10)
+        assert refused.value.status_code == 429
+        assert b"too_many_connections" in refused.value.resp_body
+    finally:
+        for ws in sockets:
+            ws.close()
+
+
+def test_sqlite_with_several_workers_loses_nothing(tmp_path):
+    env = service_env(tmp_path, WEB_CONCURRENCY="4")
+    key = make_key(env)
+    server = start_procfile(tmp_path, env)
+    try:
+        statuses = get_all([f"{server.base}/api/v1/protected/test"] * 400, {"X-API-Key": key})
+        assert statuses == [200] * 400
+    finally:
+        server.stop()
+    assert stored_total(env["DATABASE_URL"], key) == 400
+    output = server.output()
+    assert "database is locked" not in output
+    assert "each of the 4 workers keeps its own rate limits" in output
+
+
+def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):
+    services.redis_url()
+    proxy = TcpProxy(services.REDIS)
+    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/15",
+                      PUBLIC_RATE_LIMIT="600/minute")
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    server = start_procfile(tmp_path, env)
+    try:
+        assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        proxy.cut()
+        down = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+        assert down.status_code == 503
+        assert down.json()["error"]["code"] == "service_unavailable"
+        assert requests.get(server.base + "/api/v1/demo/year").status_code == 200
+        proxy.restore()
+        wait_for(lambda: requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200)
+    finally:
+        server.stop()
+        proxy.close()
+    assert "Rate-limit storage unavailable" in server.output()
+
+
+def test_database_outage_is_503_and_recovers_without_losing_counts(tmp_path):
+    services.postgres_url()
+    proxy = TcpProxy(services.POSTGRES)
+    database_url = f"postgresql://postgres@127.0.0.1:{proxy.port}/{services.session_database()}"
+    env = service_env(tmp_path, DATABASE_URL=database_url)
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    server = start_procfile(tmp_path, env)
+    served = []
+
+    def call():
+        response = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+        served.append(response.status_code)
+        return response
+
+    try:
+        for _ in range(3):
+            assert call().status_code == 200
+        proxy.cut()
+        down = call()
+        assert down.status_code == 503
+        assert down.json()["error"]["code"] == "service_unavailable"
+        proxy.restore()
+        wait_for(lambda: call().status_code == 200)
+    finally:
+        server.stop()
+        proxy.close()
+    assert set(served) <= {200, 503}
+    assert stored_total(services.postgres_url_of(services.session_database()), key) == served.count(200)
