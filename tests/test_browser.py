@@ -1,6 +1,7 @@
 """A user's path through the web application in headless Chromium (Debian's, driven by Python
 Playwright) against the real gunicorn server: get a key, see it once, use it, revoke it; then the
-playground's REST calls, clock and echo. The run saves the README's screenshots to docs/."""
+playground's REST calls, clock and echo. With UPDATE_SCREENSHOTS=1 the run saves the README's
+screenshots to docs/; otherwise to a temporary folder, so a test run leaves the checkout clean."""
 
 import os
 
@@ -20,6 +21,12 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 DOCS = ROOT / "docs"
+
+
+@pytest.fixture
+def screenshots(tmp_path):
+    """Where the run saves its screenshots."""
+    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
 
 
 def require(ready, reason):
@@ -85,7 +92,7 @@ def protected_test(server, secret):
     return requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=5)
 
 
-def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server):
+def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server, screenshots):
     sign_up(page, "dana")
     secret = create_key(page, "Browser key")
     assert secret.startswith("sk_live_")
@@ -93,7 +100,7 @@ def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server):
     expect(page.get_by_role("button", name="Copied")).to_be_visible()
     assert page.evaluate("navigator.clipboard.readText()") == secret
     DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=DOCS / "security-tab.png", full_page=True)
+    page.screenshot(path=screenshots / "security-tab.png", full_page=True)
 
     assert protected_test(server, secret).status_code == 200
     page.reload()
@@ -110,7 +117,7 @@ def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server):
     assert refused.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_playground_calls_rest_ticks_the_clock_echoes_and_shows_a_refusal(page):
+def test_playground_calls_rest_ticks_the_clock_echoes_and_shows_a_refusal(page, screenshots):
     sign_up(page, "erin")
     secret = create_key(page, "Playground key")
     page.get_by_role("link", name="Try it in the playground").click()
@@ -131,7 +138,7 @@ def test_playground_calls_rest_ticks_the_clock_echoes_and_shows_a_refusal(page):
     page.get_by_label("Message").fill("hello from the browser")
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#echo-log")).to_contain_text("hello from the browser")
-    page.screenshot(path=DOCS / "playground.png", full_page=True)
+    page.screenshot(path=screenshots / "playground.png", full_page=True)
 
     page.get_by_role("button", name="Close").click()
     expect(page.locator("#time-state")).to_have_text("Closed (code 1000).")
