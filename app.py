@@ -25,6 +25,7 @@ from ratelimit import ip_rate_limited
 VERSION = "1.0.0"
 ROOT = Path(__file__).resolve().parent
 INSTANCE = ROOT / "instance"
+OPENAPI = json.loads((ROOT / "openapi.json").read_text())
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,12 @@ def usage_stats():
         "requests_remaining": window.remaining,
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
     }
+
+
+@api.get("/openapi.json")
+@ip_rate_limited
+def openapi_document():
+    return OPENAPI
 
 
 users_cli = AppGroup("users", help="Manage users.")
