@@ -113,6 +113,14 @@ def render_unexpected_error(error):
 api = Blueprint("api", __name__, url_prefix="/api/v1")
 
 
+@api.after_request
+def add_api_headers(response):
+    # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
 @api.get("/demo/year")
 @ip_rate_limited
 def demo_year():
