@@ -115,6 +115,7 @@ api = Blueprint("api", __name__, url_prefix="/api/v1")
 
 @api.after_request
 def add_api_headers(response):
+    """Forbid caching and MIME sniffing of every API response."""
     # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Content-Type-Options"] = "nosniff"
