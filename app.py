@@ -27,6 +27,7 @@ from ratelimit import ip_rate_limited
 VERSION = "1.0.0"
 ROOT = Path(__file__).resolve().parent
 INSTANCE = ROOT / "instance"
+OPENAPI = json.loads((ROOT / "openapi.json").read_text())
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,15 @@ def render_unexpected_error(error):
 api = Blueprint("api", __name__, url_prefix="/api/v1")
 
 
+@api.after_request
+def add_api_headers(response):
+    """Forbid caching and MIME sniffing of every API response."""
+    # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
 @api.get("/demo/year")
 @ip_rate_limited
 def demo_year():
@@ -180,6 +190,12 @@ def usage_stats():
         "requests_remaining": window.remaining,
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
     }
+
+
+@api.get("/openapi.json")
+@ip_rate_limited
+def openapi_document():
+    return OPENAPI
 
 
 users_cli = AppGroup("users", help="Manage users.")

@@ -1,7 +1,11 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists, so it reads
 its own environment (PORT, WEB_CONCURRENCY)."""
 
+import logging
 import os
+import re
+
+from gunicorn.glogging import Logger
 
 bind = f"0.0.0.0:{os.environ.get('PORT') or 5000}"
 workers = int(os.environ.get("WEB_CONCURRENCY") or 1)
@@ -19,6 +23,31 @@ keepalive = 5
 accesslog = "-"
 # %(U)s is the path without the query string, which may carry the time socket's api_key.
 access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
+
+SECRET = re.compile(r"(api_key=)[^&\s']*|(sk_(?:live|test)_)[A-Za-z0-9]+")
+
+
+class RedactSecrets(logging.Filter):
+    """Replace API keys and api_key values in a log record's message with [redacted]."""
+
+    def filter(self, record):
+        record.msg = SECRET.sub(lambda match: (match[1] or match[2]) + "[redacted]", record.getMessage())
+        record.args = ()
+        return True
+
+
+class RedactingLogger(Logger):
+    """gunicorn's logger, minus secrets: for a request it cannot parse, gunicorn logs the whole
+    request line, query string and all."""
+
+    redact = RedactSecrets()
+
+    def setup(self, cfg):
+        super().setup(cfg)
+        self.error_log.addFilter(self.redact)
+
+
+logger_class = RedactingLogger
 
 
 def on_starting(server):

@@ -1,0 +1,161 @@
+"""openapi.json: it is served, it covers every REST route, and every kind of real response
+(each endpoint's success and each error of the contract) matches it."""
+
+import json
+
+import peewee
+import pytest
+from limits.errors import StorageError
+from openapi_core.validation.response.exceptions import ResponseValidationError
+
+import auth
+import models
+from app import VERSION
+from contract import DOCUMENT, assert_conforms
+from models import ApiKey
+
+PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"]
+PUBLIC = ["/api/v1/demo/year", "/api/v1/status", "/api/v1/openapi.json"]
+
+
+def test_document_is_served_as_json(client):
+    response = client.get("/api/v1/openapi.json")
+    assert response.status_code == 200
+    assert response.mimetype == "application/json"
+    assert response.get_json() == DOCUMENT
+    assert_conforms(response)
+
+
+def test_document_describes_this_version(app):
+    assert DOCUMENT["openapi"] == "3.1.0"
+    assert DOCUMENT["info"]["version"] == VERSION
+
+
+def test_every_rest_route_is_documented_and_nothing_else(app):
+    routes = {
+        (rule.rule, method.lower())
+        for rule in app.url_map.iter_rules()
+        if rule.rule.startswith("/api/v1/") and not rule.rule.startswith("/api/v1/ws/")
+        for method in rule.methods - {"HEAD", "OPTIONS"}
+    }
+    documented = {(path, method) for path, item in DOCUMENT["paths"].items() for method in item}
+    assert routes == documented
+
+
+def test_security_scheme_is_the_key_header():
+    scheme = DOCUMENT["components"]["securitySchemes"]["ApiKeyHeader"]
+    assert (scheme["type"], scheme["in"], scheme["name"]) == ("apiKey", "header", "X-API-Key")
+    assert DOCUMENT["security"] == [{"ApiKeyHeader": []}]
+    for path in PROTECTED:
+        operation = DOCUMENT["paths"][path]["get"]
+        assert "security" not in operation
+        assert set(operation["responses"]) == {"200", "401", "429", "500", "503"}
+    for path in PUBLIC:
+        security = DOCUMENT["paths"][path]["get"]["security"]
+        assert security == [] or {} in security
+
+
+@pytest.mark.parametrize("path", PUBLIC)
+def test_public_success_conforms(client, path):
+    response = client.get(path)
+    assert response.status_code == 200
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("key", ["valid", "invalid"])
+def test_status_with_a_key_conforms(client, api_key, key):
+    value = api_key if key == "valid" else "sk_test_" + "x" * 40
+    assert assert_conforms(client.get("/api/v1/status", headers={"X-API-Key": value}))["authenticated"] is (
+        key == "valid")
+
+
+@pytest.mark.parametrize("path", PROTECTED)
+def test_protected_success_conforms(client, pro_key, path):
+    response = client.get(path, headers={"X-API-Key": pro_key})
+    assert response.status_code == 200
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", PROTECTED)
+@pytest.mark.parametrize("value", [None, "", "nonsense", "sk_live_" + "A" * 40, "revoked"])
+def test_unauthorized_conforms(client, user, path, value):
+    if value == "revoked":
+        key, value = auth.issue_key(user, "gone", "development")
+        auth.revoke_key(key)
+    response = client.get(path, headers={} if value is None else {"X-API-Key": value})
+    assert response.status_code == 401
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", PROTECTED)
+def test_key_rate_limited_conforms(client, api_key, path):
+    for _ in range(3):
+        client.get(path, headers={"X-API-Key": api_key})
+    response = client.get(path, headers={"X-API-Key": api_key})
+    assert response.status_code == 429
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", PUBLIC)
+def test_ip_rate_limited_conforms(client, path):
+    for _ in range(5):
+        client.get(path)
+    response = client.get(path)
+    assert response.status_code == 429
+    assert_conforms(response)
+
+
+def test_internal_error_conforms(client, user):
+    key, secret = auth.issue_key(user, "k", "development")
+    ApiKey.update(rate_limit_tier="platinum").where(ApiKey.id == key.id).execute()
+    response = client.get("/api/v1/protected/test", headers={"X-API-Key": secret})
+    assert response.status_code == 500
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", PROTECTED + ["/api/v1/status"])
+def test_database_unavailable_conforms(client, api_key, monkeypatch, path):
+    def refuse(*args, **kwargs):
+        raise peewee.OperationalError("unable to open database file")
+
+    monkeypatch.setattr(models.db.obj, "execute_sql", refuse)
+    response = client.get(path, headers={"X-API-Key": api_key})
+    assert response.status_code == 503
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", PROTECTED + PUBLIC)
+def test_limit_storage_unavailable_conforms(app, client, api_key, monkeypatch, path):
+    def refuse(*args, **kwargs):
+        raise StorageError(ConnectionError("connection refused"))
+
+    monkeypatch.setattr(app.extensions["ratelimit"].storage, "incr", refuse)
+    response = client.get(path, headers={"X-API-Key": api_key})
+    assert response.status_code == 503
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nothing", "/api/v1/ws/nothing", "/"])
+def test_not_found_conforms(client, path):
+    response = client.get(path)
+    assert response.status_code == 404
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", PUBLIC + PROTECTED)
+@pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
+def test_method_not_allowed_conforms(client, path, method):
+    response = getattr(client, method)(path)
+    assert response.status_code == 405
+    assert_conforms(response)
+
+
+def test_a_response_the_document_does_not_describe_fails(client):
+    response = client.get("/api/v1/demo/year")
+    response.set_data(json.dumps({**response.get_json(), "extra": 1}))
+    with pytest.raises(ResponseValidationError):
+        assert_conforms(response)
+    response = client.get("/api/v1/user/me")
+    del response.headers["WWW-Authenticate"]
+    with pytest.raises(ResponseValidationError):
+        assert_conforms(response)

@@ -1,0 +1,39 @@
+"""Findings of SECURITY.md that tests can hold: secrets at rest, password hashing, cache headers."""
+
+import math
+import os
+import stat
+
+import pytest
+
+import auth
+from app import instance_secret_key
+from models import ApiKey, User
+
+
+def test_key_secrets_carry_over_200_bits_from_a_csprng():
+    assert auth.KEY_BODY_LENGTH * math.log2(len(auth.KEY_ALPHABET)) > 200
+
+
+def test_the_database_holds_no_secret_a_reader_could_use(user, api_key):
+    row = ApiKey.select().dicts().get()
+    assert api_key not in map(str, row.values())
+    assert row["key_hash"] == auth.hash_key(api_key)
+    assert len(api_key) - len(row["display_prefix"]) >= 32
+    stored = User.get_by_id(user.id).password_hash
+    assert stored.startswith("scrypt:") and "correct horse battery" not in stored
+
+
+def test_session_secret_file_is_private(monkeypatch, tmp_path):
+    monkeypatch.setattr("app.INSTANCE", tmp_path)
+    instance_secret_key()
+    assert stat.S_IMODE(os.stat(tmp_path / "secret_key").st_mode) == 0o600
+
+
+@pytest.mark.parametrize("path, keyed", [
+    ("/api/v1/user/me", True), ("/api/v1/usage/stats", True), ("/api/v1/user/me", False), ("/api/v1/status", True),
+])
+def test_api_responses_are_never_cached_or_sniffed(client, api_key, path, keyed):
+    response = client.get(path, headers={"X-API-Key": api_key} if keyed else {})
+    assert response.headers["Cache-Control"] == "no-store"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
