@@ -130,7 +130,8 @@ def send_raw(server, head):
 
 def test_live_bytes_that_are_not_utf8_get_a_json_401(live):
     server, _ = live
-    status, body = send_raw(server, b"GET /api/v1/protected/test HTTP/1.1\r\nX-API-Key: sk_live_\xff\xfe\xc3" + b"a" * 40)
+    request_head = b"GET /api/v1/protected/test HTTP/1.1\r\nX-API-Key: sk_live_\xff\xfe\xc3" + b"a" * 40
+    status, body = send_raw(server, request_head)
     assert status == 401
     assert b'"invalid_api_key"' in body
 
