@@ -136,8 +136,9 @@ def find_active_key(key_hash):
     if row is None:
         return None
     key_id, user_id, name, key_type, tier, display_prefix = row
-    return ApiKey(id=key_id, user=user_id, name=name, key_type=key_type, rate_limit_tier=tier,
-                  display_prefix=display_prefix)
+    # __no_default__ skips computing defaults for the fields the query did not fetch.
+    return ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
+                  rate_limit_tier=tier, display_prefix=display_prefix)
 
 
 def key_is_active(key_id):

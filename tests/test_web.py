@@ -301,3 +301,11 @@ def test_web_errors_are_html_for_browsers_and_json_for_other_clients(logged_in):
     for headers in ({}, {"Accept": "*/*"}, {"Accept": "application/json"}):
         other = logged_in.post("/settings/security/keys/999/revoke", headers=headers)
         assert other.get_json() == {"error": {"code": "not_found", "message": other.get_json()["error"]["message"]}}
+
+
+def test_a_login_cookie_grants_nothing_on_the_api(logged_in):
+    assert logged_in.get("/api/v1/status").get_json()["authenticated"] is False
+    response = logged_in.get("/api/v1/user/me")
+    assert response.status_code == 401
+    assert response.get_json()["error"]["code"] == "missing_api_key"
+    assert "Set-Cookie" not in response.headers
