@@ -80,23 +80,24 @@ class TooManyConnections(TooManyRequests):
 
 
 class SocketSlots:
-    """Counts each key's open time sockets in this process."""
+    """Counts each owner's open sockets (a key's time sockets, an IP's echo sockets) in this process."""
 
-    def __init__(self, per_key):
-        self.per_key = per_key
+    def __init__(self, per_owner, refusal=None):
+        self.per_owner = per_owner
+        self.refusal = refusal or f"This API key already has {per_owner} open time sockets; close one first."
         self.open = collections.Counter()
 
-    def take(self, key_id):
-        """Reserve a slot for the key and return its token, or raise TooManyConnections."""
-        if self.open[key_id] >= self.per_key:
-            raise too_many_connections(self.per_key)
-        self.open[key_id] += 1
-        return key_id
+    def take(self, owner):
+        """Reserve a slot for the owner and return its token, or raise TooManyConnections."""
+        if self.open[owner] >= self.per_owner:
+            raise TooManyConnections(self.refusal)
+        self.open[owner] += 1
+        return owner
 
-    def give_back(self, key_id, token):
-        self.open[key_id] -= 1
-        if self.open[key_id] <= 0:
-            del self.open[key_id]
+    def give_back(self, owner, token):
+        self.open[owner] -= 1
+        if self.open[owner] <= 0:
+            del self.open[owner]
 
     def refresh(self, slots):
         """Nothing to do: a process's own counts cannot outlive it."""
@@ -137,7 +138,7 @@ class SharedSocketSlots:
             log.error("Socket slots unavailable in Redis: %s", error)
             raise ratelimit.LimitStorageUnavailable() from None
         if not taken:
-            raise too_many_connections(self.per_key)
+            raise TooManyConnections(f"This API key already has {self.per_key} open time sockets; close one first.")
         return token
 
     def give_back(self, key_id, token):
@@ -159,15 +160,12 @@ class SharedSocketSlots:
             log.warning("Could not renew socket slots: %s", error)
 
 
-def too_many_connections(per_key):
-    return TooManyConnections(f"This API key already has {per_key} open time sockets; close one first.")
-
-
 def init_app(app):
     """Configure the socket server and register the sockets blueprint."""
     app.config.setdefault("SOCK_SERVER_OPTIONS", {"max_message_size": 65536, "ping_interval": 25})
     app.config.setdefault("TIME_SOCKETS_PER_KEY", 10)
     app.config.setdefault("REVOCATION_CHECK_SECONDS", 5)
+    app.config.setdefault("ECHO_SOCKETS_PER_IP", 50)
     storage = app.extensions["ratelimit"].storage
     per_key = app.config["TIME_SOCKETS_PER_KEY"]
     if isinstance(storage, RedisStorage):
@@ -175,6 +173,9 @@ def init_app(app):
     else:
         slots = SocketSlots(per_key)
     app.extensions["socket_slots"] = slots
+    per_ip = app.config["ECHO_SOCKETS_PER_IP"]
+    app.extensions["echo_slots"] = SocketSlots(
+        per_ip, f"This IP address already has {per_ip} open echo sockets; close one first.")
     app.extensions["ticker"] = Ticker(slots, app.config["REVOCATION_CHECK_SECONDS"])
     app.register_blueprint(bp)
 
@@ -185,6 +186,7 @@ def admit_socket():
     # where they are still plain HTTP responses.
     if request.endpoint == "sockets.echo":
         ratelimit.limit_client_ip()
+        g.echo_slot = current_app.extensions["echo_slots"].take(request.remote_addr)
     elif request.endpoint == "sockets.time_stream":
         key = auth.authenticate(request.args.get("api_key"), "the api_key query parameter")
         g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
@@ -197,6 +199,9 @@ def release_socket_slot(exc=None):
     slot = g.pop("socket_slot", None)
     if slot is not None:
         current_app.extensions["socket_slots"].give_back(*slot)
+    echo_owner = g.pop("echo_slot", None)
+    if echo_owner is not None:
+        current_app.extensions["echo_slots"].give_back(echo_owner, echo_owner)
 
 
 def tracked(handler):

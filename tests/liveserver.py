@@ -6,11 +6,13 @@ import re
 import shlex
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psycopg
 import requests
 
 import services
@@ -122,3 +124,20 @@ def start_procfile(tmp_path, env):
     settings, argv = procfile_command()
     env = dict(env, **settings, PORT=str(port))
     return Server(argv, env, port, tmp_path / f"gunicorn-{port}.log")
+
+
+def stored_total(database_url, key):
+    """Return the key's total_requests as the database holds it."""
+    sql = "SELECT total_requests FROM api_keys WHERE display_prefix = %s"
+    if database_url.startswith("sqlite"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as connection:
+            return connection.execute(sql.replace("%s", "?"), (key[:12],)).fetchone()[0]
+    with psycopg.connect(database_url) as connection:
+        return connection.execute(sql, (key[:12],)).fetchone()[0]
+
+
+def wait_for(predicate, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)

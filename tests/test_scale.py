@@ -2,34 +2,14 @@
 happens when either goes away and comes back."""
 
 import concurrent.futures
-import sqlite3
-import time
 
-import psycopg
 import pytest
 import requests
 import websocket
 
 import services
-from liveserver import make_key, service_env, start_procfile
+from liveserver import make_key, service_env, start_procfile, stored_total, wait_for
 from tcpproxy import TcpProxy
-
-
-def stored_total(database_url, key):
-    """Return the key's total_requests as the database holds it."""
-    sql = "SELECT total_requests FROM api_keys WHERE display_prefix = %s"
-    if database_url.startswith("sqlite"):
-        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as connection:
-            return connection.execute(sql.replace("%s", "?"), (key[:12],)).fetchone()[0]
-    with psycopg.connect(database_url) as connection:
-        return connection.execute(sql, (key[:12],)).fetchone()[0]
-
-
-def wait_for(predicate, seconds=10):
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def get_all(urls, headers):

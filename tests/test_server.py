@@ -2,16 +2,18 @@
 ports, driven over HTTP by `requests`, with keys made by the real CLI."""
 
 import concurrent.futures
+import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import time
 
 import pytest
 import requests
 
-from liveserver import Server, cli, free_port, make_key, service_env, start_procfile
+from liveserver import Server, cli, free_port, make_key, service_env, start_procfile, stored_total, wait_for
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -151,3 +153,22 @@ def test_access_log_has_no_query_string(server):
     requests.get(server.base + "/api/v1/status?api_key=sk_test_" + "q" * 40)
     output = server.wait_for_output('"GET /api/v1/status HTTP/1.1" 200')
     assert "qqqq" not in output
+
+
+def test_a_killed_worker_loses_at_most_its_pending_counts(tmp_path, env):
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    server = start_procfile(tmp_path, env)
+    try:
+        for _ in range(100):
+            assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 100)
+        for _ in range(50):
+            requests.get(server.base + "/api/v1/protected/test", headers=headers)
+        worker = int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: requests.get(server.base + "/api/v1/status", timeout=5).status_code == 200, seconds=30)
+        assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+    finally:
+        server.stop()
+    assert 101 <= stored_total(env["DATABASE_URL"], key) <= 151

@@ -5,6 +5,7 @@ import datetime
 import json
 import re
 import signal
+import socket
 import sys
 import time
 
@@ -237,3 +238,42 @@ def test_vanished_clients_free_their_slots(server, env):
             time.sleep(0.2)
     for ws in sockets:
         ws.close()
+
+
+def test_echo_sockets_are_capped_per_ip(server):
+    sockets = []
+    deadline = time.monotonic() + 10
+    while len(sockets) < 50:  # slots of the sockets earlier tests closed may take a moment to free
+        try:
+            sockets.append(connect(server, "/api/v1/ws/echo"))
+        except websocket.WebSocketBadStatusException as refused:
+            assert refused.status_code == 429 and time.monotonic() < deadline
+            time.sleep(0.1)
+    try:
+        refused = refusal(server, "/api/v1/ws/echo")
+        assert refused.status_code == 429
+        assert json.loads(refused.resp_body)["error"]["code"] == "too_many_connections"
+        sockets[0].send("the others still work")
+        assert json.loads(sockets[0].recv())["message"] == "the others still work"
+    finally:
+        for ws in sockets:
+            ws.close()
+
+
+def test_slow_clients_do_not_hold_up_others(server):
+    port = int(server.base.rsplit(":", 1)[1])
+    slow = []
+    try:
+        for _ in range(200):
+            connection = socket.create_connection(("127.0.0.1", port))
+            connection.sendall(b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            slow.append(connection)
+        response = requests.get(server.base + "/api/v1/status", timeout=10)
+        assert response.status_code == 200
+        ws = connect(server, "/api/v1/ws/echo")
+        ws.send("through")
+        assert json.loads(ws.recv())["message"] == "through"
+        ws.close()
+    finally:
+        for connection in slow:
+            connection.close()

@@ -43,7 +43,7 @@ def test_refused_handshake_is_not_counted(app, client, api_key):
 
 
 def test_socket_slots_cap_and_release():
-    slots = sockets.SocketSlots(per_key=2)
+    slots = sockets.SocketSlots(per_owner=2)
     first, _ = slots.take(7), slots.take(7)
     with pytest.raises(sockets.TooManyConnections) as raised:
         slots.take(7)
@@ -67,3 +67,11 @@ def test_time_update_names_its_second():
     assert list(message) == ["type", "formatted", "timestamp"]
     assert message["type"] == "time_update"
     assert message["formatted"] == "2026-11-22 02:43:23 UTC"
+
+
+def test_echo_slots_refuse_with_their_own_sentence():
+    slots = sockets.SocketSlots(1, "This IP address already has 1 open echo sockets; close one first.")
+    slots.take("10.0.0.1")
+    with pytest.raises(sockets.TooManyConnections, match="IP address"):
+        slots.take("10.0.0.1")
+    slots.take("10.0.0.2")
