@@ -277,3 +277,23 @@ def test_slow_clients_do_not_hold_up_others(server):
     finally:
         for connection in slow:
             connection.close()
+
+
+def send_fragmented(ws, parts):
+    for index, part in enumerate(parts):
+        opcode = websocket.ABNF.OPCODE_TEXT if index == 0 else websocket.ABNF.OPCODE_CONT
+        ws.send_frame(websocket.ABNF.create_frame(part, opcode, fin=int(index == len(parts) - 1)))
+
+
+def test_fragmented_messages_are_echoed_whole(server):
+    ws = connect(server, "/api/v1/ws/echo")
+    whole = "fragmented ✓".encode()
+    send_fragmented(ws, [whole[:4], whole[4:12], whole[12:]])  # the cut falls inside the ✓
+    assert json.loads(ws.recv())["message"] == "fragmented ✓"
+    ws.close()
+
+
+def test_fragments_adding_up_to_too_much_close_with_1009(server):
+    ws = connect(server, "/api/v1/ws/echo")
+    send_fragmented(ws, [b"x" * 40_000, b"x" * 40_000])
+    assert close_code(ws) == 1009
