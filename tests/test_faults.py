@@ -1,0 +1,59 @@
+"""The SQLite file's disk filling up under a running server: keyed requests go on, usage counts
+wait in memory, and nothing is lost once there is space again."""
+
+import os
+import subprocess
+
+import pytest
+import requests
+
+from liveserver import make_key, service_env, start_procfile, stored_total, wait_for
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs for the database; needs root, as CI has."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        message = f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk):
+    """Fill the disk to the last byte; return the filler file."""
+    filler = disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
+    return filler
+
+
+def test_counts_wait_out_a_full_disk(tmp_path, small_disk):
+    env = service_env(tmp_path, DATABASE_URL=f"sqlite:///{small_disk}/service.db")
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    server = start_procfile(tmp_path, env)
+    try:
+        for _ in range(20):
+            assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 20)
+
+        filler = fill(small_disk)
+        for _ in range(30):
+            assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers)
+        assert stats.status_code == 200
+        assert stats.json()["total_requests"] == 51
+        server.wait_for_output("Could not write usage counts")
+        assert stored_total(env["DATABASE_URL"], key) == 20
+
+        filler.unlink()
+        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 51)
+        assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+    finally:
+        server.stop()
+    assert stored_total(env["DATABASE_URL"], key) == 52
