@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 
 import auth  # noqa: E402
 import services  # noqa: E402
+from liveserver import make_key, service_env, start_procfile  # noqa: E402
 from app import create_app  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
@@ -87,3 +88,18 @@ def logged_in(client, user):
     response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
     assert response.status_code == 302
     return client
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """(server, secret): the Procfile's gunicorn on a fresh SQLite file, with one production key.
+    Afterwards its log must hold no traceback and no trace of the secret."""
+    tmp_path = tmp_path_factory.mktemp("live")
+    env = service_env(tmp_path)
+    secret = make_key(env)
+    server = start_procfile(tmp_path, env)
+    yield server, secret
+    output = server.output()
+    server.stop()
+    assert "Traceback" not in output
+    assert secret not in output and secret[8:] not in output

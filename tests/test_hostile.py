@@ -8,7 +8,6 @@ import pytest
 import requests
 
 from contract import assert_conforms
-from liveserver import make_key, service_env, start_procfile
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"]
 HOSTILE_VALUES = [
@@ -98,19 +97,6 @@ def test_unknown_keys_create_no_limiter_or_usage_state(app, client, api_key):
             assert client.get(f"/api/v1/ws/time?api_key={value}").status_code in (400, 401)
     assert (len(storage.storage), len(storage.expirations)) == before
     assert not any(usage.pending.values())
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("hostile")
-    env = service_env(tmp_path)
-    secret = make_key(env)
-    server = start_procfile(tmp_path, env)
-    yield server, secret
-    output = server.output()
-    server.stop()
-    assert "Traceback" not in output
-    assert secret not in output and secret[8:] not in output
 
 
 def send_raw(server, head):
