@@ -111,20 +111,28 @@ def test_usage_counter_adds_hourly_counts_in_the_same_flush(app, user, api_key, 
     assert UsageHour.select().count() == 2
 
 
+def fail_statements_starting(monkeypatch, prefix):
+    """Make the database raise OperationalError for SQL starting with prefix; return the real execute_sql."""
+    import peewee
+
+    original = db.obj.execute_sql
+
+    def fail(sql, *args, **kwargs):
+        if sql.startswith(prefix):
+            raise peewee.OperationalError("disk I/O error")
+        return original(sql, *args, **kwargs)
+
+    monkeypatch.setattr(db.obj, "execute_sql", fail)
+    return original
+
+
 def test_a_failed_hourly_write_rolls_back_the_lifetime_count(app, user, pro_key, monkeypatch):
     import peewee
 
     counter = ratelimit.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
     counter.add(kid)
-    original = db.obj.execute_sql
-
-    def fail(sql, *args, **kwargs):
-        if sql.startswith("INSERT INTO usage_hours"):
-            raise peewee.OperationalError("disk full")
-        return original(sql, *args, **kwargs)
-
-    monkeypatch.setattr(db.obj, "execute_sql", fail)
+    original = fail_statements_starting(monkeypatch, "INSERT INTO usage_hours")
     with pytest.raises(peewee.OperationalError):
         counter.flush()
     assert ApiKey.get_by_id(kid).total_requests == 0
@@ -141,14 +149,7 @@ def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, mon
     kid = key_id(pro_key)
     for _ in range(4):
         counter.add(kid)
-    original = db.obj.execute_sql
-
-    def fail(sql, *args, **kwargs):
-        if sql.startswith("UPDATE"):
-            raise peewee.OperationalError("disk I/O error")
-        return original(sql, *args, **kwargs)
-
-    monkeypatch.setattr(db.obj, "execute_sql", fail)
+    original = fail_statements_starting(monkeypatch, "UPDATE")
     with pytest.raises(peewee.OperationalError):
         counter.flush()
     counter.add(kid)

@@ -52,6 +52,17 @@ def close_code(ws):
             return int.from_bytes(data[:2], "big")
 
 
+def connect_when_free(server, path, seconds=10):
+    """Connect, retrying while the server still counts sockets that were just closed (429)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return connect(server, path)
+        except websocket.WebSocketBadStatusException as refused:
+            assert refused.status_code == 429 and time.monotonic() < deadline
+            time.sleep(0.1)
+
+
 def refusal(server, path):
     with pytest.raises(websocket.WebSocketBadStatusException) as raised:
         connect(server, path)
@@ -158,14 +169,7 @@ def test_at_most_ten_time_sockets_per_key(server, env):
     assert refused.status_code == 429
     assert json.loads(refused.resp_body)["error"]["code"] == "too_many_connections"
     sockets.pop().close()
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            sockets.append(connect(server, f"/api/v1/ws/time?api_key={key}"))
-            break
-        except websocket.WebSocketBadStatusException as refused:
-            assert refused.status_code == 429 and time.monotonic() < deadline
-            time.sleep(0.1)
+    sockets.append(connect_when_free(server, f"/api/v1/ws/time?api_key={key}"))
     for ws in sockets:
         ws.close()
 
@@ -228,27 +232,14 @@ def test_vanished_clients_free_their_slots(server, env):
         ws = connect(server, f"/api/v1/ws/time?api_key={key}")
         ws.recv()
         ws.sock.close()  # gone without a close frame
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            sockets = [connect(server, f"/api/v1/ws/time?api_key={key}") for _ in range(10)]
-            break
-        except websocket.WebSocketBadStatusException as refused:
-            assert refused.status_code == 429 and time.monotonic() < deadline
-            time.sleep(0.2)
+    sockets = [connect_when_free(server, f"/api/v1/ws/time?api_key={key}") for _ in range(10)]
     for ws in sockets:
         ws.close()
 
 
 def test_echo_sockets_are_capped_per_ip(server):
-    sockets = []
-    deadline = time.monotonic() + 10
-    while len(sockets) < 50:  # slots of the sockets earlier tests closed may take a moment to free
-        try:
-            sockets.append(connect(server, "/api/v1/ws/echo"))
-        except websocket.WebSocketBadStatusException as refused:
-            assert refused.status_code == 429 and time.monotonic() < deadline
-            time.sleep(0.1)
+    # Slots of the sockets earlier tests closed may take a moment to free.
+    sockets = [connect_when_free(server, "/api/v1/ws/echo") for _ in range(50)]
     try:
         refused = refusal(server, "/api/v1/ws/echo")
         assert refused.status_code == 429
