@@ -31,6 +31,8 @@ OPENAPI = json.loads((ROOT / "openapi.json").read_text())
 
 log = logging.getLogger(__name__)
 
+DATABASE_ERRORS = (peewee.OperationalError, peewee.InterfaceError, MaxConnectionsExceeded)
+
 
 def load_config(environ=os.environ):
     """Return every setting of the contract's configuration table, defaults filled in."""
@@ -75,9 +77,8 @@ def create_app(overrides=None):
     sockets.init_app(app)
     web.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
-    app.register_error_handler(peewee.OperationalError, render_database_error)
-    app.register_error_handler(peewee.InterfaceError, render_database_error)
-    app.register_error_handler(MaxConnectionsExceeded, render_database_error)
+    for database_error in DATABASE_ERRORS:
+        app.register_error_handler(database_error, render_database_error)
     app.register_error_handler(Exception, render_unexpected_error)
     app.cli.add_command(users_cli)
     app.cli.add_command(keys_cli)
@@ -198,8 +199,18 @@ def openapi_document():
     return OPENAPI
 
 
-users_cli = AppGroup("users", help="Manage users.")
-keys_cli = AppGroup("keys", help="Manage API keys.")
+class CommandGroup(AppGroup):
+    """Commands whose database cannot be reached or written end with a sentence, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DATABASE_ERRORS as error:
+            raise click.ClickException(f"The database cannot be used right now: {error}") from None
+
+
+users_cli = CommandGroup("users", help="Manage users.")
+keys_cli = CommandGroup("keys", help="Manage API keys.")
 
 
 def find_user(username):

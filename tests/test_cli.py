@@ -2,10 +2,11 @@
 
 import re
 
+import peewee
 import pytest
 
 import auth
-from models import ApiKey, User
+from models import ApiKey, User, db
 
 
 def test_users_create_with_password_stdin(runner):
@@ -98,3 +99,20 @@ def test_keys_revoke_errors(runner, key_id):
     result = runner.invoke(args=["keys", "revoke", key_id])
     assert result.exit_code != 0
     assert result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["keys", "list", "alice"],
+    ["keys", "create", "alice", "--name", "k", "--type", "development"],
+    ["keys", "revoke", "1"],
+    ["users", "create", "bob", "--email", "bob@example.com", "--password-stdin"],
+])
+def test_database_errors_end_with_a_sentence(runner, user, monkeypatch, args):
+    def fail(*args, **kwargs):
+        raise peewee.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(db.obj, "execute_sql", fail)
+    result = runner.invoke(args=args, input="long enough pw\n")
+    assert result.exit_code == 1
+    assert result.stderr == "Error: The database cannot be used right now: attempt to write a readonly database\n"
+    assert result.stdout == ""

@@ -1,5 +1,6 @@
-"""The SQLite file's disk filling up under a running server: keyed requests go on, usage counts
-wait in memory, and nothing is lost once there is space again."""
+"""Faults under the SQLite file of a running server (its disk filling up, the files turning
+read-only): keyed requests go on, usage counts wait in memory, writes that cannot wait fail with
+a clear error, and nothing is lost once the fault is gone."""
 
 import os
 import subprocess
@@ -7,7 +8,7 @@ import subprocess
 import pytest
 import requests
 
-from liveserver import make_key, service_env, start_procfile, stored_total, wait_for
+from liveserver import make_key, run_cli, service_env, start_procfile, stored_total, wait_for
 
 
 @pytest.fixture
@@ -52,6 +53,63 @@ def test_counts_wait_out_a_full_disk(tmp_path, small_disk):
         assert stored_total(env["DATABASE_URL"], key) == 20
 
         filler.unlink()
+        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 51)
+        assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+    finally:
+        server.stop()
+    assert stored_total(env["DATABASE_URL"], key) == 52
+
+
+@pytest.fixture
+def make_read_only():
+    """Return a function that makes files immutable: unlike chmod, which root ignores and which
+    spares open descriptors, ext4 refuses every write to them, as after a read-only remount.
+    Needs root, as CI has; the files are made writable again afterwards."""
+    frozen = []
+
+    def freeze(*paths):
+        for path in paths:
+            done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+            if done.returncode != 0:
+                message = f"cannot make {path} immutable here ({done.stderr.strip()})"
+                if os.environ.get("CI") == "true":
+                    pytest.fail(message)
+                pytest.skip(message)
+            frozen.append(path)
+
+    def thaw():
+        while frozen:
+            subprocess.run(["chattr", "-i", str(frozen.pop())], check=True)
+
+    freeze.thaw = thaw
+    yield freeze
+    thaw()
+
+
+def test_counts_wait_out_a_read_only_database(tmp_path, make_read_only):
+    database = tmp_path / "service.db"
+    env = service_env(tmp_path, DATABASE_URL=f"sqlite:///{database}")
+    key = make_key(env)
+    headers = {"X-API-Key": key}
+    server = start_procfile(tmp_path, env)
+    try:
+        for _ in range(20):
+            assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 20)
+
+        make_read_only(database, tmp_path / "service.db-wal")
+        for _ in range(30):
+            assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        assert requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()["total_requests"] == 51
+        server.wait_for_output("Could not write usage counts")
+        assert stored_total(env["DATABASE_URL"], key) == 20
+
+        refused = run_cli(env, "keys", "create", "carol", "--name", "later", "--type", "development")
+        assert refused.returncode != 0
+        assert "Traceback" not in refused.stderr
+        assert refused.stderr.strip()
+
+        make_read_only.thaw()
         wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 51)
         assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
     finally:
