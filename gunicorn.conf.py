@@ -1,11 +1,14 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists, so it reads
 its own environment (PORT, WEB_CONCURRENCY)."""
 
+import json
 import logging
 import os
 import re
 
+from gunicorn import util
 from gunicorn.glogging import Logger
+from werkzeug.exceptions import default_exceptions
 
 bind = f"0.0.0.0:{os.environ.get('PORT') or 5000}"
 workers = int(os.environ.get("WEB_CONCURRENCY") or 1)
@@ -48,6 +51,22 @@ class RedactingLogger(Logger):
 
 
 logger_class = RedactingLogger
+
+
+def write_json_error(sock, status, reason, message):
+    """Answer a request gunicorn refuses itself (one it cannot parse, or one too large) in the
+    contract's JSON error shape instead of gunicorn's HTML page. gunicorn's own message is left
+    out: it can quote the request line, and with it an api_key."""
+    code = "internal_error" if status == 500 else reason.lower().replace(" ", "_")
+    sentence = default_exceptions[status].description if status in default_exceptions else reason + "."
+    body = json.dumps({"error": {"code": code, "message": sentence}}, separators=(",", ":")).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
+# gunicorn's workers look this up on the module at each error, so replacing it here is enough.
+util.write_error = write_json_error
 
 
 def on_starting(server):

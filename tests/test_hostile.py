@@ -2,6 +2,7 @@
 sizes, bytes that are not UTF-8, control characters, duplicate and misplaced keys, and floods of
 unknown keys. None may yield a 500, a traceback, a leaked secret or state per unknown key."""
 
+import json
 import socket
 
 import pytest
@@ -99,6 +100,14 @@ def test_unknown_keys_create_no_limiter_or_usage_state(app, client, api_key):
     assert not any(usage.pending.values())
 
 
+# gunicorn's own refusals say what werkzeug's exceptions say, never gunicorn's quote of the request.
+MESSAGES = {
+    400: "The browser (or proxy) sent a request that this server could not understand.",
+    414: "The length of the requested URL exceeds the capacity limit for this server. The request cannot be processed.",
+    431: "One or more header fields exceeds the maximum size.",
+}
+
+
 def send_raw(server, head):
     """Send one request (request line and headers, as bytes) and return (status, body)."""
     host, port = server.base.removeprefix("http://").split(":")
@@ -124,11 +133,11 @@ def test_live_bytes_that_are_not_utf8_get_a_json_401(live):
 
 @pytest.mark.parametrize("value", [b"sk_live_\x00" + b"a" * 40, b"sk_live_\x1b[31m" + b"a" * 40,
                                    b"sk_live_\r\n " + b"a" * 40])
-def test_live_control_characters_get_gunicorns_400(live, value):
+def test_live_control_characters_get_a_json_400_from_gunicorn(live, value):
     server, _ = live
     status, body = send_raw(server, b"GET /api/v1/protected/test HTTP/1.1\r\nX-API-Key: " + value)
     assert status == 400
-    assert value not in body
+    assert json.loads(body) == {"error": {"code": "bad_request", "message": MESSAGES[400]}}
 
 
 def test_live_duplicate_key_headers_are_refused(live):
@@ -149,15 +158,18 @@ def test_live_keys_outside_the_header_count_as_missing(live, header):
     assert assert_conforms(response)["error"]["code"] == "missing_api_key"
 
 
-@pytest.mark.parametrize("head, status", [
-    (b"GET /api/v1/" + b"a" * 100_000 + b" HTTP/1.1", 414),
-    (b"GET /api/v1/status?api_key=" + b"a" * 8000 + b" HTTP/1.1", 414),
-    (b"GET /api/v1/status HTTP/1.1\r\nX-API-Key: " + b"a" * 100_000, 431),
-    (b"GET /api/v1/status HTTP/1.1" + b"".join(b"\r\nX-Noise-%d: x" % i for i in range(500)), 431),
+@pytest.mark.parametrize("head, status, code", [
+    (b"GET /api/v1/" + b"a" * 100_000 + b" HTTP/1.1", 414, "uri_too_long"),
+    (b"GET /api/v1/status?api_key=" + b"a" * 8000 + b" HTTP/1.1", 414, "uri_too_long"),
+    (b"GET /api/v1/status HTTP/1.1\r\nX-API-Key: " + b"a" * 100_000, 431, "request_header_fields_too_large"),
+    (b"GET /api/v1/status HTTP/1.1" + b"".join(b"\r\nX-Noise-%d: x" % i for i in range(500)), 431,
+     "request_header_fields_too_large"),
 ])
-def test_live_oversized_requests_get_gunicorns_4xx_and_the_worker_carries_on(live, head, status):
+def test_live_oversized_requests_get_a_json_4xx_from_gunicorn_and_the_worker_carries_on(live, head, status, code):
     server, _ = live
-    assert send_raw(server, head)[0] == status
+    answer, body = send_raw(server, head)
+    assert answer == status
+    assert json.loads(body) == {"error": {"code": code, "message": MESSAGES[status]}}
     assert requests.get(server.base + "/api/v1/status").status_code == 200
 
 
@@ -166,7 +178,9 @@ def test_live_unparseable_request_lines_keep_their_key_out_of_the_log(live):
     for head in (b"GET /api/v1/ws/time?api_key=" + secret.encode() + b"\xff HTTP/1.1",
                  b"GET /api/v1/status?api_key=" + secret.encode() + b" junk HTTP/1.1",
                  b"GET /api/v1/" + secret.encode() + b"\x01 HTTP/1.1"):
-        assert send_raw(server, head)[0] == 400
+        status, body = send_raw(server, head)
+        assert status == 400
+        assert secret[8:].encode() not in body
     output = server.wait_for_output("Invalid request", seconds=10)
     assert secret[8:] not in output
 

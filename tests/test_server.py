@@ -85,10 +85,13 @@ def test_odd_key_headers_get_a_json_401(server, value):
     assert response.json()["error"]["code"] == "invalid_api_key"
 
 
-@pytest.mark.parametrize("value, status", [(b"a" * 100_000, 431), (b"sk_live_\x01\x7f" + b"a" * 40, 400)])
-def test_headers_gunicorn_cannot_parse_get_its_own_4xx(server, value, status):
+@pytest.mark.parametrize("value, status, code", [(b"a" * 100_000, 431, "request_header_fields_too_large"),
+                                                 (b"sk_live_\x01\x7f" + b"a" * 40, 400, "bad_request")])
+def test_headers_gunicorn_cannot_parse_get_its_json_4xx(server, value, status, code):
     response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value})
     assert response.status_code == status
+    assert response.headers["Content-Type"] == "application/json"
+    assert response.json()["error"]["code"] == code
 
 
 def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
