@@ -1,11 +1,13 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists, so it reads
 its own environment (PORT, WEB_CONCURRENCY)."""
 
+import gc
 import json
 import logging
 import os
 import re
 
+import gevent
 from gunicorn import util
 from gunicorn.glogging import Logger
 from werkzeug.exceptions import default_exceptions
@@ -104,6 +106,17 @@ def post_worker_init(worker):
     signal.signal(signal.SIGQUIT, chain(signal.getsignal(signal.SIGQUIT)))
     signal.siginterrupt(signal.SIGTERM, False)
     signal.siginterrupt(signal.SIGINT, False)
+    # What the worker holds by now (modules, the app) lives as long as the worker: keep it out of
+    # the full collections, which otherwise walk it every time and pause every connection.
+    gc.freeze()
+
+
+def post_request(worker, req, environ, resp):
+    """Let the worker's other connections run before this one's next request."""
+    # gevent reads without yielding when data is already waiting, so a keep-alive client that
+    # always has its next request ready (or pipelines them) would otherwise hold the worker
+    # alone: with 50 busy connections, p99 was 0.9 s for a bare Flask endpoint, 33 ms with this.
+    gevent.sleep(0)
 
 
 def worker_exit(server, worker):

@@ -1,5 +1,6 @@
 """Tier parsing, fixed windows, the memory storage's sweep, and the usage counter's flushes."""
 
+import gc
 import threading
 
 import pytest
@@ -61,6 +62,27 @@ def test_memory_storage_sweeps_rarely_but_reads_expire_at_once(monkeypatch):
     assert len(storage.storage) == 99
     storage._MemoryStorage__expire_events()
     assert len(storage.storage) == 0
+    storage.timer.cancel()
+
+
+def test_memory_storage_keeps_no_lock_per_key_and_stays_exact_across_threads():
+    storage = ratelimit.SweptMemoryStorage()
+    tracked_before = len(gc.get_objects())
+
+    def hit_many(offset):
+        for i in range(2000):
+            storage.incr("shared", 60)
+            storage.incr(f"own-{offset}-{i}", 60)
+
+    threads = [threading.Thread(target=hit_many, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert storage.get("shared") == 8000
+    assert len(storage.storage) == 8001
+    # A lock per key would add ~3 tracked objects per key for every full collection to walk.
+    assert len(gc.get_objects()) - tracked_before < 1000
     storage.timer.cancel()
 
 

@@ -6,8 +6,10 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -175,3 +177,37 @@ def test_a_killed_worker_loses_at_most_its_pending_counts(tmp_path, env):
     finally:
         server.stop()
     assert 101 <= stored_total(env["DATABASE_URL"], key) <= 151
+
+
+
+def test_a_pipelining_client_cannot_hold_the_worker(server):
+    """500 requests pipelined on one connection, then one request on another: the other is
+    served in between, not after all 500 (the access log keeps the order of serving)."""
+    host, port = server.base.removeprefix("http://").split(":")
+    request = b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\n\r\n"
+    logged_before = len(server.output().splitlines())
+    greedy = socket.create_connection((host, int(port)), timeout=30)
+    replies = []
+    # Reading all along keeps the greedy connection's replies from filling its buffer, which
+    # would make its greenlet wait and let the other request in anyway.
+    reader = threading.Thread(target=lambda: replies.append(read_until(greedy, b"HTTP/1.1 200 OK", 500)))
+    reader.start()
+    greedy.sendall(request * 500)
+    assert requests.get(server.base + "/api/v1/demo/year", timeout=30).status_code == 200
+    reader.join(timeout=60)
+    greedy.close()
+    assert replies == [500]
+    served = [line for line in server.output().splitlines()[logged_before:] if '"GET /api/v1/' in line]
+    assert len(served) == 501
+    assert "/api/v1/demo/year" not in served[-1]
+
+
+def read_until(sock, marker, count):
+    """Read from sock until marker has been seen count times; return how many were seen."""
+    seen = b""
+    while seen.count(marker) < count:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        seen += chunk
+    return seen.count(marker)
