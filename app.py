@@ -163,7 +163,7 @@ def protected_test():
         "api_key_name": key.name,
         "api_key_type": key.key_type,
         "rate_limit_tier": key.rate_limit_tier,
-        "timestamp": iso_ms(models.utcnow()),
+        "timestamp": models.now_strings()[0],
     }
 
 

@@ -262,13 +262,8 @@ def echo(ws):
         if limit and len(message.encode()) > limit:
             ws.close(MESSAGE_TOO_BIG, "Message is too big.")
             return
-        now = models.utcnow()
-        ws.send(json.dumps({
-            "type": "echo",
-            "message": message,
-            "timestamp": models.iso_ms(now),
-            "server_time": models.display_time(now),
-        }))
+        timestamp, server_time = models.now_strings()
+        ws.send(json.dumps({"type": "echo", "message": message, "timestamp": timestamp, "server_time": server_time}))
 
 
 def time_update(second):
@@ -276,7 +271,7 @@ def time_update(second):
     return json.dumps({
         "type": "time_update",
         "formatted": models.display_time(models.utc_from_epoch(second)),
-        "timestamp": models.iso_ms(models.utcnow()),
+        "timestamp": models.now_strings()[0],
     })
 
 

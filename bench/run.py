@@ -276,34 +276,113 @@ def percentiles(values):
     return f"{pick(0.5):.1f} / {pick(0.99):.1f} / {values[-1]:.1f}"
 
 
-def bench_echo(workdir):
-    env = service_env(workdir)
-    server = Server("app:app", env)
-    url = server.base.replace("http", "ws") + "/api/v1/ws/echo"
-    latencies = []
+class EchoClient(asyncio.Protocol):
+    """One echo connection that sends the same pre-masked frame and reads each reply only for its
+    length: so little work per round trip that one client core can keep the server busy."""
 
-    async def client(stop_at):
-        async with websockets.connect(url, ping_interval=None, compression=None) as ws:
-            while time.time() < stop_at:
-                started = time.perf_counter()
-                await ws.send("ping")
-                await ws.recv()
-                latencies.append(time.perf_counter() - started)
+    FRAME = bytes([0x81, 0x80 | 4, 0, 0, 0, 0]) + b"ping"  # a text frame masked with key 0
+
+    def __init__(self, path, stop_at, latencies, first_replies, done):
+        self.path, self.stop_at, self.latencies = path, stop_at, latencies
+        self.first_replies, self.done = first_replies, done
+        self.buffer = b""
+        self.upgraded = False
+
+    def connection_made(self, transport):
+        self.transport = transport
+        key = base64.b64encode(os.urandom(16)).decode()
+        transport.write(f"GET {self.path} HTTP/1.1\r\nHost: bench\r\nUpgrade: websocket\r\n"
+                        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                        f"Sec-WebSocket-Version: 13\r\n\r\n".encode())
+
+    def send(self):
+        self.sent_at = time.perf_counter()
+        self.transport.write(self.FRAME)
+
+    def data_received(self, data):
+        self.buffer += data
+        if not self.upgraded:
+            head, upgraded, self.buffer = self.buffer.partition(b"\r\n\r\n")
+            if not upgraded:
+                self.buffer = head
+                return
+            assert head.startswith(b"HTTP/1.1 101"), head
+            self.upgraded = True
+            self.send()
+        while len(self.buffer) >= 2:
+            length, start = self.buffer[1] & 0x7F, 2
+            if length == 126:
+                length, start = int.from_bytes(self.buffer[2:4], "big"), 4
+            if len(self.buffer) < start + length:
+                return
+            opcode, payload = self.buffer[0] & 0x0F, self.buffer[start:start + length]
+            self.buffer = self.buffer[start + length:]
+            if opcode != 1:
+                continue  # a ping from the server
+            self.latencies.append(time.perf_counter() - self.sent_at)
+            if len(self.first_replies) < 1:
+                self.first_replies.append(payload.decode())
+            if time.time() < self.stop_at:
+                self.send()
+            else:
+                self.transport.close()
+
+    def connection_lost(self, error):
+        self.done.set_result(None)
+
+
+def echo_round_trips(base, path):
+    """Run ECHO_CLIENTS echo connections for ECHO_SECONDS; return (sorted latencies, a reply)."""
+    latencies, first_replies = [], []
 
     async def run():
+        loop = asyncio.get_running_loop()
+        host, port = base.removeprefix("http://").split(":")
         stop_at = time.time() + ECHO_SECONDS
-        await asyncio.gather(*(client(stop_at) for _ in range(ECHO_CLIENTS)))
+        finished = []
+        for _ in range(ECHO_CLIENTS):
+            done = loop.create_future()
+            await loop.create_connection(
+                lambda: EchoClient(path, stop_at, latencies, first_replies, done), host, int(port))
+            finished.append(done)
+        await asyncio.gather(*finished)
 
-    try:
-        asyncio.run(run())
-    finally:
-        server.stop()
+    asyncio.run(run())
     latencies.sort()
-    print(f"\nEcho: {ECHO_CLIENTS} clients in one asyncio process, {ECHO_SECONDS} s\n")
-    print("| round trips/s | p50 ms | p99 ms |")
-    print("|---|---|---|")
-    print(f"| {len(latencies) / ECHO_SECONDS:,.0f} | {latencies[len(latencies) // 2] * 1000:.2f} "
-          f"| {latencies[int(len(latencies) * 0.99)] * 1000:.2f} |")
+    return latencies, first_replies[0]
+
+
+def bench_echo(workdir):
+    env = service_env(workdir)
+    service = Server("app:app", env)
+    bare = Server("bare:app", env, chdir=ROOT / "bench", config=ROOT / "bench" / "bare.conf.py")
+    cases = {"bare flask-sock echo `/echo`": (bare, "/echo"), "`WS /api/v1/ws/echo`": (service, "/api/v1/ws/echo")}
+    try:
+        for server, path in cases.values():
+            echo_round_trips(server.base, path)  # warm-up
+        results = {name: [] for name in cases}
+        for _ in range(REPETITIONS):
+            for name, (server, path) in cases.items():
+                latencies, reply = echo_round_trips(server.base, path)
+                results[name].append(latencies)
+        assert json.loads(reply)["message"] == "ping", reply
+    finally:
+        service.stop()
+        bare.stop()
+
+    def summary(latencies):
+        return len(latencies) / ECHO_SECONDS, latencies[len(latencies) // 2] * 1000, \
+            latencies[int(len(latencies) * 0.99)] * 1000
+
+    medians = {name: [statistics.median(values) for values in zip(*map(summary, runs))]
+               for name, runs in results.items()}
+    ceiling = medians["bare flask-sock echo `/echo`"][0]
+    print(f"\nEcho: {ECHO_CLIENTS} connections from one asyncio client, {ECHO_SECONDS} s, "
+          f"median of {REPETITIONS} interleaved runs\n")
+    print("| socket | round trips/s | x bare | p50 ms | p99 ms |")
+    print("|---|---|---|---|---|")
+    for name, (rate, p50, p99) in medians.items():
+        print(f"| {name} | {rate:,.0f} | {rate / ceiling:.2f} | {p50:.2f} | {p99:.2f} |")
 
 
 def bench_cycles(workdir):

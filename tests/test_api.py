@@ -252,12 +252,12 @@ def test_wrong_method_is_json_405_with_allow(client, method):
 
 
 def test_unexpected_error_is_json_500_without_detail(app, client, api_key, monkeypatch, caplog):
-    import app as app_module
+    import models
 
-    def explode(_):
+    def explode():
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(app_module, "iso_ms", explode)
+    monkeypatch.setattr(models, "now_strings", explode)
     response = client.get("/api/v1/protected/test", headers={"X-API-Key": api_key})
     body = assert_error(response, 500, "internal_error")
     assert "secret internal detail" not in response.get_data(as_text=True)

@@ -1,5 +1,7 @@
-"""Property-based tests (hypothesis): key parsing, tier parsing, and the rate-limit header values."""
+"""Property-based tests (hypothesis): key parsing, tier parsing, the rate-limit header values and
+the cached timestamp strings."""
 
+import datetime
 import math
 import re
 from unittest import mock
@@ -10,6 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import auth
+import models
 import ratelimit
 from contract import DOCUMENT
 
@@ -118,3 +121,13 @@ def test_rate_limit_headers_parse_back_to_the_state(app, policy, limit, data, wi
     assert (current[1], int(current[2]), int(current[3])) == (policy, remaining, math.ceil(reset - now))
     for name in ("RateLimit-Policy", "RateLimit"):
         assert re.search(header_schema(name)["pattern"], headers[name])
+
+
+@given(st.floats(min_value=0, max_value=4_102_444_799.999, allow_nan=False))
+def test_now_strings_truncate_to_the_millisecond(now):
+    with mock.patch("time.time", return_value=now):
+        iso, display = models.now_strings()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", iso)
+    shown = datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()
+    assert shown <= now < shown + 0.001 + 1e-6
+    assert display == models.display_time(models.utc_from_epoch(math.floor(now)))
