@@ -65,6 +65,30 @@ def test_memory_storage_sweeps_rarely_but_reads_expire_at_once(monkeypatch):
     storage.timer.cancel()
 
 
+def test_memory_storage_sweeps_in_slices_and_keeps_live_windows(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    storage = ratelimit.SweptMemoryStorage()
+    storage.timer.join()
+    for i in range(5000):
+        storage.incr(f"old{i}", 1)
+    clock.now += 1
+    for i in range(10):
+        storage.incr(f"new{i}", 60)
+    yields, sweeper, real_sleep = [], threading.get_ident(), ratelimit.time.sleep
+
+    def sleep(seconds):
+        if threading.get_ident() != sweeper:
+            return real_sleep(seconds)
+        yields.append(seconds)
+
+    monkeypatch.setattr(ratelimit.time, "sleep", sleep)
+    storage._MemoryStorage__expire_events()
+    assert yields == [0, 0, 0]  # 5,010 keys in slices of 2,000
+    assert sorted(storage.storage) == [f"new{i}" for i in range(10)]
+    assert sorted(storage.expirations) == sorted(storage.storage)
+    storage.timer.cancel()
+
+
 def test_memory_storage_keeps_no_lock_per_key_and_stays_exact_across_threads():
     storage = ratelimit.SweptMemoryStorage()
     tracked_before = len(gc.get_objects())
