@@ -61,20 +61,30 @@ def test_counts_wait_out_a_full_disk(tmp_path, small_disk):
 
 
 @pytest.fixture
-def make_read_only():
+def make_read_only(tmp_path):
     """Return a function that makes files immutable: unlike chmod, which root ignores and which
-    spares open descriptors, ext4 refuses every write to them, as after a read-only remount.
-    Needs root, as CI has; the files are made writable again afterwards."""
+    spares open descriptors, ext4 then refuses every write to them, as after a read-only remount.
+    Needs root and such a filesystem, as CI has; the files are made writable again afterwards."""
+    probe = tmp_path / "probe"
+    with open(probe, "wb") as handle:
+        done = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True)
+        try:
+            os.write(handle.fileno(), b"x")
+            refused = False
+        except OSError:
+            refused = True
+        subprocess.run(["chattr", "-i", str(probe)], capture_output=True)
+    if not refused:
+        reason = done.stderr.strip() or "the filesystem still writes through open descriptors"
+        message = f"cannot make a file refuse writes here ({reason})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
     frozen = []
 
     def freeze(*paths):
         for path in paths:
-            done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-            if done.returncode != 0:
-                message = f"cannot make {path} immutable here ({done.stderr.strip()})"
-                if os.environ.get("CI") == "true":
-                    pytest.fail(message)
-                pytest.skip(message)
+            subprocess.run(["chattr", "+i", str(path)], check=True)
             frozen.append(path)
 
     def thaw():
