@@ -45,6 +45,7 @@ def load_config(environ=os.environ):
         "TRUSTED_PROXIES": int(environ.get("TRUSTED_PROXIES") or 0),
         "HOST": environ.get("HOST") or "127.0.0.1",
         "PORT": int(environ.get("PORT") or 5000),
+        "WS_SEND_TIMEOUT": float(environ.get("WS_SEND_TIMEOUT") or 30),
     }
 
 

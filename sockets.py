@@ -15,11 +15,13 @@ import redis
 import simple_websocket
 from flask import Blueprint, current_app, g, request
 from limits.storage import RedisStorage
-from werkzeug.exceptions import TooManyRequests
+from werkzeug.exceptions import HTTPException, TooManyRequests
+from werkzeug.routing import WebsocketMismatch
 
 import auth
 import models
 import ratelimit
+import wsserver
 
 log = logging.getLogger(__name__)
 
@@ -28,44 +30,10 @@ UNSUPPORTED_DATA = 1003
 INTERNAL_ERROR = 1011
 MESSAGE_TOO_BIG = 1009
 KEY_REVOKED = 4401
-LINGER_SECONDS = 1.0
-
-
-class Server(simple_websocket.Server):
-    """simple-websocket's server without permessage-deflate, and with a 1009 close that the
-    client actually receives."""
-
-    def __init__(self, environ, **options):
-        # The handshake is answered from these environ keys: without the client's offer no
-        # extension is agreed, which saves ~100 KiB of compression state per socket.
-        environ.pop("HTTP_SEC_WEBSOCKET_EXTENSIONS", None)
-        super().__init__(environ, **options)
-
-    def _handle_events(self):
-        keep_going = super()._handle_events()
-        if not keep_going and self.max_message_size and self.incoming_message_len > self.max_message_size:
-            # The library has just queued close 1009 and would close the socket with the rest
-            # of the message unread, which resets the connection and loses the close frame.
-            self.connected = False
-            self.event.set()
-            drain(self.sock, LINGER_SECONDS)
-        return keep_going
-
-
-def drain(sock, seconds):
-    """Read and discard what the peer still sends, until it closes or the time is up."""
-    deadline = time.monotonic() + seconds
-    try:
-        while (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            if not sock.recv(65536):
-                return
-    except OSError:
-        pass
 
 
 # flask-sock looks the server class up by this module-level name on every connection.
-flask_sock.Server = Server
+flask_sock.Server = wsserver.Server
 sock = flask_sock.Sock()
 bp = Blueprint("sockets", __name__, url_prefix="/api/v1/ws")
 
@@ -77,6 +45,17 @@ class TooManyConnections(TooManyRequests):
     """The key already has its maximum of open time sockets (HTTP 429)."""
 
     error_code = "too_many_connections"
+
+
+class UpgradeRequired(HTTPException):
+    """A plain HTTP request to a socket path (HTTP 426)."""
+
+    code = 426
+    error_code = "upgrade_required"
+    description = "This path is a WebSocket: connect with a WebSocket client."
+
+    def get_headers(self, environ=None, scope=None):
+        return [*super().get_headers(environ, scope), ("Upgrade", "websocket")]
 
 
 class SocketSlots:
@@ -162,7 +141,8 @@ class SharedSocketSlots:
 
 def init_app(app):
     """Configure the socket server and register the sockets blueprint."""
-    app.config.setdefault("SOCK_SERVER_OPTIONS", {"max_message_size": 65536, "ping_interval": 25})
+    app.config.setdefault("SOCK_SERVER_OPTIONS", {"max_message_size": 65536, "ping_interval": 25,
+                                                  "send_timeout": app.config.get("WS_SEND_TIMEOUT", 30)})
     app.config.setdefault("TIME_SOCKETS_PER_KEY", 10)
     app.config.setdefault("REVOCATION_CHECK_SECONDS", 5)
     app.config.setdefault("ECHO_SOCKETS_PER_IP", 50)
@@ -178,6 +158,8 @@ def init_app(app):
         per_ip, f"This IP address already has {per_ip} open echo sockets; close one first.")
     app.extensions["ticker"] = Ticker(slots, app.config["REVOCATION_CHECK_SECONDS"])
     app.register_blueprint(bp)
+    # Werkzeug's own answer is a 400 blaming "the browser (or proxy)".
+    app.register_error_handler(WebsocketMismatch, lambda error: app.handle_http_exception(UpgradeRequired()))
 
 
 @bp.before_request
@@ -227,7 +209,7 @@ def tracked(handler):
             open_sockets.discard(ws)
             # Let the reader see the client's answer to our close before gunicorn drops the
             # connection; otherwise the client may get a reset instead of the close code.
-            ws.thread.join(timeout=LINGER_SECONDS)
+            ws.thread.join(timeout=wsserver.LINGER_SECONDS)
             log.info("%s closed after %.1f s", request.path, time.monotonic() - started)
 
     return run
@@ -277,51 +259,63 @@ def time_update(second):
 
 class Ticker:
     """One greenlet per worker sends each whole second's time_update to every open time socket:
-    one timer and one message build a second instead of one per socket."""
+    one timer and one message build a second instead of one per socket. Two more greenlets close
+    the sockets of revoked keys and renew the shared socket slots, so neither waits on the other
+    or on a slow client."""
 
     def __init__(self, slots, check_every):
         self.slots = slots
         self.check_every = check_every
         self.sockets = {}
-        self.thread = None
+        self.threads = None
 
     def add(self, ws, slot):
         """Start sending ticks to ws, which holds slot (key id, token)."""
         self.sockets[ws] = slot
-        if self.thread is None:
-            self.thread = threading.Thread(target=self.run, name="time-ticker", daemon=True)
-            self.thread.start()
+        if self.threads is None:
+            self.threads = [threading.Thread(target=self.every, args=(seconds, job), name=name, daemon=True)
+                            for name, seconds, job in (("time-ticker", 1, self.tick),
+                                                       ("revocation-check", self.check_every, self.close_revoked),
+                                                       ("slot-heartbeat", SharedSocketSlots.HEARTBEAT_SECONDS,
+                                                        self.renew_slots))]
+            for thread in self.threads:
+                thread.start()
 
     def discard(self, ws):
         self.sockets.pop(ws, None)
 
-    def run(self):
+    @staticmethod
+    def every(seconds, job):
+        """Run job(second) at each whole second divisible by seconds, for ever."""
         second = math.floor(time.time())
         while True:
-            # The next whole second comes from the clock, not from adding a second, so ticks
-            # never drift; a late tick skips ahead rather than bursting.
+            # The next second comes from the clock, not from adding to the last one, so runs
+            # never drift; a late run skips ahead rather than bursting.
             second = max(second + 1, math.floor(time.time()) + 1)
+            second += -second % seconds
             time.sleep(max(0.0, second - time.time()))
             try:
-                self.tick(second)
+                job(second)
             except Exception:
-                log.exception("The time ticker failed at %s.", second)
+                log.exception("%s failed at %s.", job.__name__, second)
 
     def tick(self, second):
         message = time_update(second)
-        # A send blocks only when a client's socket buffer is full, which at ~100 bytes a
-        # second takes hours; the ping timeout closes such a client long before.
         for ws in list(self.sockets):
             try:
-                ws.send(message)
+                # Never waits: a client that has stopped reading is cut off by its own outbox.
+                ws.send_nowait(message)
             except (simple_websocket.ConnectionClosed, OSError):
                 self.discard(ws)
-        if second % self.check_every == 0:
-            self.close_revoked()
-        if second % SharedSocketSlots.HEARTBEAT_SECONDS == 0:
-            self.slots.refresh(list(self.sockets.values()))
+            except Exception:
+                log.exception("A time socket failed; closing it.")
+                self.discard(ws)
+                close_quietly(ws, INTERNAL_ERROR, "Something went wrong on our side.")
 
-    def close_revoked(self):
+    def renew_slots(self, second):
+        self.slots.refresh(list(self.sockets.values()))
+
+    def close_revoked(self, second):
         """Close with 4401 the sockets whose key has been revoked."""
         active = {}
         for ws, (key_id, _) in list(self.sockets.items()):

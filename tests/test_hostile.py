@@ -79,11 +79,11 @@ def test_header_names_are_case_insensitive(client, api_key):
     assert client.get("/api/v1/protected/test", headers={"x-api-key": api_key}).status_code == 200
 
 
-def test_socket_paths_without_an_upgrade_get_a_json_400(client, api_key):
+def test_socket_paths_without_an_upgrade_get_a_json_426(client, api_key):
     for path in ("/api/v1/ws/echo", f"/api/v1/ws/time?api_key={api_key}", "/api/v1/ws/time?api_key=%ff%00"):
         response = client.get(path)
-        assert response.status_code == 400
-        assert response.get_json()["error"]["code"] == "bad_request"
+        assert response.status_code == 426
+        assert response.get_json()["error"]["code"] == "upgrade_required"
         assert api_key not in response.get_data(as_text=True)
 
 
@@ -95,7 +95,7 @@ def test_unknown_keys_create_no_limiter_or_usage_state(app, client, api_key):
     for i in range(300):
         for value in (f"sk_live_{i:040d}", f"sk_test_{i:0>32}xyz", f"junk-{i}"):
             assert client.get(PROTECTED[i % 3], headers={"X-API-Key": value}).status_code == 401
-            assert client.get(f"/api/v1/ws/time?api_key={value}").status_code in (400, 401)
+            assert client.get(f"/api/v1/ws/time?api_key={value}").status_code == 426
     assert (len(storage.storage), len(storage.expirations)) == before
     assert not any(usage.pending.values())
 

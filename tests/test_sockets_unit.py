@@ -56,10 +56,11 @@ def test_socket_slots_cap_and_release():
     assert slots.open == {}
 
 
-def test_plain_http_to_a_socket_path_is_a_json_4xx(client):
+def test_plain_http_to_a_socket_path_is_426_upgrade_required(client):
     response = client.get("/api/v1/ws/echo")
-    assert 400 <= response.status_code < 500
-    assert error_code(response) == "bad_request"
+    assert response.status_code == 426
+    assert response.headers["Upgrade"] == "websocket"
+    assert error_code(response) == "upgrade_required"
 
 
 def test_time_update_names_its_second():

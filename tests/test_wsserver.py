@@ -1,0 +1,134 @@
+"""The WebSocket adapter: its Outbox on real (gevent) socket pairs, and the library internals it
+relies on, so that a new simple-websocket, flask-sock or gevent that moves them fails here
+loudly instead of quietly bringing back unbounded buffers."""
+
+import inspect
+
+import flask_sock
+import gevent
+import gevent.socket
+import pytest
+import simple_websocket
+import wsproto
+
+import sockets
+import wsserver
+
+MIB = 1024 * 1024
+
+
+def test_the_library_internals_the_adapter_relies_on():
+    base = simple_websocket.ws.Base
+    assert callable(base._thread) and callable(base._handle_events) and callable(base.handshake)
+    init = inspect.getsource(base.__init__)
+    for attribute in ("self.sock = sock", "self.input_buffer = []", "self.incoming_message_len = 0",
+                      "self.event = event_class()", "self.ws = WSConnection", "self.handshake()",
+                      "target=self._thread"):
+        assert attribute in init, attribute
+    # Every write of the library (handshake, pongs, close) goes through self.sock.send.
+    for method in (base._handle_events, base.close):
+        assert "self.sock.send(" in inspect.getsource(method)
+    assert "environ.get('gunicorn.socket')" in inspect.getsource(simple_websocket.Server.__init__)
+    assert "receive_data" in dir(wsproto.WSConnection)
+    # flask-sock builds each connection's server from its module-level name.
+    assert "Server(request.environ" in inspect.getsource(flask_sock.Sock.route)
+    assert flask_sock.Server is wsserver.Server and sockets.flask_sock is flask_sock
+    assert "timeout" in inspect.signature(gevent.socket.socket.send).parameters
+
+
+@pytest.fixture
+def pair():
+    server, client = gevent.socket.socketpair()
+    server.setsockopt(gevent.socket.SOL_SOCKET, gevent.socket.SO_SNDBUF, 65536)
+    client.setsockopt(gevent.socket.SOL_SOCKET, gevent.socket.SO_RCVBUF, 65536)
+    yield server, client
+    server.close()
+    client.close()
+
+
+def read_exactly(sock, count):
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        assert chunk, "closed early"
+        data += chunk
+    return data
+
+
+def test_gevent_send_with_timeout_zero_never_waits(pair):
+    server, _ = pair
+    with pytest.raises(BlockingIOError):
+        while True:
+            server.send(b"x" * 65536, timeout=0.0)
+
+
+def test_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_in_order(pair):
+    server, client = pair
+    outbox = wsserver.Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
+    frames = [bytes([i]) * 65536 for i in range(64)]
+    with gevent.Timeout(1):
+        for data in frames:
+            outbox.send(data)
+    assert outbox.pending_bytes > 2 * MIB
+    assert read_exactly(client, 64 * 65536) == b"".join(frames)
+    gevent.sleep(0)
+    assert outbox.pending_bytes == 0 and not outbox.pending
+
+
+def test_a_peer_that_takes_nothing_is_cut_off_after_the_stall_timeout(pair):
+    server, client = pair
+    stalls = []
+
+    def give_up():
+        stalls.append(True)
+        outbox.abort(b"bye")
+
+    outbox = wsserver.Outbox(server, MIB, stall_timeout=0.3, on_stall=give_up)
+    for _ in range(8):
+        outbox.put(b"y" * 65536, wait=False)
+    gevent.sleep(0.6)
+    assert stalls == [True]
+    assert outbox.closed and outbox.pending_bytes == 0 and not outbox.pending
+    with pytest.raises(BrokenPipeError):
+        outbox.send(b"more")
+
+
+def test_put_without_waiting_past_the_limit_cuts_the_client_off(pair):
+    server, _ = pair
+    stalls = []
+    outbox = wsserver.Outbox(server, 256 * 1024, stall_timeout=30, on_stall=lambda: stalls.append(outbox.abort()))
+    with pytest.raises(BrokenPipeError):
+        for _ in range(100):
+            outbox.put(b"z" * 16384, wait=False)
+    assert len(stalls) == 1 and outbox.closed
+
+
+def test_put_with_wait_waits_for_room_and_never_passes_the_limit(pair):
+    server, client = pair
+    outbox = wsserver.Outbox(server, 256 * 1024, stall_timeout=30, on_stall=pytest.fail)
+    peak = []
+
+    def writer():
+        for _ in range(64):
+            outbox.put(b"w" * 16384, wait=True)
+            peak.append(outbox.pending_bytes)
+
+    greenlet = gevent.spawn(writer)
+    gevent.sleep(0.2)
+    assert not greenlet.dead, "the writer should be waiting for room"
+    assert read_exactly(client, 64 * 16384) == b"w" * 64 * 16384
+    greenlet.join(timeout=5)
+    assert greenlet.successful()
+    assert max(peak) <= 256 * 1024
+
+
+def test_close_waits_for_what_is_queued(pair):
+    server, client = pair
+    outbox = wsserver.Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
+    for _ in range(16):
+        outbox.send(b"c" * 65536)
+    outbox.close()
+    assert not outbox.closed
+    assert read_exactly(client, 16 * 65536) == b"c" * 16 * 65536
+    gevent.sleep(0.05)
+    assert outbox.closed and client.recv(1) == b""

@@ -1,0 +1,251 @@
+"""simple-websocket's server made safe against hostile clients, under gunicorn's gevent worker.
+
+simple-websocket 1.1 reads a client's frames into an unbounded list whether or not the handler
+takes them, and writes to the socket from whichever greenlet has something to say (the handler,
+the ticker, its reader answering pings). One client that sends without reading could fill the
+worker's memory, and two greenlets waiting to write on one gevent socket raise
+ConcurrentObjectUseError. This adapter reaches into the library (its reader loop `_thread`,
+`_handle_events`, `input_buffer`, `sock`, `ws`) and into gevent (`send(..., timeout=0.0)`);
+tests/test_wsserver.py fails if a new version moves any of it.
+
+- Every write goes through one Outbox per socket: written at once when the kernel takes it,
+  else queued and written by that socket's own flusher greenlet. Nothing waits on a client
+  but the handler that talks to it.
+- At most OUTPUT_LIMIT bytes wait to be sent; a client that takes nothing for `send_timeout`
+  seconds is cut off (a 1008 close frame if the kernel still takes one) and its memory freed.
+- The reader reads the next bytes only once the handler has taken every message it received,
+  and only while less than half of OUTPUT_LIMIT waits to go out (pongs): a client that sends
+  faster than it reads is slowed down by TCP itself.
+"""
+
+import collections
+import time
+
+import gevent
+import gevent.event
+import simple_websocket
+from wsproto.events import CloseConnection, Message, Ping, TextMessage
+from wsproto.utilities import LocalProtocolError
+
+OUTPUT_LIMIT = 1024 * 1024
+LINGER_SECONDS = 1.0
+POLICY_VIOLATION = 1008
+
+
+class Outbox:
+    """The one way bytes are written to a client's socket, in order, without ever blocking."""
+
+    def __init__(self, raw, limit, stall_timeout, on_stall):
+        self.raw = raw
+        self.limit = limit
+        self.stall_timeout = stall_timeout
+        self.on_stall = on_stall
+        self.pending = collections.deque()
+        self.pending_bytes = 0
+        self.room = gevent.event.Event()
+        self.flusher = None
+        self.closing = False
+        self.closed = False
+
+    def send(self, data):
+        """Write data now if the kernel takes it, else queue it; never waits."""
+        if self.closed or self.closing:
+            raise BrokenPipeError("The socket is closed.")
+        if self.pending:
+            self._queue(data)
+            return
+        try:
+            sent = self.raw.send(data, timeout=0.0)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):
+            self._queue(memoryview(data)[sent:] if sent else data)
+
+    def put(self, data, wait):
+        """Send a message's frame. With wait, first wait until it fits under the limit; without,
+        a frame that does not fit means the client has stopped reading, and it is cut off."""
+        while self.pending_bytes + len(data) > self.limit and not self.closed:
+            if not wait:
+                self.on_stall()
+                break
+            self.room.clear()
+            self.room.wait()
+        self.send(data)
+
+    def wait_until_below(self, level):
+        """Wait until at most level bytes are pending; False once the socket is closed."""
+        while self.pending_bytes > level and not self.closed:
+            self.room.clear()
+            self.room.wait()
+        return not self.closed
+
+    def close(self):
+        """Close the socket once what is queued has been written (or has stalled)."""
+        self.closing = True
+        if not self.pending:
+            self.abort()
+
+    def abort(self, last_words=b""):
+        """Drop what is queued, try last_words without waiting, close the socket, free memory."""
+        self.pending.clear()
+        self.pending_bytes = 0
+        if last_words and not self.closed:
+            try:
+                self.raw.send(last_words, timeout=0.0)
+            except OSError:
+                pass
+        self.closed = True
+        self.room.set()
+        self.raw.close()
+
+    def _queue(self, data):
+        self.pending.append(data)
+        self.pending_bytes += len(data)
+        if self.flusher is None:
+            self.flusher = gevent.spawn(self._flush)
+
+    def _flush(self):
+        try:
+            while self.pending and not self.closed:
+                with gevent.Timeout(self.stall_timeout):
+                    sent = self.raw.send(self.pending[0])
+                self._sent(sent)
+        except gevent.Timeout:
+            self.on_stall()
+        except OSError:
+            self.abort()
+        finally:
+            self.flusher = None
+        if self.closing:
+            self.abort()
+
+    def _sent(self, count):
+        head = self.pending[0]
+        if count < len(head):
+            self.pending[0] = memoryview(head)[count:]
+        else:
+            self.pending.popleft()
+        self.pending_bytes -= count
+        self.room.set()
+
+
+class Server(simple_websocket.Server):
+    """simple-websocket's server with bounded input and output, one writer per socket, no
+    permessage-deflate, and a 1009 close that the client actually receives."""
+
+    def __init__(self, environ, send_timeout=30, **options):
+        # The handshake is answered from these environ keys: without the client's offer no
+        # extension is agreed, which saves ~100 KiB of compression state per socket.
+        environ.pop("HTTP_SEC_WEBSOCKET_EXTENSIONS", None)
+        self.send_timeout = send_timeout
+        self.input_taken = gevent.event.Event()
+        super().__init__(environ, **options)
+
+    def handshake(self):
+        self.raw = self.sock
+        self.raw.settimeout(None)
+        self.sock = self.outbox = Outbox(self.raw, OUTPUT_LIMIT, self.send_timeout, self.give_up)
+        super().handshake()
+
+    def send(self, data):
+        """Send a message, waiting while the client is OUTPUT_LIMIT behind (the handlers' way)."""
+        self.outbox.put(self._frame(data), wait=True)
+
+    def send_nowait(self, data):
+        """Send a message now, or cut off a client that is OUTPUT_LIMIT behind (the ticker's way)."""
+        self.outbox.put(self._frame(data), wait=False)
+
+    def _frame(self, data):
+        if not self.connected:
+            raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
+        if isinstance(data, bytes):
+            return self.ws.send(Message(data=data))
+        return self.ws.send(TextMessage(data=str(data)))
+
+    def receive(self, timeout=None):
+        message = super().receive(timeout)
+        if not self.input_buffer:
+            self.input_taken.set()
+        return message
+
+    def close(self, reason=None, message=None):
+        super().close(reason, message)
+        self.input_taken.set()
+
+    def give_up(self):
+        """Cut off a client that has taken nothing for send_timeout seconds."""
+        if not self.outbox.closed:
+            try:
+                last_words = self.ws.send(CloseConnection(POLICY_VIOLATION, "The client stopped reading."))
+            except LocalProtocolError:
+                last_words = b""
+            # A frame cut in the middle cannot be followed by a close frame.
+            whole = not self.outbox.pending or not isinstance(self.outbox.pending[0], memoryview)
+            self.outbox.abort(last_words if whole else b"")
+        self.connected = False
+        self.event.set()
+        self.input_taken.set()
+
+    def _thread(self):
+        next_ping = time.monotonic() + self.ping_interval if self.ping_interval else None
+        try:
+            while self.connected:
+                # Backpressure: nothing more is read while the handler has messages to take or
+                # the client has not taken our answers, so TCP slows the client down.
+                while self.input_buffer and self.connected:
+                    self.input_taken.clear()
+                    self.input_taken.wait()
+                if not self.outbox.wait_until_below(self.outbox.limit // 2) or not self.connected:
+                    break
+                data = self._recv_until(next_ping)
+                if data is None:
+                    if not self.pong_received:
+                        self.close(POLICY_VIOLATION, "Ping/Pong timeout")
+                        break
+                    self.pong_received = False
+                    self.sock.send(self.ws.send(Ping()))
+                    next_ping = time.monotonic() + self.ping_interval
+                    continue
+                if not data:
+                    break
+                self.ws.receive_data(data)
+                self.connected = self._handle_events()
+                # gevent's recv returns without yielding while data waits: a flooding client
+                # would otherwise hold the worker's only thread.
+                gevent.sleep(0)
+        except (OSError, LocalProtocolError, simple_websocket.ConnectionClosed):
+            pass
+        finally:
+            self.connected = False
+            self.event.set()
+            self.outbox.close()
+
+    def _recv_until(self, deadline):
+        """The next bytes from the client, or None once the deadline (monotonic) has passed."""
+        if deadline is None:
+            return self.raw.recv(self.receive_bytes)
+        left = deadline - time.monotonic()
+        if left > 0:
+            with gevent.Timeout(left, False):
+                return self.raw.recv(self.receive_bytes)
+        return None
+
+    def _handle_events(self):
+        keep_going = super()._handle_events()
+        if not keep_going and self.max_message_size and self.incoming_message_len > self.max_message_size:
+            # The library has just queued close 1009; closing the socket with the rest of the
+            # message unread would reset the connection and lose the close frame.
+            self.connected = False
+            self.event.set()
+            drain(self.raw, LINGER_SECONDS)
+        return keep_going
+
+
+def drain(sock, seconds):
+    """Read and discard what the peer still sends, until it closes or the time is up."""
+    with gevent.Timeout(seconds, False):
+        try:
+            while sock.recv(65536):
+                pass
+        except OSError:
+            pass
