@@ -45,8 +45,20 @@ def load_config(environ=os.environ):
         "TRUSTED_PROXIES": int(environ.get("TRUSTED_PROXIES") or 0),
         "HOST": environ.get("HOST") or "127.0.0.1",
         "PORT": int(environ.get("PORT") or 5000),
-        "WS_SEND_TIMEOUT": float(environ.get("WS_SEND_TIMEOUT") or 30),
+        "WS_SEND_TIMEOUT": seconds(environ, "WS_SEND_TIMEOUT", 30),
     }
+
+
+def seconds(environ, name, default):
+    """A positive number of seconds from the environment, or a sentence saying what is wrong."""
+    text = environ.get(name) or str(default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds above 0, not {text!r}.")
+    return value
 
 
 def instance_secret_key():

@@ -15,8 +15,9 @@ import redis
 import simple_websocket
 from flask import Blueprint, current_app, g, request
 from limits.storage import RedisStorage
-from werkzeug.exceptions import HTTPException, TooManyRequests
+from werkzeug.exceptions import BadRequest, HTTPException, TooManyRequests
 from werkzeug.routing import WebsocketMismatch
+from wsproto.utilities import LocalProtocolError
 
 import auth
 import models
@@ -158,8 +159,14 @@ def init_app(app):
         per_ip, f"This IP address already has {per_ip} open echo sockets; close one first.")
     app.extensions["ticker"] = Ticker(slots, app.config["REVOCATION_CHECK_SECONDS"])
     app.register_blueprint(bp)
-    # Werkzeug's own answer is a 400 blaming "the browser (or proxy)".
-    app.register_error_handler(WebsocketMismatch, lambda error: app.handle_http_exception(UpgradeRequired()))
+    app.register_error_handler(WebsocketMismatch, refuse_plain_http)
+
+
+def refuse_plain_http(error):
+    """A plain request to a socket path: 426 rather than Werkzeug's 400, which blames "the
+    browser (or proxy)". An upgrade to a plain path keeps the 400."""
+    upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+    return current_app.handle_http_exception(BadRequest() if upgrade else UpgradeRequired())
 
 
 @bp.before_request
@@ -224,10 +231,10 @@ def close_all_sockets():
 
 
 def close_quietly(ws, code, reason):
-    """Close with a code unless the connection is already gone."""
+    """Close with a code unless the connection is already gone or closing."""
     try:
         ws.close(code, reason)
-    except (simple_websocket.ConnectionClosed, OSError):
+    except (simple_websocket.ConnectionClosed, OSError, LocalProtocolError):
         pass
 
 

@@ -24,12 +24,16 @@ import time
 import gevent
 import gevent.event
 import simple_websocket
+from wsproto import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping, TextMessage
 from wsproto.utilities import LocalProtocolError
 
 OUTPUT_LIMIT = 1024 * 1024
 LINGER_SECONDS = 1.0
 POLICY_VIOLATION = 1008
+YIELD_EVERY_READS = 16
+# What a queued entry costs besides its bytes (the bytes object's header and the deque's slot).
+ENTRY_OVERHEAD = 64
 
 
 class Outbox:
@@ -48,7 +52,8 @@ class Outbox:
         self.closed = False
 
     def send(self, data):
-        """Write data now if the kernel takes it, else queue it; never waits."""
+        """Write data now if the kernel takes it, else queue it; never waits. A connection that
+        has failed is closed and BrokenPipeError raised."""
         if self.closed or self.closing:
             raise BrokenPipeError("The socket is closed.")
         if self.pending:
@@ -58,23 +63,20 @@ class Outbox:
             sent = self.raw.send(data, timeout=0.0)
         except BlockingIOError:
             sent = 0
+        except OSError as error:
+            self.abort()
+            raise BrokenPipeError("The connection failed.") from error
         if sent < len(data):
+            # A view marks the rest of a frame the kernel took only part of.
             self._queue(memoryview(data)[sent:] if sent else data)
 
-    def put(self, data, wait):
-        """Send a message's frame. With wait, first wait until it fits under the limit; without,
-        a frame that does not fit means the client has stopped reading, and it is cut off."""
-        while self.pending_bytes + len(data) > self.limit and not self.closed:
-            if not wait:
-                self.on_stall()
-                break
-            self.room.clear()
-            self.room.wait()
-        self.send(data)
+    def fits(self, size):
+        return self.pending_bytes + size + ENTRY_OVERHEAD <= self.limit
 
-    def wait_until_below(self, level):
-        """Wait until at most level bytes are pending; False once the socket is closed."""
-        while self.pending_bytes > level and not self.closed:
+    def wait_for_room(self, size):
+        """Wait until size more bytes fit under the limit (or nothing is pending); False once
+        the socket is closed."""
+        while self.pending and not self.fits(size) and not self.closed:
             self.room.clear()
             self.room.wait()
         return not self.closed
@@ -87,9 +89,10 @@ class Outbox:
 
     def abort(self, last_words=b""):
         """Drop what is queued, try last_words without waiting, close the socket, free memory."""
+        mid_frame = bool(self.pending) and isinstance(self.pending[0], memoryview)
         self.pending.clear()
         self.pending_bytes = 0
-        if last_words and not self.closed:
+        if last_words and not mid_frame and not self.closed:
             try:
                 self.raw.send(last_words, timeout=0.0)
             except OSError:
@@ -100,7 +103,9 @@ class Outbox:
 
     def _queue(self, data):
         self.pending.append(data)
-        self.pending_bytes += len(data)
+        # Counted with what an entry costs besides its bytes, so that many tiny frames (pongs)
+        # cannot hold many times the limit.
+        self.pending_bytes += len(data) + ENTRY_OVERHEAD
         if self.flusher is None:
             self.flusher = gevent.spawn(self._flush)
 
@@ -123,15 +128,16 @@ class Outbox:
         head = self.pending[0]
         if count < len(head):
             self.pending[0] = memoryview(head)[count:]
+            self.pending_bytes -= count
         else:
             self.pending.popleft()
-        self.pending_bytes -= count
+            self.pending_bytes -= count + ENTRY_OVERHEAD
         self.room.set()
 
 
 class Server(simple_websocket.Server):
     """simple-websocket's server with bounded input and output, one writer per socket, no
-    permessage-deflate, and a 1009 close that the client actually receives."""
+    permessage-deflate, and close codes that reach the client."""
 
     def __init__(self, environ, send_timeout=30, **options):
         # The handshake is answered from these environ keys: without the client's offer no
@@ -139,6 +145,7 @@ class Server(simple_websocket.Server):
         environ.pop("HTTP_SEC_WEBSOCKET_EXTENSIONS", None)
         self.send_timeout = send_timeout
         self.input_taken = gevent.event.Event()
+        self.closed_by_server = False
         super().__init__(environ, **options)
 
     def handshake(self):
@@ -149,11 +156,20 @@ class Server(simple_websocket.Server):
 
     def send(self, data):
         """Send a message, waiting while the client is OUTPUT_LIMIT behind (the handlers' way)."""
-        self.outbox.put(self._frame(data), wait=True)
+        frame = self._frame(data)
+        self.outbox.wait_for_room(len(frame))
+        if not self.connected:
+            # A close went out while this waited; nothing may follow it.
+            raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
+        self.outbox.send(frame)
 
     def send_nowait(self, data):
         """Send a message now, or cut off a client that is OUTPUT_LIMIT behind (the ticker's way)."""
-        self.outbox.put(self._frame(data), wait=False)
+        frame = self._frame(data)
+        if not self.outbox.fits(len(frame)):
+            self.give_up()
+            raise simple_websocket.ConnectionClosed(POLICY_VIOLATION, "The client stopped reading.")
+        self.outbox.send(frame)
 
     def _frame(self, data):
         if not self.connected:
@@ -169,8 +185,13 @@ class Server(simple_websocket.Server):
         return message
 
     def close(self, reason=None, message=None):
-        super().close(reason, message)
-        self.input_taken.set()
+        # flask-sock calls this when the handler returns, even after a failed close: either
+        # way the reader stops waiting for the handler and reads only the close reply.
+        self.closed_by_server = True
+        try:
+            super().close(reason, message)
+        finally:
+            self.input_taken.set()
 
     def give_up(self):
         """Cut off a client that has taken nothing for send_timeout seconds."""
@@ -179,24 +200,27 @@ class Server(simple_websocket.Server):
                 last_words = self.ws.send(CloseConnection(POLICY_VIOLATION, "The client stopped reading."))
             except LocalProtocolError:
                 last_words = b""
-            # A frame cut in the middle cannot be followed by a close frame.
-            whole = not self.outbox.pending or not isinstance(self.outbox.pending[0], memoryview)
-            self.outbox.abort(last_words if whole else b"")
+            self.outbox.abort(last_words)
         self.connected = False
         self.event.set()
         self.input_taken.set()
 
     def _thread(self):
         next_ping = time.monotonic() + self.ping_interval if self.ping_interval else None
+        reads = 0
         try:
             while self.connected:
                 # Backpressure: nothing more is read while the handler has messages to take or
                 # the client has not taken our answers, so TCP slows the client down.
-                while self.input_buffer and self.connected:
+                waited_since = time.monotonic()
+                while self.input_buffer and self.connected and not self.closed_by_server:
                     self.input_taken.clear()
                     self.input_taken.wait()
-                if not self.outbox.wait_until_below(self.outbox.limit // 2) or not self.connected:
+                if not self.outbox.wait_for_room(self.outbox.limit // 2) or not self.connected:
                     break
+                if next_ping is not None:
+                    # Time spent holding the client back is not time it failed to answer a ping.
+                    next_ping += time.monotonic() - waited_since
                 data = self._recv_until(next_ping)
                 if data is None:
                     if not self.pong_received:
@@ -209,16 +233,34 @@ class Server(simple_websocket.Server):
                 if not data:
                     break
                 self.ws.receive_data(data)
-                self.connected = self._handle_events()
-                # gevent's recv returns without yielding while data waits: a flooding client
-                # would otherwise hold the worker's only thread.
-                gevent.sleep(0)
+                self.connected = self._handle_events() and self.connected
+                # gevent's recv returns without yielding while data waits, so a flooding client
+                # could hold the worker's only thread. A full read means more is likely waiting;
+                # a yield on every read would cost the echo a quarter of its round trips.
+                reads += 1
+                if len(data) == self.receive_bytes or reads % YIELD_EVERY_READS == 0:
+                    gevent.sleep(0)
+            self._linger()
         except (OSError, LocalProtocolError, simple_websocket.ConnectionClosed):
             pass
         finally:
             self.connected = False
             self.event.set()
             self.outbox.close()
+
+    def _linger(self):
+        """After our close frame, read and drop what the client still sends until its close
+        reply, for at most LINGER_SECONDS: closing with its data unread would reset the
+        connection, and the client could lose our close code."""
+        deadline = time.monotonic() + LINGER_SECONDS
+        while self.ws.state is ConnectionState.LOCAL_CLOSING and not self.outbox.closed:
+            data = self._recv_until(deadline)
+            if not data:
+                return
+            self.ws.receive_data(data)
+            self._handle_events()
+            self.input_buffer.clear()
+            gevent.sleep(0)
 
     def _recv_until(self, deadline):
         """The next bytes from the client, or None once the deadline (monotonic) has passed."""
@@ -229,23 +271,3 @@ class Server(simple_websocket.Server):
             with gevent.Timeout(left, False):
                 return self.raw.recv(self.receive_bytes)
         return None
-
-    def _handle_events(self):
-        keep_going = super()._handle_events()
-        if not keep_going and self.max_message_size and self.incoming_message_len > self.max_message_size:
-            # The library has just queued close 1009; closing the socket with the rest of the
-            # message unread would reset the connection and lose the close frame.
-            self.connected = False
-            self.event.set()
-            drain(self.raw, LINGER_SECONDS)
-        return keep_going
-
-
-def drain(sock, seconds):
-    """Read and discard what the peer still sends, until it closes or the time is up."""
-    with gevent.Timeout(seconds, False):
-        try:
-            while sock.recv(65536):
-                pass
-        except OSError:
-            pass

@@ -76,3 +76,44 @@ def test_echo_slots_refuse_with_their_own_sentence():
     with pytest.raises(sockets.TooManyConnections, match="IP address"):
         slots.take("10.0.0.1")
     slots.take("10.0.0.2")
+
+
+def test_an_upgrade_to_a_plain_path_keeps_its_400(client):
+    response = client.get("/api/v1/status", headers=UPGRADE)
+    assert response.status_code == 400
+    assert "Upgrade" not in response.headers
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf"])
+def test_a_bad_send_timeout_stops_start_up_with_a_sentence(value):
+    from app import load_config
+
+    with pytest.raises(ValueError, match=f"WS_SEND_TIMEOUT must be a number of seconds above 0, not '{value}'"):
+        load_config({"SECRET_KEY": "x", "WS_SEND_TIMEOUT": value})
+
+
+class FakeSocket:
+    def __init__(self, failure=None):
+        self.failure = failure
+        self.sent = []
+        self.closed_with = None
+
+    def send_nowait(self, message):
+        if self.failure:
+            raise self.failure
+        self.sent.append(message)
+
+    def close(self, code, reason):
+        self.closed_with = code
+
+
+def test_one_failing_socket_costs_only_itself_its_tick():
+    ticker = sockets.Ticker(sockets.SocketSlots(10), 5)
+    broken, gone, healthy = FakeSocket(RuntimeError("boom")), FakeSocket(BrokenPipeError()), FakeSocket()
+    for ws in (broken, gone, healthy):
+        ticker.sockets[ws] = (1, 1)
+    ticker.tick(1_795_315_403)
+    ticker.tick(1_795_315_404)
+    assert len(healthy.sent) == 2
+    assert list(ticker.sockets) == [healthy]
+    assert broken.closed_with == sockets.INTERNAL_ERROR and gone.closed_with is None

@@ -85,7 +85,7 @@ def test_a_peer_that_takes_nothing_is_cut_off_after_the_stall_timeout(pair):
 
     outbox = wsserver.Outbox(server, MIB, stall_timeout=0.3, on_stall=give_up)
     for _ in range(8):
-        outbox.put(b"y" * 65536, wait=False)
+        outbox.send(b"y" * 65536)
     gevent.sleep(0.6)
     assert stalls == [True]
     assert outbox.closed and outbox.pending_bytes == 0 and not outbox.pending
@@ -93,24 +93,26 @@ def test_a_peer_that_takes_nothing_is_cut_off_after_the_stall_timeout(pair):
         outbox.send(b"more")
 
 
-def test_put_without_waiting_past_the_limit_cuts_the_client_off(pair):
+def test_tiny_frames_count_with_what_each_costs_besides_its_bytes(pair):
     server, _ = pair
-    stalls = []
-    outbox = wsserver.Outbox(server, 256 * 1024, stall_timeout=30, on_stall=lambda: stalls.append(outbox.abort()))
-    with pytest.raises(BrokenPipeError):
-        for _ in range(100):
-            outbox.put(b"z" * 16384, wait=False)
-    assert len(stalls) == 1 and outbox.closed
+    outbox = wsserver.Outbox(server, 256 * 1024, stall_timeout=30, on_stall=pytest.fail)
+    while not outbox.pending:
+        outbox.send(b"f" * 4096)
+    for _ in range(1000):
+        outbox.send(b"\x8a\x00")  # an empty pong
+    assert outbox.pending_bytes >= 1000 * (2 + wsserver.ENTRY_OVERHEAD)
+    assert outbox.fits(1000) is (outbox.pending_bytes + 1000 + wsserver.ENTRY_OVERHEAD <= 256 * 1024)
 
 
-def test_put_with_wait_waits_for_room_and_never_passes_the_limit(pair):
+def test_wait_for_room_waits_and_never_lets_the_limit_pass(pair):
     server, client = pair
     outbox = wsserver.Outbox(server, 256 * 1024, stall_timeout=30, on_stall=pytest.fail)
     peak = []
 
     def writer():
         for _ in range(64):
-            outbox.put(b"w" * 16384, wait=True)
+            outbox.wait_for_room(16384)
+            outbox.send(b"w" * 16384)
             peak.append(outbox.pending_bytes)
 
     greenlet = gevent.spawn(writer)
@@ -120,6 +122,26 @@ def test_put_with_wait_waits_for_room_and_never_passes_the_limit(pair):
     greenlet.join(timeout=5)
     assert greenlet.successful()
     assert max(peak) <= 256 * 1024
+
+
+def test_a_frame_larger_than_the_limit_waits_only_for_an_empty_queue(pair):
+    server, client = pair
+    outbox = wsserver.Outbox(server, 64 * 1024, stall_timeout=30, on_stall=pytest.fail)
+    outbox.send(b"a" * 200_000)
+    greenlet = gevent.spawn(outbox.wait_for_room, 100_000)
+    read_exactly(client, 200_000)
+    assert greenlet.get(timeout=5) is True
+
+
+def test_a_failed_connection_closes_the_outbox(pair):
+    server, client = pair
+    outbox = wsserver.Outbox(server, MIB, stall_timeout=30, on_stall=pytest.fail)
+    client.close()
+    with pytest.raises(BrokenPipeError):
+        for _ in range(100):
+            outbox.send(b"x" * 65536)
+            gevent.sleep(0.01)
+    assert outbox.closed
 
 
 def test_close_waits_for_what_is_queued(pair):
