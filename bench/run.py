@@ -5,6 +5,8 @@ one gevent worker pinned to core 1, the load generators on core 0. Prints markdo
     python bench/run.py                 # everything
     python bench/run.py rest            # REST only (wrk)
     python bench/run.py sockets echo    # time sockets, echo round trips
+    python bench/run.py stalled         # 3,000 time sockets, 1 % of them stalled
+    python bench/run.py echo --against ../before   # and the echo of another checkout beside it
 """
 
 import argparse
@@ -15,6 +17,7 @@ import json
 import os
 import re
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,11 +38,10 @@ SOCKET_COUNTS = (1000, 3000, 5000)
 TICK_SECONDS = 10
 SAMPLE_SOCKETS = 100
 ECHO_CLIENTS, ECHO_SECONDS = 50, 10
+AGAINST = None  # --against: another checkout whose echo is measured beside this one
 
 
 def free_port():
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -188,10 +190,16 @@ def bench_sockets(workdir):
         print(row)
 
 
-async def hold_raw_socket(host, port, path):
+async def hold_raw_socket(host, port, path, receive_buffer=None):
     """Open a WebSocket with a bare handshake and never read from it: holding thousands costs the
-    client no CPU, so the measured sample below sees the server's lateness, not the client's."""
-    reader, writer = await asyncio.open_connection(host, port)
+    client no CPU, so the measured sample below sees the server's lateness, not the client's. With
+    a small receive_buffer, the server soon finds the socket full: a stalled client."""
+    sock = socket.socket()
+    if receive_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    reader, writer = await asyncio.open_connection(sock=sock)
     key = base64.b64encode(os.urandom(16)).decode()
     writer.write((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
@@ -203,16 +211,57 @@ async def hold_raw_socket(host, port, path):
     return writer
 
 
-async def measure_ticks(server, secrets, count, rss_before):
+STALLED_SOCKETS, STALLED_RUNS, STALLED_RECEIVE_BUFFER = 30, 3, 1024
+# A masked (key 0) ping with 125 bytes: the client sends these without ever reading the pongs.
+PING_FRAME = bytes([0x89, 0x80 | 125, 0, 0, 0, 0]) + b"p" * 125
+STALLED_CASES = {"none": (0, False), "1 % never read": (STALLED_SOCKETS, False),
+                 "1 % never read, ping flood": (STALLED_SOCKETS, True)}
+
+
+def bench_stalled(workdir):
+    """3,000 time sockets, with and without 30 (1 %) stalled ones: they never read and have tiny
+    receive buffers, so the server's writes to them back up; in the last case they also send pings
+    flat out, whose pongs back up too. The healthy sample's lateness should not move."""
+    env = service_env(workdir)
+    secrets = seed_keys(env, 300)
+    count = 3000
+    print(f"\nTime sockets, {count:,} open, {STALLED_RUNS} interleaved runs of each case\n")
+    print("| stalled sockets | handshake failures | skipped seconds (sample) | built p50 / p99 / max ms "
+          "| arrived p50 / p99 / max ms | RSS per socket KiB |")
+    print("|---|---|---|---|---|---|")
+    for _ in range(STALLED_RUNS):
+        for case, (stalled, flood) in STALLED_CASES.items():
+            server = Server("app:app", env)
+            try:
+                row = asyncio.run(measure_ticks(server, secrets, count, server.rss_kib(), stalled, flood))
+            finally:
+                server.stop()
+            print(f"| {case} " + row.split(" ", 2)[2])
+
+
+async def flood_pings(writer):
+    try:
+        while True:
+            writer.write(PING_FRAME * 64)
+            await writer.drain()
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+
+
+async def measure_ticks(server, secrets, count, rss_before, stalled=0, flood=False):
     host, port = "127.0.0.1", server.port
     url = server.base.replace("http", "ws") + "/api/v1/ws/time?api_key="
-    failures, holders, sample = [], [], []
+    failures, holders, stalled_writers, sample = [], [], [], []
     gate = asyncio.Semaphore(100)
 
     async def hold(index):
         async with gate:
             try:
-                holders.append(await hold_raw_socket(host, port, f"/api/v1/ws/time?api_key={secrets[index // 10]}"))
+                writer = await hold_raw_socket(host, port, f"/api/v1/ws/time?api_key={secrets[index // 10]}",
+                                               STALLED_RECEIVE_BUFFER if index < stalled else None)
+                holders.append(writer)
+                if index < stalled:
+                    stalled_writers.append(writer)
             except Exception as error:
                 failures.append(repr(error))
 
@@ -227,6 +276,7 @@ async def measure_ticks(server, secrets, count, rss_before):
             failures.append(repr(error))
 
     await asyncio.gather(*(hold(i) for i in range(count - SAMPLE_SOCKETS)))
+    floods = [asyncio.ensure_future(flood_pings(writer)) for writer in stalled_writers if flood]
     await asyncio.gather(*(watch(i) for i in range(count - SAMPLE_SOCKETS, count)))
 
     async def listen(ws, arrivals):
@@ -239,9 +289,9 @@ async def measure_ticks(server, secrets, count, rss_before):
     first_second = int(time.time()) + 2
     window = set(range(first_second, first_second + TICK_SECONDS))
     await asyncio.sleep(first_second + TICK_SECONDS + 1.5 - time.time())
-    for listener in listeners:
-        listener.cancel()
-    await asyncio.gather(*listeners, return_exceptions=True)
+    for task in listeners + floods:
+        task.cancel()
+    await asyncio.gather(*listeners, *floods, return_exceptions=True)
     for writer in holders:
         writer.close()
 
@@ -357,18 +407,25 @@ def bench_echo(workdir):
     service = Server("app:app", env)
     bare = Server("bare:app", env, chdir=ROOT / "bench", config=ROOT / "bench" / "bare.conf.py")
     cases = {"bare flask-sock echo `/echo`": (bare, "/echo"), "`WS /api/v1/ws/echo`": (service, "/api/v1/ws/echo")}
+    if AGAINST:
+        before = Server("app:app", env, chdir=AGAINST, config=AGAINST / "gunicorn.conf.py")
+        cases[f"`WS /api/v1/ws/echo` of {AGAINST}"] = (before, "/api/v1/ws/echo")
     try:
         for server, path in cases.values():
             echo_round_trips(server.base, path)  # warm-up
         results = {name: [] for name in cases}
-        for _ in range(REPETITIONS):
-            for name, (server, path) in cases.items():
+        names = list(cases)
+        for repetition in range(REPETITIONS):
+            # The server measured later in a round does better here; rotate who goes first.
+            for name in names[repetition % len(names):] + names[:repetition % len(names)]:
+                server, path = cases[name]
                 latencies, reply = echo_round_trips(server.base, path)
                 results[name].append(latencies)
-        assert json.loads(reply)["message"] == "ping", reply
+                if server is service:
+                    assert json.loads(reply)["message"] == "ping", reply
     finally:
-        service.stop()
-        bare.stop()
+        for server, _ in cases.values():
+            server.stop()
 
     def summary(latencies):
         return len(latencies) / ECHO_SECONDS, latencies[len(latencies) // 2] * 1000, \
@@ -420,10 +477,17 @@ def bench_cycles(workdir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parts = {"rest": bench_rest, "sockets": bench_sockets, "echo": bench_echo, "cycles": bench_cycles}
+    parts = {"rest": bench_rest, "sockets": bench_sockets, "stalled": bench_stalled, "echo": bench_echo,
+             "cycles": bench_cycles}
     # Checked here: argparse 3.11 checks an empty nargs="*" against choices and refuses it.
     parser.add_argument("parts", nargs="*", help=f"any of {', '.join(parts)} (default: all)")
-    chosen = parser.parse_args().parts or list(parts)
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="echo: also measure the service in DIR, a checkout of another revision "
+                             "(git worktree add DIR REV), interleaved with this one")
+    args = parser.parse_args()
+    chosen = args.parts or list(parts)
+    global AGAINST
+    AGAINST = args.against and args.against.resolve()
     if unknown := set(chosen) - set(parts):
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
     os.sched_setaffinity(0, {int(CLIENT_CORE)})
