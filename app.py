@@ -15,6 +15,7 @@ from playhouse.pool import MaxConnectionsExceeded
 from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+import accounts
 import auth
 import models
 import ratelimit
@@ -46,7 +47,16 @@ def load_config(environ=os.environ):
         "HOST": environ.get("HOST") or "127.0.0.1",
         "PORT": int(environ.get("PORT") or 5000),
         "WS_SEND_TIMEOUT": seconds(environ, "WS_SEND_TIMEOUT", 30),
+        "MAX_KEYS_PER_USER": count(environ, "MAX_KEYS_PER_USER", 20),
     }
+
+
+def count(environ, name, default):
+    """A whole number of at least 1 from the environment, or a sentence saying what is wrong."""
+    text = environ.get(name) or str(default)
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, not {text!r}.")
+    return int(text)
 
 
 def seconds(environ, name, default):
@@ -65,11 +75,18 @@ def instance_secret_key():
     """Return the session secret kept in instance/, generating it on first use."""
     path = INSTANCE / "secret_key"
     if not path.exists():
-        INSTANCE.mkdir(exist_ok=True)
+        make_instance_folder()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as file:
             file.write(secrets.token_hex())
     return path.read_text().strip()
+
+
+def make_instance_folder():
+    """instance/ holds the session secret and the database: its owner's alone."""
+    INSTANCE.mkdir(mode=0o700, exist_ok=True)
+    if INSTANCE.stat().st_mode & 0o077:
+        INSTANCE.chmod(0o700)
 
 
 def create_app(overrides=None):
@@ -82,11 +99,12 @@ def create_app(overrides=None):
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if app.config["DATABASE_URL"].startswith(f"sqlite:///{INSTANCE}"):
-        INSTANCE.mkdir(exist_ok=True)
+        make_instance_folder()
 
     models.init_app(app)
     ratelimit.init_app(app)
     app.register_blueprint(api)
+    app.after_request(add_strict_transport_security)
     sockets.init_app(app)
     web.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
@@ -100,6 +118,13 @@ def create_app(overrides=None):
     if proxies:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)
     return app
+
+
+def add_strict_transport_security(response):
+    """Over HTTPS, tell browsers to come back only over HTTPS."""
+    if request.is_secure:
+        response.headers["Strict-Transport-Security"] = "max-age=31536000"
+    return response
 
 
 def render_http_error(error):
@@ -227,7 +252,9 @@ keys_cli = CommandGroup("keys", help="Manage API keys.")
 
 
 def find_user(username):
-    user = User.get_or_none(User.username == username)
+    if accounts.CONTROL_CHARACTERS.search(username):
+        raise click.ClickException("A username cannot contain control characters.")
+    user = accounts.find_user(username)
     if user is None:
         raise click.ClickException(f"There is no user named {username!r}.")
     return user
@@ -244,7 +271,7 @@ def create_user_command(username, email, password_stdin):
     else:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     try:
-        user = auth.create_user(username, email, password)
+        user = accounts.create_user(username, email, password)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created user {user.username} (id {user.id}).")
@@ -296,7 +323,7 @@ def seed_demo(base_url):
     """On an empty database, create user demo with a Development key and print the key once."""
     if User.select().exists():
         return
-    user = auth.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
+    user = accounts.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
     _, secret = auth.issue_key(user, "Demo key", "development")
     print(
         "Created user 'demo' with a Development API key. It is shown only this once:\n\n"

@@ -1,4 +1,4 @@
-"""API keys and passwords: the key format, issuing and revoking keys, and the guard on protected routes."""
+"""API keys: the key format, issuing and revoking keys, and the guard on protected routes."""
 
 import functools
 import hashlib
@@ -6,13 +6,12 @@ import re
 import secrets
 import string
 
-from flask import g, request
-from peewee import IntegrityError
+from flask import current_app, g, request
 from werkzeug.exceptions import Unauthorized
-from werkzeug.security import check_password_hash, generate_password_hash
 
+import accounts
 import ratelimit
-from models import ApiKey, User, db, find_active_key, utcnow
+from models import ApiKey, db, find_active_key, utcnow
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
 KEY_ALPHABET = string.ascii_letters + string.digits
@@ -20,15 +19,11 @@ KEY_BODY_LENGTH = 40
 KEY_PATTERN = re.compile(r"sk_(?:live|test)_[A-Za-z0-9]{32,128}")
 DISPLAY_PREFIX_LENGTH = len("sk_live_") + 4
 
-USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
-EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
-MIN_PASSWORD_LENGTH = 8
 MAX_KEY_NAME_LENGTH = 100
-PASSWORD_METHOD = "scrypt:32768:8:1"
 
 
-class AccountTaken(ValueError):
-    """The username or the email already belongs to an account."""
+class KeyCapReached(ValueError):
+    """The user already holds MAX_KEYS_PER_USER active keys."""
 
 
 class ApiKeyError(Unauthorized):
@@ -47,55 +42,10 @@ def hash_key(secret):
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def hash_password(password):
-    """Return a salted scrypt hash of a password."""
-    return generate_password_hash(password, method=PASSWORD_METHOD)
-
-
-def password_matches(user, password):
-    """Return True when the password is the user's."""
-    return check_password_hash(user.password_hash, password)
-
-
-@functools.cache
-def unknown_user_hash():
-    return hash_password(secrets.token_hex())
-
-
-def user_for_login(username, password):
-    """Return the user with this username and password, or None; an unknown username takes as long
-    as a wrong password, so timing does not tell which usernames exist."""
-    user = User.get_or_none(User.username == username.strip())
-    if user is None:
-        check_password_hash(unknown_user_hash(), password)
-        return None
-    return user if password_matches(user, password) else None
-
-
-def create_user(username, email, password):
-    """Create and return a user, or raise ValueError with a sentence saying what is wrong."""
-    username, email = username.strip(), email.strip().lower()
-    if not USERNAME_PATTERN.fullmatch(username):
-        raise ValueError("A username is 3 to 32 letters, digits, dots, dashes or underscores.")
-    if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
-        raise ValueError("That does not look like an email address.")
-    if len(password) < MIN_PASSWORD_LENGTH:
-        raise ValueError(f"A password needs at least {MIN_PASSWORD_LENGTH} characters.")
-    if User.select().where(User.username == username).exists():
-        raise AccountTaken(f"The username {username!r} is already taken.")
-    if User.select().where(User.email == email).exists():
-        raise AccountTaken(f"The email {email!r} already belongs to an account.")
-    password_hash = hash_password(password)
-    try:
-        with db.atomic():
-            return User.create(username=username, email=email, password_hash=password_hash)
-    except IntegrityError:
-        raise AccountTaken("That username or email was taken a moment ago.") from None
-
-
 def issue_key(user, name, key_type, tier="free"):
     """Create an API key for the user; return (ApiKey, secret). The secret exists only here."""
     name = name.strip()
+    accounts.refuse_control_characters(name, "A key name")
     if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
         raise ValueError(f"A key name is 1 to {MAX_KEY_NAME_LENGTH} characters.")
     if key_type not in KEY_PREFIXES:
@@ -105,6 +55,10 @@ def issue_key(user, name, key_type, tier="free"):
         raise ValueError(f"Unknown rate limit tier {tier!r}; the configured tiers are: {known}.")
     secret = generate_secret(key_type)
     with db.atomic():
+        accounts.lock_user(user)
+        cap = current_app.config["MAX_KEYS_PER_USER"]
+        if accounts.active_key_count(user) >= cap:
+            raise KeyCapReached(f"An account may hold {cap} active keys; revoke one before creating another.")
         key = ApiKey.create(
             user=user,
             name=name,

@@ -26,8 +26,12 @@ control_socket_disable = True
 graceful_timeout = 20
 keepalive = 5
 accesslog = "-"
-# %(U)s is the path without the query string, which may carry the time socket's api_key.
+# %(U)s is the path without the query string, which may carry the time socket's api_key; a key
+# put in the path itself is redacted by RedactingLogger.
 access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
+# X-Forwarded-* is trusted only behind TRUSTED_PROXIES proxies, and then by the app's ProxyFix,
+# which counts the hops; gunicorn's default would trust it from any local client.
+forwarded_allow_ips = ""
 
 SECRET = re.compile(r"(api_key=)[^&\s']*|(sk_(?:live|test)_)[A-Za-z0-9]+")
 
@@ -43,13 +47,14 @@ class RedactSecrets(logging.Filter):
 
 class RedactingLogger(Logger):
     """gunicorn's logger, minus secrets: for a request it cannot parse, gunicorn logs the whole
-    request line, query string and all."""
+    request line, query string and all; a client may put a key in the path itself."""
 
     redact = RedactSecrets()
 
     def setup(self, cfg):
         super().setup(cfg)
         self.error_log.addFilter(self.redact)
+        self.access_log.addFilter(self.redact)
 
 
 logger_class = RedactingLogger

@@ -1,11 +1,14 @@
-"""Users, API keys and their hourly usage in peewee, and how each process reuses its database
-connection."""
+"""Users, their web sessions, API keys and their hourly usage in peewee, and how each process
+reuses its database connection."""
 
 import datetime
 import functools
+import logging
 import math
+import os
 import sys
 import time
+from urllib.parse import urlparse
 
 from peewee import (
     BigIntegerField,
@@ -14,11 +17,15 @@ from peewee import (
     DateTimeField,
     ForeignKeyField,
     IntegerField,
+    IntegrityError,
     Model,
+    TextField,
     PostgresqlDatabase,
     SqliteDatabase,
 )
 from playhouse.db_url import connect
+
+log = logging.getLogger(__name__)
 
 db = DatabaseProxy()
 
@@ -83,6 +90,20 @@ class User(BaseModel):
         table_name = "users"
 
 
+class Session(BaseModel):
+    """A logged-in browser: its cookie holds the token, the database only the token's hash."""
+
+    token_hash = CharField(primary_key=True, max_length=64)
+    user = ForeignKeyField(User, backref="sessions", on_delete="CASCADE")
+    created_at = DateTimeField(default=utcnow)
+    last_seen_at = DateTimeField(default=utcnow, index=True)
+    # A new key's secret until the next page shows it, encrypted with a key only the cookie holds.
+    pending_secret = TextField(null=True)
+
+    class Meta:
+        table_name = "sessions"
+
+
 class ApiKey(BaseModel):
     user = ForeignKeyField(User, backref="api_keys", on_delete="CASCADE")
     name = CharField(max_length=100)
@@ -140,9 +161,12 @@ class Statements:
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "
             f"WHERE id = {p}"
         )
-        # Qualified, because PostgreSQL finds a bare `requests` ambiguous next to `excluded`.
+        # Qualified, because PostgreSQL finds a bare `requests` ambiguous next to `excluded`. A key
+        # deleted with its account since it was counted is skipped, not a failed flush; the WHERE
+        # also tells SQLite that ON CONFLICT is not part of the SELECT.
         self.add_hourly_usage = (
-            f"INSERT INTO usage_hours (api_key_id, hour, requests) VALUES ({p}, {p}, {p}) "
+            f"INSERT INTO usage_hours (api_key_id, hour, requests) SELECT {p}, {p}, {p} "
+            f"WHERE EXISTS (SELECT 1 FROM api_keys WHERE id = {p}) "
             "ON CONFLICT (api_key_id, hour) DO UPDATE "
             "SET requests = usage_hours.requests + excluded.requests"
         )
@@ -178,6 +202,7 @@ def open_database(url):
         url = url.replace("://", "+pool://", 1)
         return connect(url, max_connections=POOL_SIZE, timeout=POOL_WAIT_SECONDS, stale_timeout=300)
     if url.startswith("sqlite"):
+        protect_sqlite_files(urlparse(url).path[1:])
         # Under gevent all greenlets share one connection: SQLite calls never yield, so no
         # two greenlets can interleave inside a statement or a transaction. With real
         # threads (the CLI, Flask's test client) each thread keeps its own connection.
@@ -189,6 +214,28 @@ def open_database(url):
             check_same_thread=not shared,
         )
     return connect(url)
+
+
+def protect_sqlite_files(path):
+    """Make the database file (created here if new) and its -wal and -shm files readable by their
+    owner only: they hold emails and password hashes. SQLite gives -wal and -shm the database
+    file's mode."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError:
+        return  # no such folder, or not writable: SQLite will say so in its own words
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            if os.stat(name).st_mode & 0o077:
+                os.chmod(name, 0o600)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.warning("%s is readable by other users and cannot be made private: %s", name, error)
 
 
 def init_app(app):
@@ -206,7 +253,20 @@ def create_tables(database):
     with database.connection_context(), database.atomic():
         if isinstance(database, PostgresqlDatabase):
             database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
-        database.create_tables([User, ApiKey, UsageHour], safe=True)
+        database.create_tables([User, Session, ApiKey, UsageHour], safe=True)
+        add_username_index(database)
+
+
+def add_username_index(database):
+    """Make usernames unique without regard to case. A database that already holds two usernames
+    differing only in case keeps working: sign-up checks case-insensitively too."""
+    try:
+        with database.atomic():
+            database.execute_sql(
+                "CREATE UNIQUE INDEX IF NOT EXISTS users_username_lower ON users (lower(username))")
+    except IntegrityError:
+        log.warning("Two usernames differ only in case; rename one to make usernames unique without regard "
+                    "to case.")
 
 
 def release_connection(database=None):

@@ -29,8 +29,15 @@ PERIODS = {
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
 PUBLIC_POLICY = "public"
-LOGIN_RATE_PER_IP = RateLimitItemPerMinute(20)
-LOGIN_RATE_PER_USERNAME = RateLimitItemPerMinute(5)
+# Web application throttles. Failed log-ins are limited per client IP and per (username, IP), so
+# others' failures never refuse the owner; past LOGIN_SLOWDOWN_AFTER failures for a username from
+# anywhere, each of its log-ins waits LOGIN_SLOWDOWN_SECONDS (SECURITY.md weighs this).
+LOGIN_FAILURES_PER_IP = RateLimitItemPerMinute(20)
+LOGIN_FAILURES_PER_USERNAME_AND_IP = RateLimitItemPerMinute(5)
+LOGIN_SLOWDOWN_AFTER = RateLimitItemPerHour(20)
+LOGIN_SLOWDOWN_SECONDS = 1.0
+SIGNUPS_PER_IP = RateLimitItemPerHour(20)
+KEY_CREATIONS_PER_ACCOUNT = RateLimitItemPerHour(30)
 FLUSH_INTERVAL = 1.0
 
 RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
@@ -163,6 +170,19 @@ class Limiter:
         return state
 
 
+    def used_up(self, item, identity):
+        """Return the seconds until identity's window for item ends when its allowance is used up,
+        else 0; counts nothing."""
+        window_key = item.key_for(identity)
+        try:
+            if self.storage.get(window_key) < item.amount:
+                return 0
+            return max(1, seconds_until(self.storage.get_expiry(window_key)))
+        except StorageError as error:
+            log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            raise LimitStorageUnavailable() from None
+
+
 class UsageCounter:
     """Counts requests per key in memory and adds them to the database (lifetime and per-hour
     counts) in one transaction at most FLUSH_INTERVAL later, so no request pays for a write."""
@@ -205,7 +225,7 @@ class UsageCounter:
                 with self.database.atomic():
                     for key_id, count in counts.items():
                         self.database.execute_sql(statements.add_usage, (count, used_at, key_id))
-                        self.database.execute_sql(statements.add_hourly_usage, (key_id, hour, count))
+                        self.database.execute_sql(statements.add_hourly_usage, (key_id, hour, count, key_id))
             except Exception:
                 with self.pending_lock:
                     self.pending.update(counts)
@@ -290,12 +310,48 @@ def ip_rate_limited(view):
     return limited
 
 
-def count_login_attempt(username):
-    """Count a login or sign-up attempt per client IP and per username; raise RateLimitExceeded when
-    either allowance is used up."""
+def login_throttle(username):
+    """Before a log-in: raise RateLimitExceeded while this client IP, or this client IP for this
+    username, has failed too often; else return the seconds the attempt should wait."""
     limiter = current_app.extensions["ratelimit"]
-    limiter.hit(LOGIN_RATE_PER_IP, f"login-ip:{request.remote_addr}", "login", report=False)
-    limiter.hit(LOGIN_RATE_PER_USERNAME, f"login-user:{username.strip().lower()}", "login", report=False)
+    for item, identity in login_failure_windows(username):
+        if retry_after := limiter.used_up(item, identity):
+            raise RateLimitExceeded("Too many failed log-ins.", retry_after=retry_after)
+    slow = limiter.used_up(LOGIN_SLOWDOWN_AFTER, f"login-user:{username_identity(username)}")
+    return LOGIN_SLOWDOWN_SECONDS if slow else 0
+
+
+def record_login_failure(username):
+    limiter = current_app.extensions["ratelimit"]
+    windows = [*login_failure_windows(username), (LOGIN_SLOWDOWN_AFTER, f"login-user:{username_identity(username)}")]
+    for item, identity in windows:
+        try:
+            limiter.hit(item, identity, "login", report=False)
+        except RateLimitExceeded:
+            pass
+
+
+def login_failure_windows(username):
+    ip = request.remote_addr
+    return [(LOGIN_FAILURES_PER_IP, f"login-ip:{ip}"),
+            (LOGIN_FAILURES_PER_USERNAME_AND_IP, f"login-user-ip:{username_identity(username)}:{ip}")]
+
+
+def username_identity(username):
+    # Bounded, so that a megabyte of username is not a megabyte of limit key.
+    return username.strip().lower()[:64]
+
+
+def count_signup():
+    """Count a sign-up attempt per client IP; raise RateLimitExceeded when too many."""
+    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, f"signup-ip:{request.remote_addr}", "signup",
+                                            report=False)
+
+
+def count_key_creation(user):
+    """Count a key created in the web application; raise RateLimitExceeded when too many."""
+    current_app.extensions["ratelimit"].hit(KEY_CREATIONS_PER_ACCOUNT, f"key-creations:{user.id}",
+                                            "key-creation", report=False)
 
 
 def seconds_until(epoch):

@@ -2,14 +2,18 @@
 
 import datetime
 import functools
+import json
+import time
+from urllib.parse import urlsplit
 
 from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
 from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 
+import accounts
 import auth
 import ratelimit
-from models import ApiKey, UsageHour, User, start_of_hour, utcnow
+from models import ApiKey, UsageHour, start_of_hour, utcnow
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -55,8 +59,10 @@ def init_app(app):
 
 @bp.before_request
 def load_logged_in_user():
-    user_id = session.get("user_id")
-    g.user = User.get_or_none(User.id == user_id) if user_id else None
+    # The cookie names a session row; log-out, "Sign out everywhere", a password change and a
+    # deleted account delete rows, and with them every copy of the cookie.
+    g.session = accounts.find_session(session.get("sid"))
+    g.user = g.session.user if g.session else None
 
 
 @bp.after_request
@@ -84,14 +90,20 @@ def login_required(view):
 def log_in(user):
     # A fresh session, so nothing from before the login (nor its CSRF token) carries over.
     session.clear()
-    session["user_id"] = user.id
+    session["sid"] = accounts.start_session(user)
 
 
 def local_path(target):
-    """Return target when it is a path on this site, else None (no open redirects)."""
-    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
-        return target
-    return None
+    """Return target when a browser would read it as a path on this site, else None (no open
+    redirects). Browsers drop tabs and line breaks anywhere in a URL and read a backslash as a
+    slash, so `/\t/evil.example` and `/\\evil.example` lead off the site: anything with a control
+    character or a backslash is refused, as is anything that names a scheme or a host."""
+    if not target or accounts.CONTROL_CHARACTERS.search(target) or "\\" in target:
+        return None
+    if not target.startswith("/") or target.startswith("//"):
+        return None
+    parts = urlsplit(target)
+    return target if not parts.scheme and not parts.netloc else None
 
 
 @bp.get("/")
@@ -105,11 +117,11 @@ def signup():
         return render_template("signup.html")
     form = request.form
     try:
-        ratelimit.count_login_attempt(form.get("username", ""))
-        user = auth.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""))
+        ratelimit.count_signup()
+        user = accounts.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""))
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("signup.html", error)
-    except auth.AccountTaken:
+    except accounts.AccountTaken:
         # One sentence for both, so sign-up does not confirm which email addresses have accounts.
         flash("That username or email cannot be used. Choose another, or log in.", "error")
         return render_template("signup.html"), 400
@@ -127,11 +139,18 @@ def login():
         return render_template("login.html")
     username, password = request.form.get("username", ""), request.form.get("password", "")
     try:
-        ratelimit.count_login_attempt(username)
+        accounts.refuse_control_characters(username + password, "A username or password")
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_template("login.html"), 400
+    try:
+        delay = ratelimit.login_throttle(username)
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("login.html", error)
-    user = auth.user_for_login(username, password)
+    time.sleep(delay)
+    user = accounts.user_for_login(username, password)
     if user is None:
+        ratelimit.record_login_failure(username)
         flash("The username or password is incorrect.", "error")
         return render_template("login.html"), 400
     log_in(user)
@@ -145,6 +164,8 @@ def too_many_attempts(template, error):
 
 @bp.post("/logout")
 def logout():
+    if g.session is not None:
+        accounts.end_session(g.session)
     session.clear()
     flash("You are logged out.")
     return redirect(url_for("web.landing"))
@@ -159,13 +180,54 @@ def settings():
 @bp.get("/settings/profile")
 @login_required
 def settings_profile():
-    return render_template("settings_profile.html", active_keys=ApiKey.active_for(g.user).count())
+    return render_profile_tab()
+
+
+def render_profile_tab(status=200):
+    return render_template("settings_profile.html", active_keys=accounts.active_key_count(g.user),
+                           min_password_length=accounts.MIN_PASSWORD_LENGTH), status
+
+
+@bp.post("/settings/profile/password")
+@login_required
+def change_password():
+    try:
+        accounts.change_password(g.user, request.form.get("current_password", ""),
+                                 request.form.get("new_password", ""), keep_session=g.session)
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_profile_tab(status=400)
+    flash("Your password is changed, and every other session of this account is signed out.")
+    return redirect(url_for("web.settings_profile"))
+
+
+@bp.post("/settings/profile/delete")
+@login_required
+def delete_account():
+    try:
+        accounts.delete_account(g.user, request.form.get("password", ""))
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_profile_tab(status=400)
+    session.clear()
+    flash("Your account is deleted: its API keys no longer work and its sessions are signed out.")
+    return redirect(url_for("web.landing"))
+
+
+@bp.post("/settings/security/sessions/revoke")
+@login_required
+def sign_out_everywhere():
+    accounts.end_all_sessions(g.user)
+    session.clear()
+    flash("You are signed out everywhere, this browser included.")
+    return redirect(url_for("web.login"))
 
 
 @bp.get("/settings/security")
 @login_required
 def settings_security():
-    return render_security_tab(new_key=session.pop("new_key", None))
+    pending = accounts.take_pending_secret(g.session, session["sid"])
+    return render_security_tab(new_key=json.loads(pending) if pending else None)
 
 
 def render_security_tab(status=200, new_key=None):
@@ -187,12 +249,17 @@ def last_hours(now):
 @login_required
 def create_key():
     try:
+        ratelimit.count_key_creation(g.user)
         key, secret = auth.issue_key(g.user, request.form.get("name", ""), request.form.get("type", ""))
+    except ratelimit.RateLimitExceeded as error:
+        minutes = -(-error.retry_after // 60)
+        flash(f"Too many keys created in the last hour; try again in {minutes} minutes.", "error")
+        return render_security_tab(status=429)
     except ValueError as error:
         flash(str(error), "error")
         return render_security_tab(status=400)
-    # Carried to the next page only and popped there, so a reload never shows it again.
-    session["new_key"] = {"name": key.name, "secret": secret}
+    # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
+    accounts.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
     return redirect(url_for("web.settings_security"))
 
 

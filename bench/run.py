@@ -7,11 +7,13 @@ one gevent worker pinned to core 1, the load generators on core 0. Prints markdo
     python bench/run.py sockets echo    # time sockets, echo round trips
     python bench/run.py stalled         # 3,000 time sockets, 1 % of them stalled
     python bench/run.py echo --against ../before   # and the echo of another checkout beside it
+    python bench/run.py logins          # GET /api/v1/status while 20 users log in
 """
 
 import argparse
 import asyncio
 import base64
+import concurrent.futures
 import datetime
 import json
 import os
@@ -88,13 +90,14 @@ def service_env(workdir):
 def seed_keys(env, count):
     """Create user bench with `count` development keys; return their secrets."""
     os.environ.update(env)
+    import accounts
     import auth
     import models
     from app import create_app
 
     app = create_app()
     with app.app_context():
-        user = auth.create_user("bench", "bench@example.com", "bench password")
+        user = accounts.create_user("bench", "bench@example.com", "bench password")
         secrets = [auth.generate_secret("development") for _ in range(count)]
         rows = [{"user": user.id, "name": f"bench {i}", "key_type": "development",
                  "display_prefix": secret[:12], "key_hash": auth.hash_key(secret)}
@@ -475,10 +478,84 @@ def bench_cycles(workdir):
           f"({after - before:+d} KiB); server answering: {still_open == 200}")
 
 
+LOGIN_USERS, LOGINS_EACH, STATUS_CONNECTIONS, LOGIN_RUNS = 20, 3, 10, 3
+
+
+def bench_logins(workdir):
+    """p99 of GET /api/v1/status on 10 keep-alive connections while 20 users log in 3 times each
+    at once (scrypt at the service's cost), against the p99 of as long a stretch without them."""
+    env = service_env(workdir)
+    os.environ.update(env)
+    import accounts
+    from app import create_app
+
+    with create_app().app_context():
+        for n in range(LOGIN_USERS):
+            accounts.create_user(f"login{n}", f"login{n}@example.com", "bench login password")
+    print(f"\n`GET /api/v1/status` on {STATUS_CONNECTIONS} connections, alone and while {LOGIN_USERS} users "
+          f"log in {LOGINS_EACH} times each at once; {LOGIN_RUNS} runs\n")
+    print("| run | log-ins took s | status p50 / p99 ms alone | status p50 / p99 ms during log-ins | p99 ratio |")
+    print("|---|---|---|---|---|")
+    for run in range(1, LOGIN_RUNS + 1):
+        server = Server("app:app", env)
+        try:
+            alone, during, took = asyncio.run(measure_logins(server))
+        finally:
+            server.stop()
+        print(f"| {run} | {took:.1f} | {alone[0]:.1f} / {alone[1]:.1f} | {during[0]:.1f} / {during[1]:.1f} "
+              f"| {during[1] / alone[1]:.2f} |")
+
+
+async def measure_logins(server):
+    """Return ((p50, p99) alone, (p50, p99) during the log-ins, seconds the log-ins took)."""
+    host, port = "127.0.0.1", server.port
+    request = f"GET /api/v1/status HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    samples, stop = [], asyncio.Event()
+
+    async def poll():
+        reader, writer = await asyncio.open_connection(host, port)
+        while not stop.is_set():
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"Content-Length: (\d+)", head)[1])
+            await reader.readexactly(length)
+            samples.append((started, time.perf_counter() - started))
+        writer.close()
+
+    def log_in(username):
+        with requests.Session() as browser:
+            page = browser.get(server.base + "/login").text
+            token = re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
+            response = browser.post(server.base + "/login", allow_redirects=False, timeout=300,
+                                    data={"username": username, "password": "bench login password",
+                                          "csrf_token": token})
+            assert response.status_code == 302, response.status_code
+
+    pollers = [asyncio.ensure_future(poll()) for _ in range(STATUS_CONNECTIONS)]
+    await asyncio.sleep(1)
+    alone_from = time.perf_counter()
+    await asyncio.sleep(5)
+    alone_to = during_from = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ThreadPoolExecutor(LOGIN_USERS * LOGINS_EACH) as pool:
+        await asyncio.gather(*(loop.run_in_executor(pool, log_in, f"login{n % LOGIN_USERS}")
+                               for n in range(LOGIN_USERS * LOGINS_EACH)))
+    during_to = time.perf_counter()
+    stop.set()
+    await asyncio.gather(*pollers)
+
+    def p50_p99(start, end):
+        latencies = sorted(latency * 1000 for started, latency in samples if start <= started < end)
+        return latencies[len(latencies) // 2], latencies[int(0.99 * len(latencies))]
+
+    return p50_p99(alone_from, alone_to), p50_p99(during_from, during_to), during_to - during_from
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parts = {"rest": bench_rest, "sockets": bench_sockets, "stalled": bench_stalled, "echo": bench_echo,
-             "cycles": bench_cycles}
+             "cycles": bench_cycles, "logins": bench_logins}
     # Checked here: argparse 3.11 checks an empty nargs="*" against choices and refuses it.
     parser.add_argument("parts", nargs="*", help=f"any of {', '.join(parts)} (default: all)")
     parser.add_argument("--against", type=Path, metavar="DIR",

@@ -11,6 +11,7 @@ os.environ.setdefault("SECRET_KEY", "test-secret")
 
 import pytest  # noqa: E402
 
+import accounts  # noqa: E402
 import auth  # noqa: E402
 import services  # noqa: E402
 from liveserver import make_key, service_env, start_procfile  # noqa: E402
@@ -22,7 +23,7 @@ TEST_TIERS = "free=3/minute,pro=100/minute"
 @pytest.fixture(autouse=True)
 def cheap_password_hashing(monkeypatch):
     """scrypt at a test's cost: the default takes ~0.2 s per hash and the tests make hundreds."""
-    monkeypatch.setattr(auth, "PASSWORD_METHOD", "scrypt:1024:8:1")
+    monkeypatch.setattr(accounts, "PASSWORD_METHOD", "scrypt:1024:8:1")
 
 
 def pytest_sessionfinish(session):
@@ -65,7 +66,7 @@ def runner(app):
 
 @pytest.fixture
 def user(app):
-    return auth.create_user("alice", "alice@example.com", "correct horse battery")
+    return accounts.create_user("alice", "alice@example.com", "correct horse battery")
 
 
 @pytest.fixture

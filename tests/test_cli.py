@@ -5,6 +5,7 @@ import re
 import peewee
 import pytest
 
+import accounts
 import auth
 from models import ApiKey, User, db
 
@@ -14,14 +15,14 @@ def test_users_create_with_password_stdin(runner):
                            input="s3cret-password\nignored second line\n")
     assert result.exit_code == 0, result.output
     user = User.get(User.username == "bob")
-    assert auth.password_matches(user, "s3cret-password")
+    assert accounts.password_matches(user, "s3cret-password")
 
 
 def test_users_create_prompts_for_password(runner):
     result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
                            input="s3cret-password\ns3cret-password\n")
     assert result.exit_code == 0, result.output
-    assert auth.password_matches(User.get(User.username == "bob"), "s3cret-password")
+    assert accounts.password_matches(User.get(User.username == "bob"), "s3cret-password")
 
 
 @pytest.mark.parametrize("args, message", [

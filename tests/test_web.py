@@ -8,8 +8,10 @@ import pytest
 from flask import g
 from limits import RateLimitItemPerMinute
 
+import accounts
 import auth
 import ratelimit
+import web
 from models import ApiKey, UsageHour, User, start_of_hour, utcnow
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
@@ -106,8 +108,8 @@ def test_failed_logins_do_not_reveal_whether_the_user_exists(client, user):
     assert page(unknown).replace("mallory", "alice") == page(wrong)
 
 
-def test_login_attempts_are_limited_per_username(client, user):
-    for _ in range(ratelimit.LOGIN_RATE_PER_USERNAME.amount):
+def test_failed_logins_are_limited_per_username_and_ip_without_locking_the_owner_out(client, user):
+    for _ in range(ratelimit.LOGIN_FAILURES_PER_USERNAME_AND_IP.amount):
         client.post("/login", data={"username": "alice", "password": "wrong password"})
     response = client.post("/login", data={"username": "Alice", "password": "correct horse battery"})
     assert response.status_code == 429
@@ -115,10 +117,13 @@ def test_login_attempts_are_limited_per_username(client, user):
     assert "Too many attempts" in page(response)
     assert "X-RateLimit-Limit" not in response.headers
     assert client.get("/settings/profile").status_code == 302
+    owner = client.post("/login", data={"username": "alice", "password": "correct horse battery"},
+                        environ_base={"REMOTE_ADDR": "10.0.0.9"})
+    assert owner.status_code == 302
 
 
-def test_login_attempts_are_limited_per_ip(client, user, monkeypatch):
-    monkeypatch.setattr(ratelimit, "LOGIN_RATE_PER_IP", RateLimitItemPerMinute(3))
+def test_failed_logins_are_limited_per_ip(client, user, monkeypatch):
+    monkeypatch.setattr(ratelimit, "LOGIN_FAILURES_PER_IP", RateLimitItemPerMinute(3))
     for name in ("a1", "a2", "a3"):
         assert client.post("/login", data={"username": name, "password": "x"}).status_code == 400
     response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
@@ -126,6 +131,26 @@ def test_login_attempts_are_limited_per_ip(client, user, monkeypatch):
     other_ip = client.post("/login", data={"username": "alice", "password": "correct horse battery"},
                            environ_base={"REMOTE_ADDR": "10.0.0.9"})
     assert other_ip.status_code == 302
+
+
+def test_successful_logins_are_not_limited(client, user, monkeypatch):
+    monkeypatch.setattr(ratelimit, "LOGIN_FAILURES_PER_IP", RateLimitItemPerMinute(2))
+    for _ in range(5):
+        response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
+        assert response.status_code == 302
+
+
+def test_many_failures_for_a_username_slow_its_logins_down_but_never_refuse_them(client, user, monkeypatch):
+    monkeypatch.setattr(ratelimit, "LOGIN_SLOWDOWN_AFTER", RateLimitItemPerMinute(3))
+    waits = []
+    monkeypatch.setattr(web.time, "sleep", waits.append)
+    for n in range(3):
+        client.post("/login", data={"username": "alice", "password": "wrong"}, environ_base={"REMOTE_ADDR": f"10.1.0.{n}"})
+    assert waits == [0, 0, 0]
+    response = client.post("/login", data={"username": "alice", "password": "correct horse battery"},
+                           environ_base={"REMOTE_ADDR": "10.2.0.1"})
+    assert response.status_code == 302
+    assert waits[-1] == ratelimit.LOGIN_SLOWDOWN_SECONDS > 0
 
 
 @pytest.mark.parametrize("method, path", [
@@ -245,7 +270,7 @@ def test_revoking_a_key_stops_it_on_the_very_next_request(logged_in):
 
 
 def test_another_users_key_is_404(logged_in):
-    bob = auth.create_user("bob", "bob@example.com", "long enough")
+    bob = accounts.create_user("bob", "bob@example.com", "long enough")
     bobs_key, bobs_secret = auth.issue_key(bob, "Bob's key", "production")
     response = logged_in.post(f"/settings/security/keys/{bobs_key.id}/revoke", headers=HTML)
     assert response.status_code == 404

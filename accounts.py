@@ -1,0 +1,244 @@
+"""Accounts of the web application: users, their passwords and their server-side sessions."""
+
+import base64
+import datetime
+import functools
+import gzip
+import hashlib
+import hmac
+import os
+import re
+import secrets
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+from peewee import IntegrityError, PostgresqlDatabase, fn
+from werkzeug.security import check_password_hash, generate_password_hash
+
+from models import ApiKey, Session, User, db, greenlets_share_thread, utcnow
+
+USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
+EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MIN_PASSWORD_LENGTH = 8
+MAX_PASSWORD_LENGTH = 1024
+PASSWORD_METHOD = "scrypt:32768:8:1"
+# Django's list of 20,000 common passwords by Royce Williams (lower case), BSD licence: data/README.md.
+COMMON_PASSWORDS = Path(__file__).resolve().parent / "data" / "common-passwords.txt.gz"
+# Password hashing runs in these threads, at this niceness, so log-ins wait for each other and
+# not the API (hashlib.scrypt releases the GIL).
+HASHING_THREADS = 2
+HASHING_NICENESS = 10
+
+SESSION_IDLE_DAYS = 14
+# last_seen_at is written at most this often per session, not on every page.
+SESSION_TOUCH = datetime.timedelta(minutes=5)
+
+
+class AccountTaken(ValueError):
+    """The username or the email already belongs to an account."""
+
+
+def refuse_control_characters(value, what):
+    """Raise ValueError with a sentence when value holds NUL or another control character."""
+    if CONTROL_CHARACTERS.search(value):
+        raise ValueError(f"{what} cannot contain control characters (such as NUL, tabs or line breaks).")
+
+
+@functools.cache
+def common_passwords():
+    with gzip.open(COMMON_PASSWORDS, "rt", encoding="utf-8") as lines:
+        return frozenset(line.strip() for line in lines)
+
+
+def check_new_password(password):
+    """Raise ValueError with a sentence when the password may not be used."""
+    refuse_control_characters(password, "A password")
+    if len(password) < MIN_PASSWORD_LENGTH:
+        raise ValueError(f"A password needs at least {MIN_PASSWORD_LENGTH} characters.")
+    if len(password) > MAX_PASSWORD_LENGTH:
+        raise ValueError(f"A password has at most {MAX_PASSWORD_LENGTH} characters.")
+    if not password.strip() or password.lower().strip() in common_passwords():
+        raise ValueError("That password is one of the most common passwords; choose another.")
+
+
+_hashing_pool = None
+
+
+def off_the_loop(function, *args):
+    """Run a password hash in the hashing pool when greenlets share the thread (the server), so the
+    event loop goes on serving while it runs; elsewhere (the CLI, tests) run it here."""
+    global _hashing_pool
+    if not greenlets_share_thread():
+        return function(*args)
+    if _hashing_pool is None:
+        from gevent.threadpool import ThreadPool
+
+        _hashing_pool = ThreadPool(HASHING_THREADS)
+    return _hashing_pool.apply(_niced, (function, *args))
+
+
+def _niced(function, *args):
+    # On Linux the niceness belongs to the calling thread only: the worker's loop keeps its own.
+    if os.getpriority(os.PRIO_PROCESS, 0) < HASHING_NICENESS:
+        os.setpriority(os.PRIO_PROCESS, 0, HASHING_NICENESS)
+    return function(*args)
+
+
+def hash_password(password):
+    """Return a salted scrypt hash of a password."""
+    return off_the_loop(generate_password_hash, password, PASSWORD_METHOD)
+
+
+def password_matches(user, password):
+    """Return True when the password is the user's."""
+    return off_the_loop(check_password_hash, user.password_hash, password)
+
+
+@functools.cache
+def unknown_user_hash():
+    return generate_password_hash(secrets.token_hex(), PASSWORD_METHOD)
+
+
+def find_user(username):
+    """Return the user with this username, whatever its case, or None."""
+    return User.get_or_none(fn.LOWER(User.username) == username.strip().lower())
+
+
+def user_for_login(username, password):
+    """Return the user with this username and password, or None; an unknown username takes as long
+    as a wrong password, so timing does not tell which usernames exist."""
+    user = find_user(username)
+    if user is None:
+        off_the_loop(check_password_hash, unknown_user_hash(), password)
+        return None
+    return user if password_matches(user, password) else None
+
+
+def create_user(username, email, password):
+    """Create and return a user, or raise ValueError with a sentence saying what is wrong."""
+    username, email = username.strip(), email.strip().lower()
+    refuse_control_characters(username, "A username")
+    refuse_control_characters(email, "An email address")
+    if not USERNAME_PATTERN.fullmatch(username):
+        raise ValueError("A username is 3 to 32 letters, digits, dots, dashes or underscores.")
+    if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
+        raise ValueError("That does not look like an email address.")
+    check_new_password(password)
+    if find_user(username) is not None:
+        raise AccountTaken(f"The username {username!r} is already taken.")
+    if User.select().where(User.email == email).exists():
+        raise AccountTaken(f"The email {email!r} already belongs to an account.")
+    password_hash = hash_password(password)
+    try:
+        with db.atomic():
+            user = User.create(username=username, email=email, password_hash=password_hash)
+            # Sessions left behind by an account deleted outside the service (no foreign keys
+            # enforced) must not open this one if it got the same id.
+            Session.delete().where(Session.user == user.id).execute()
+            return user
+    except IntegrityError:
+        raise AccountTaken("That username or email was taken a moment ago.") from None
+
+
+def change_password(user, current_password, new_password, keep_session=None):
+    """Set a new password after checking the current one; end every other session of the account."""
+    if not password_matches(user, current_password):
+        raise ValueError("The current password is not correct.")
+    check_new_password(new_password)
+    user.password_hash = hash_password(new_password)
+    with db.atomic():
+        User.update(password_hash=user.password_hash).where(User.id == user.id).execute()
+        others = Session.user == user.id
+        if keep_session is not None:
+            others &= Session.token_hash != keep_session.token_hash
+        Session.delete().where(others).execute()
+
+
+def delete_account(user, password):
+    """Delete the account, its sessions and its keys (which fail from the next request on, and whose
+    open time sockets close) after checking the password."""
+    if not password_matches(user, password):
+        raise ValueError("The password is not correct.")
+    with db.atomic():
+        Session.delete().where(Session.user == user.id).execute()
+        ApiKey.delete().where(ApiKey.user == user.id).execute()
+        User.delete().where(User.id == user.id).execute()
+
+
+def active_key_count(user):
+    return ApiKey.active_for(user).count()
+
+
+def lock_user(user):
+    """Hold the user's row until the transaction ends, so two requests cannot both pass a cap."""
+    if isinstance(db.obj, PostgresqlDatabase):
+        User.select(User.id).where(User.id == user.id).for_update().execute()
+
+
+# Sessions: the cookie (signed by Flask) carries a random token; the database keeps its hash.
+
+def token_hash(token):
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def start_session(user):
+    """Create a session for the user; return the token for the cookie. Idle sessions are pruned."""
+    token = secrets.token_urlsafe(32)
+    with db.atomic():
+        Session.delete().where(Session.last_seen_at < idle_cutoff()).execute()
+        Session.create(token_hash=token_hash(token), user=user)
+    return token
+
+
+def idle_cutoff():
+    return utcnow() - datetime.timedelta(days=SESSION_IDLE_DAYS)
+
+
+def find_session(token):
+    """Return the live session of a cookie's token, with its user loaded, or None."""
+    if not isinstance(token, str) or not token:
+        return None
+    session = (Session.select(Session, User).join(User)
+               .where((Session.token_hash == token_hash(token)) & (Session.last_seen_at >= idle_cutoff()))
+               .first())
+    if session is not None and utcnow() - session.last_seen_at > SESSION_TOUCH:
+        session.last_seen_at = utcnow()
+        Session.update(last_seen_at=session.last_seen_at).where(Session.token_hash == session.token_hash).execute()
+    return session
+
+
+def end_session(session):
+    Session.delete().where(Session.token_hash == session.token_hash).execute()
+
+
+def end_all_sessions(user):
+    Session.delete().where(Session.user == user.id).execute()
+
+
+def _fernet(token):
+    # Derived from the cookie's token, which the database never holds: a copy of the database
+    # cannot read a pending secret.
+    key = hmac.new(token.encode(), b"pending secret", hashlib.sha256).digest()
+    return Fernet(base64.urlsafe_b64encode(key))
+
+
+def keep_pending_secret(session, token, text):
+    """Keep text (a new key's secret) with the session, encrypted, until take_pending_secret."""
+    sealed = _fernet(token).encrypt(text.encode()).decode()
+    Session.update(pending_secret=sealed).where(Session.token_hash == session.token_hash).execute()
+
+
+def take_pending_secret(session, token):
+    """Return the pending text once and forget it; None when there is none."""
+    if session.pending_secret is None:
+        return None
+    taken = (Session.update(pending_secret=None)
+             .where((Session.token_hash == session.token_hash) & Session.pending_secret.is_null(False))
+             .execute())
+    if not taken:
+        return None  # another request showed it first
+    try:
+        return _fernet(token).decrypt(session.pending_secret.encode()).decode()
+    except InvalidToken:
+        return None
