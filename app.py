@@ -89,9 +89,18 @@ def make_instance_folder():
         INSTANCE.chmod(0o700)
 
 
+class Service(Flask):
+    def make_default_options_response(self):
+        """OPTIONS: 204 with Allow and no body (Flask's own is a 200 with an empty HTML body)."""
+        response = super().make_default_options_response()
+        response.status_code = 204
+        del response.headers["Content-Type"]
+        return response
+
+
 def create_app(overrides=None):
     """Build the Flask app from the environment, then apply overrides (tests use them)."""
-    app = Flask(__name__, instance_path=str(INSTANCE), static_folder="static")
+    app = Service(__name__, instance_path=str(INSTANCE), static_folder="static")
     app.config.from_mapping(load_config())
     if overrides:
         app.config.update(overrides)
@@ -104,7 +113,7 @@ def create_app(overrides=None):
     models.init_app(app)
     ratelimit.init_app(app)
     app.register_blueprint(api)
-    app.after_request(add_strict_transport_security)
+    app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
@@ -120,8 +129,13 @@ def create_app(overrides=None):
     return app
 
 
-def add_strict_transport_security(response):
-    """Over HTTPS, tell browsers to come back only over HTTPS."""
+def add_response_headers(response):
+    """Forbid caching and MIME sniffing of every API response, errors included; over HTTPS, tell
+    browsers to come back only over HTTPS."""
+    if request.path.startswith(web.API_PREFIX):
+        # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
     if request.is_secure:
         response.headers["Strict-Transport-Security"] = "max-age=31536000"
     return response
@@ -129,9 +143,9 @@ def add_strict_transport_security(response):
 
 def render_http_error(error):
     """Render any HTTP error as {"error": {"code", "message"}}, keeping its status and headers; a
-    browser asking for a web page gets templates/error.html instead."""
+    browser (a client that prefers HTML) gets templates/error.html anywhere outside the API."""
     response = error.get_response()
-    if request.blueprint == "web" and prefers_html():
+    if not request.path.startswith(web.API_PREFIX) and prefers_html():
         response.set_data(render_template("error.html", error=error))
         response.content_type = "text/html; charset=utf-8"
         return response
@@ -163,15 +177,6 @@ def render_unexpected_error(error):
 
 
 api = Blueprint("api", __name__, url_prefix="/api/v1")
-
-
-@api.after_request
-def add_api_headers(response):
-    """Forbid caching and MIME sniffing of every API response."""
-    # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
-    response.headers["Cache-Control"] = "no-store"
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    return response
 
 
 @api.get("/demo/year")
@@ -260,6 +265,10 @@ def find_user(username):
     return user
 
 
+def has_terminal():
+    return sys.stdin.isatty()
+
+
 @users_cli.command("create")
 @click.argument("username")
 @click.option("--email", required=True, help="The user's email address.")
@@ -268,6 +277,8 @@ def create_user_command(username, email, password_stdin):
     """Create a user."""
     if password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
+    elif not has_terminal():
+        raise click.ClickException("No terminal to prompt for a password; use --password-stdin.")
     else:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     try:

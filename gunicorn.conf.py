@@ -68,6 +68,7 @@ def write_json_error(sock, status, reason, message):
     sentence = default_exceptions[status].description if status in default_exceptions else reason + "."
     body = json.dumps({"error": {"code": code, "message": sentence}}, separators=(",", ":")).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     util.write_nonblock(sock, head.encode("latin-1") + body)
 

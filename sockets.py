@@ -165,6 +165,8 @@ def init_app(app):
 def refuse_plain_http(error):
     """A plain request to a socket path: 426 rather than Werkzeug's 400, which blames "the
     browser (or proxy)". An upgrade to a plain path keeps the 400."""
+    if request.method == "OPTIONS":
+        return current_app.make_default_options_response()
     upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
     return current_app.handle_http_exception(BadRequest() if upgrade else UpgradeRequired())
 

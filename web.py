@@ -81,6 +81,7 @@ def login_required(view):
     @functools.wraps(view)
     def wrapped(**kwargs):
         if g.user is None:
+            flash("Log in first: that page belongs to your account.")
             return redirect(url_for("web.login", next=request.path))
         return view(**kwargs)
 

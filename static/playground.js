@@ -27,6 +27,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const socket = new WebSocket(`${socketBase}/time?api_key=${encodeURIComponent(keyField.value.trim())}`);
     let accepted = false;
     timeSocket = socket;
+    $("clock").textContent = "--:--:--";
     $("time-state").textContent = "Connecting...";
     $("time-open").disabled = true;
     $("time-close").disabled = false;
@@ -46,6 +47,7 @@ document.addEventListener("DOMContentLoaded", () => {
         ? `Closed (code ${event.code}${event.reason ? `: ${event.reason}` : ""}).`
         : "Refused: the server did not accept this key (missing, invalid, revoked or over its limit).";
       $("time-state").className = accepted ? "" : "refused";
+      if (!accepted) $("clock").textContent = "--:--:--";
       $("time-open").disabled = false;
       $("time-close").disabled = true;
     });
@@ -64,6 +66,8 @@ document.addEventListener("DOMContentLoaded", () => {
       const message = JSON.parse(event.data);
       const item = document.createElement("li");
       item.textContent = `${message.server_time}: ${message.message}`;
+      // Newest first, so each reply keeps the number it arrived with.
+      item.value = $("echo-log").children.length + 1;
       $("echo-log").prepend(item);
     });
     return echoSocket;

@@ -4,13 +4,17 @@ Where a server is unreachable the tests that need it skip, except under CI=true,
 import os
 import socket
 import uuid
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
-POSTGRES = ("127.0.0.1", 5432)
-REDIS = ("127.0.0.1", 6379)
-REDIS_URL = "redis://127.0.0.1:6379/15"
+# The PostgreSQL server where each test run makes (and drops) its own database, reached through
+# this URL's database; and the Redis database the tests empty.
+ADMIN_URL = urlsplit(os.environ.get("TEST_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("TEST_REDIS_URL") or "redis://127.0.0.1:6379/15"
+POSTGRES = (ADMIN_URL.hostname or "127.0.0.1", ADMIN_URL.port or 5432)
+REDIS = (urlsplit(REDIS_URL).hostname or "127.0.0.1", urlsplit(REDIS_URL).port or 6379)
 _session_database = f"apitest_{uuid.uuid4().hex[:12]}"
 _created = False
 
@@ -31,7 +35,7 @@ def require(name, address):
 
 
 def admin_connection():
-    return psycopg.connect(host=POSTGRES[0], port=POSTGRES[1], user="postgres", dbname="test", autocommit=True)
+    return psycopg.connect(ADMIN_URL.geturl(), autocommit=True)
 
 
 def postgres_url():
@@ -50,7 +54,7 @@ def postgres_url():
 
 
 def postgres_url_of(database):
-    return f"postgresql://postgres@{POSTGRES[0]}:{POSTGRES[1]}/{database}"
+    return ADMIN_URL._replace(path=f"/{database}").geturl()
 
 
 def session_database():

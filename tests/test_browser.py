@@ -136,6 +136,11 @@ def test_playground_calls_rest_ticks_the_clock_echoes_and_shows_a_refusal(page, 
     page.get_by_label("Message").fill("hello from the browser")
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#echo-log")).to_contain_text("hello from the browser")
+    page.get_by_label("Message").fill("and again")
+    page.get_by_role("button", name="Send").click()
+    newest = page.locator("#echo-log li").first
+    expect(newest).to_contain_text("and again")
+    assert newest.evaluate("item => item.value") == 2  # newest first, numbered from the top down
     page.screenshot(path=screenshots / "playground.png", full_page=True)
 
     page.get_by_role("button", name="Close").click()
@@ -143,3 +148,58 @@ def test_playground_calls_rest_ticks_the_clock_echoes_and_shows_a_refusal(page, 
     page.get_by_label("API key").fill("sk_test_" + "x" * 40)
     page.get_by_role("button", name="Open").click()
     expect(page.locator("#time-state")).to_contain_text("Refused: the server did not accept this key")
+    expect(clock).to_have_text("--:--:--")
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+def fits(page, width):
+    """The page's width in CSS pixels once laid out: no sideways scrolling when it is <= width."""
+    page.wait_for_load_state("load")
+    return page.evaluate("document.documentElement.scrollWidth") <= width
+
+
+def test_every_page_fits_a_phone(browser, server, screenshots):
+    context = browser.new_context(base_url=server.base, viewport=PHONE)
+    page = context.new_page()
+    try:
+        page.goto("/playground")
+        expect(page.get_by_text("Log in first: that page belongs to your account.")).to_be_visible()
+        for path in ("/", "/signup", "/login", "/no-such-page"):
+            page.goto(path)
+            assert fits(page, PHONE["width"]), path
+        username = "a_rather_long_username_x"
+        page.goto("/signup")
+        page.get_by_label("Username").fill(username)
+        page.get_by_label("Email").fill("a.rather.long.email.address.for.a.phone@subdomain.example-domain.com")
+        page.get_by_label("Password").fill("a long password")
+        page.get_by_role("button", name="Create account").click()
+        expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
+        assert fits(page, PHONE["width"]), "Profile"
+        secret = create_key(page, "A key with a rather long name, to see it wrap on a phone")
+        assert fits(page, PHONE["width"]), "Security with the new secret"
+        assert page.get_by_label("Secret key").input_value() == secret
+        page.screenshot(path=screenshots / "phone-security-tab.png", full_page=True)
+        page.reload()
+        assert fits(page, PHONE["width"]), "Security with keys"
+        row = page.get_by_role("row", name="A key with a rather long name")
+        row.get_by_text("Revoke", exact=True).click()
+        expect(row.get_by_role("button", name="Yes, revoke")).to_be_in_viewport()
+        page.goto("/playground")
+        assert fits(page, PHONE["width"]), "playground"
+    finally:
+        context.close()
+
+
+def test_change_the_password_and_delete_the_account(page, server):
+    sign_up(page, "gale")
+    page.get_by_label("Current password").fill("a long password")
+    page.get_by_label("New password").fill("an even longer password")
+    page.get_by_role("button", name="Change password").click()
+    expect(page.get_by_text("Your password is changed")).to_be_visible()
+    page.get_by_text("Delete this account").click()
+    page.get_by_label("Password", exact=True).fill("an even longer password")
+    page.get_by_role("button", name="Yes, delete my account").click()
+    expect(page.get_by_text("Your account is deleted")).to_be_visible()
+    expect(page.get_by_role("navigation", name="Main").get_by_role("link", name="Log in")).to_be_visible()

@@ -6,7 +6,9 @@ import peewee
 import pytest
 
 import accounts
+import app as service
 import auth
+from liveserver import run_cli, service_env
 from models import ApiKey, User, db
 
 
@@ -18,7 +20,8 @@ def test_users_create_with_password_stdin(runner):
     assert accounts.password_matches(user, "s3cret-password")
 
 
-def test_users_create_prompts_for_password(runner):
+def test_users_create_prompts_for_password_on_a_terminal(runner, monkeypatch):
+    monkeypatch.setattr(service, "has_terminal", lambda: True)
     result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
                            input="s3cret-password\ns3cret-password\n")
     assert result.exit_code == 0, result.output
@@ -117,3 +120,9 @@ def test_database_errors_end_with_a_sentence(runner, user, monkeypatch, args):
     assert result.exit_code == 1
     assert result.stderr == "Error: The database cannot be used right now: attempt to write a readonly database\n"
     assert result.stdout == ""
+
+
+def test_users_create_without_a_terminal_says_to_use_password_stdin(tmp_path):
+    result = run_cli(service_env(tmp_path), "users", "create", "bob", "--email", "bob@example.com", stdin="")
+    assert result.returncode == 1
+    assert result.stderr == "Error: No terminal to prompt for a password; use --password-stdin.\n"

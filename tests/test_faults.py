@@ -78,13 +78,14 @@ def assert_counts_wait_out(tmp_path, database, fault, while_it_lasts=lambda env:
     server = start_procfile(tmp_path, env)
     try:
         for _ in range(20):
-            assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+            assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
         wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 20)
 
         with fault:
             for _ in range(30):
-                assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
-            stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers)
+                served = requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
+                assert served.status_code == 200
+            stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10)
             assert stats.status_code == 200
             assert stats.json()["total_requests"] == 51
             server.wait_for_output("Could not write usage counts")
@@ -92,7 +93,7 @@ def assert_counts_wait_out(tmp_path, database, fault, while_it_lasts=lambda env:
             while_it_lasts(env)
 
         wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 51)
-        assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
     finally:
         server.stop()
     assert stored_total(env["DATABASE_URL"], key) == 52

@@ -153,7 +153,8 @@ def test_live_duplicate_key_headers_are_refused(live):
 def test_live_keys_outside_the_header_count_as_missing(live, header):
     server, secret = live
     value = f"Bearer {secret}" if header == "Authorization" else f"api_key={secret}" if header == "Cookie" else secret
-    response = requests.get(server.base + f"/api/v1/protected/test?api_key={secret}", headers={header: value})
+    response = requests.get(server.base + f"/api/v1/protected/test?api_key={secret}", headers={header: value},
+                            timeout=10)
     assert response.status_code == 401
     assert assert_conforms(response)["error"]["code"] == "missing_api_key"
 
@@ -170,7 +171,7 @@ def test_live_oversized_requests_get_a_json_4xx_from_gunicorn_and_the_worker_car
     answer, body = send_raw(server, head)
     assert answer == status
     assert json.loads(body) == {"error": {"code": code, "message": MESSAGES[status]}}
-    assert requests.get(server.base + "/api/v1/status").status_code == 200
+    assert requests.get(server.base + "/api/v1/status", timeout=10).status_code == 200
 
 
 def test_live_unparseable_request_lines_keep_their_key_out_of_the_log(live):

@@ -85,14 +85,15 @@ def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):
     headers = {"X-API-Key": key}
     server = start_procfile(tmp_path, env)
     try:
-        assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
         proxy.cut()
-        down = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+        down = requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
         assert down.status_code == 503
         assert down.json()["error"]["code"] == "service_unavailable"
-        assert requests.get(server.base + "/api/v1/demo/year").status_code == 200
+        assert requests.get(server.base + "/api/v1/demo/year", timeout=10).status_code == 200
         proxy.restore()
-        wait_for(lambda: requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200)
+        wait_for(lambda: requests.get(server.base + "/api/v1/protected/test", headers=headers,
+                                      timeout=10).status_code == 200)
     finally:
         server.stop()
         proxy.close()
@@ -110,7 +111,7 @@ def test_database_outage_is_503_and_recovers_without_losing_counts(tmp_path):
     served = []
 
     def call():
-        response = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+        response = requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
         served.append(response.status_code)
         return response
 

@@ -32,38 +32,38 @@ def server(tmp_path, env):
 
 def test_procfile_runs_gunicorn_with_gevent(server):
     assert "Using worker: gevent" in server.output()
-    assert requests.get(server.base + "/api/v1/status").json() == {
+    assert requests.get(server.base + "/api/v1/status", timeout=10).json() == {
         "status": "operational", "version": "1.0.0", "authenticated": False}
 
 
 def test_every_endpoint_over_http(server, env):
     key = make_key(env)
     headers = {"X-API-Key": key}
-    year = requests.get(server.base + "/api/v1/demo/year").json()
+    year = requests.get(server.base + "/api/v1/demo/year", timeout=10).json()
     assert year["year"] == time.gmtime().tm_year
-    assert requests.get(server.base + "/api/v1/status", headers=headers).json()["authenticated"] is True
-    test = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+    assert requests.get(server.base + "/api/v1/status", headers=headers, timeout=10).json()["authenticated"] is True
+    test = requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
     assert test.status_code == 200
     assert test.json()["api_key_type"] == "production"
     assert test.headers["RateLimit-Policy"] == '"free";q=100000;w=3600'
-    me = requests.get(server.base + "/api/v1/user/me", headers=headers).json()
+    me = requests.get(server.base + "/api/v1/user/me", headers=headers, timeout=10).json()
     assert (me["username"], me["api_key_count"]) == ("carol", 1)
-    stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers)
+    stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10)
     assert stats.json()["total_requests"] == 3
     assert stats.json()["requests_remaining"] == int(stats.headers["X-RateLimit-Remaining"]) == 99997
-    missing = requests.get(server.base + "/api/v1/protected/test")
+    missing = requests.get(server.base + "/api/v1/protected/test", timeout=10)
     assert missing.status_code == 401
     assert missing.json()["error"]["code"] == "missing_api_key"
     assert missing.headers["Content-Type"] == "application/json"
-    assert requests.get(server.base + "/api/v1/nope").json()["error"]["code"] == "not_found"
+    assert requests.get(server.base + "/api/v1/nope", timeout=10).json()["error"]["code"] == "not_found"
 
 
 def test_rate_limit_over_http(server, env):
     headers = {"X-API-Key": make_key(env, tier="tiny")}
-    statuses = [requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code
+    statuses = [requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code
                 for _ in range(4)]
     assert statuses == [200, 200, 429, 429]
-    refused = requests.get(server.base + "/api/v1/usage/stats", headers=headers)
+    refused = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10)
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
 
@@ -71,10 +71,10 @@ def test_rate_limit_over_http(server, env):
 def test_revocation_by_cli_takes_effect_on_the_next_request(server, env):
     key = make_key(env)
     headers = {"X-API-Key": key}
-    assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+    assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
     key_id = cli(env, "keys", "list", "carol").split("\t")[0]
     cli(env, "keys", "revoke", key_id)
-    refused = requests.get(server.base + "/api/v1/protected/test", headers=headers)
+    refused = requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "invalid_api_key"
 
@@ -82,7 +82,8 @@ def test_revocation_by_cli_takes_effect_on_the_next_request(server, env):
 @pytest.mark.parametrize("value", ["sk_live_" + "a" * 4000, "sk_live_\xe9\xe9" + "a" * 40,
                                    "sk_live_" + "a" * 40 + "\t"])
 def test_odd_key_headers_get_a_json_401(server, value):
-    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value.encode("latin-1")})
+    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value.encode("latin-1")},
+                            timeout=10)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "invalid_api_key"
 
@@ -90,7 +91,7 @@ def test_odd_key_headers_get_a_json_401(server, value):
 @pytest.mark.parametrize("value, status, code", [(b"a" * 100_000, 431, "request_header_fields_too_large"),
                                                  (b"sk_live_\x01\x7f" + b"a" * 40, 400, "bad_request")])
 def test_headers_gunicorn_cannot_parse_get_its_json_4xx(server, value, status, code):
-    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value})
+    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value}, timeout=10)
     assert response.status_code == status
     assert response.headers["Content-Type"] == "application/json"
     assert response.json()["error"]["code"] == code
@@ -111,7 +112,7 @@ def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
         with concurrent.futures.ThreadPoolExecutor(clients) as pool:
             statuses = [status for batch in pool.map(hammer, range(clients)) for status in batch]
         assert statuses == [200] * (clients * per_client)
-        stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()
+        stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10).json()
         assert stats["total_requests"] == clients * per_client + 1
     finally:
         assert server.stop(signal.SIGTERM) == 0
@@ -119,7 +120,7 @@ def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
         server = start_procfile(tmp_path, env)
         try:
-            stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()
+            stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10).json()
         finally:
             server.stop(stop_signal)
         expected = clients * per_client + 2 if stop_signal == signal.SIGINT else clients * per_client + 3
@@ -137,7 +138,7 @@ def test_python_app_py_seeds_a_demo_key_once(tmp_path):
         secret = re.search(r"^\s+(sk_test_[A-Za-z0-9]{32,})$", output, re.M)[1]
         curl = re.search(r"^\s+(curl .*)$", output, re.M)[1]
         assert curl == f'curl -H "X-API-Key: {secret}" http://127.0.0.1:{port}/api/v1/protected/test'
-        response = requests.get(shlex.split(curl)[-1], headers={"X-API-Key": secret})
+        response = requests.get(shlex.split(curl)[-1], headers={"X-API-Key": secret}, timeout=10)
         assert response.json()["api_key_name"] == "Demo key"
         assert "Using worker: gevent" in output
         assert f"Listening at: http://127.0.0.1:{port}" in output
@@ -148,14 +149,14 @@ def test_python_app_py_seeds_a_demo_key_once(tmp_path):
     server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py-2.log")
     try:
         assert "sk_test_" not in server.output()
-        stats = requests.get(server.base + "/api/v1/usage/stats", headers={"X-API-Key": secret}).json()
+        stats = requests.get(server.base + "/api/v1/usage/stats", headers={"X-API-Key": secret}, timeout=10).json()
         assert stats["total_requests"] == 2
     finally:
         server.stop()
 
 
 def test_access_log_has_no_query_string(server):
-    requests.get(server.base + "/api/v1/status?api_key=sk_test_" + "q" * 40)
+    requests.get(server.base + "/api/v1/status?api_key=sk_test_" + "q" * 40, timeout=10)
     output = server.wait_for_output('"GET /api/v1/status HTTP/1.1" 200')
     assert "qqqq" not in output
 
@@ -166,14 +167,14 @@ def test_a_killed_worker_loses_at_most_its_pending_counts(tmp_path, env):
     server = start_procfile(tmp_path, env)
     try:
         for _ in range(100):
-            assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+            assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
         wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 100)
         for _ in range(50):
-            requests.get(server.base + "/api/v1/protected/test", headers=headers)
+            requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
         worker = int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])
         os.kill(worker, signal.SIGKILL)
         wait_for(lambda: requests.get(server.base + "/api/v1/status", timeout=5).status_code == 200, seconds=30)
-        assert requests.get(server.base + "/api/v1/protected/test", headers=headers).status_code == 200
+        assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
     finally:
         server.stop()
     assert 101 <= stored_total(env["DATABASE_URL"], key) <= 151

@@ -145,10 +145,10 @@ def test_time_socket_ignores_a_key_header(server, key):
 
 def test_handshake_counts_as_a_request(server, key):
     headers = {"X-API-Key": key}
-    before = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()["total_requests"]
+    before = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10).json()["total_requests"]
     connect(server, f"/api/v1/ws/time?api_key={key}").close()
     refusal(server, "/api/v1/ws/time?api_key=" + key[:-1] + "!")
-    after = requests.get(server.base + "/api/v1/usage/stats", headers=headers).json()["total_requests"]
+    after = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10).json()["total_requests"]
     assert after == before + 2
 
 
