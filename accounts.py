@@ -9,17 +9,22 @@ import hmac
 import os
 import re
 import secrets
+import unicodedata
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 from peewee import IntegrityError, PostgresqlDatabase, fn
+from werkzeug.exceptions import ServiceUnavailable
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from models import ApiKey, Session, User, db, greenlets_share_thread, utcnow
+from models import ApiKey, Session, User, db, greenlets_share_thread, release_connection, utcnow
 
 USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Besides control characters: invisible formatting (bidi overrides, zero widths) and line or
+# paragraph separators, which can make one name look like another.
+REFUSED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
 MIN_PASSWORD_LENGTH = 8
 MAX_PASSWORD_LENGTH = 1024
 PASSWORD_METHOD = "scrypt:32768:8:1"
@@ -29,6 +34,9 @@ COMMON_PASSWORDS = Path(__file__).resolve().parent / "data" / "common-passwords.
 # not the API (hashlib.scrypt releases the GIL).
 HASHING_THREADS = 2
 HASHING_NICENESS = 10
+# Hashes waiting beyond this many are refused at once (503): a flood of log-ins must not queue
+# without end, each holding a connection and a greenlet.
+HASHING_QUEUE_LIMIT = 32
 
 SESSION_IDLE_DAYS = 14
 # last_seen_at is written at most this often per session, not on every page.
@@ -39,10 +47,25 @@ class AccountTaken(ValueError):
     """The username or the email already belongs to an account."""
 
 
+class WrongPassword(ValueError):
+    """The password given to confirm a change is not the account's."""
+
+
+class HashingBusy(ServiceUnavailable):
+    """Too many passwords are waiting to be checked (HTTP 503, with Retry-After)."""
+
+    description = "Too many log-ins are being checked right now; try again in a few seconds."
+
+    def get_headers(self, environ=None, scope=None):
+        return [*super().get_headers(environ, scope), ("Retry-After", "5")]
+
+
 def refuse_control_characters(value, what):
-    """Raise ValueError with a sentence when value holds NUL or another control character."""
-    if CONTROL_CHARACTERS.search(value):
-        raise ValueError(f"{what} cannot contain control characters (such as NUL, tabs or line breaks).")
+    """Raise ValueError with a sentence when value holds NUL, another control character or an
+    invisible formatting character."""
+    if any(unicodedata.category(character) in REFUSED_CATEGORIES for character in value):
+        raise ValueError(f"{what} cannot contain control characters (such as NUL, tabs or line breaks) "
+                         "or invisible formatting characters.")
 
 
 @functools.cache
@@ -63,19 +86,30 @@ def check_new_password(password):
 
 
 _hashing_pool = None
+_hashes_waiting = 0
 
 
 def off_the_loop(function, *args):
     """Run a password hash in the hashing pool when greenlets share the thread (the server), so the
-    event loop goes on serving while it runs; elsewhere (the CLI, tests) run it here."""
-    global _hashing_pool
+    event loop goes on serving while it runs; elsewhere (the CLI, tests) run it here. Raise
+    HashingBusy when HASHING_QUEUE_LIMIT hashes are already waiting."""
+    global _hashing_pool, _hashes_waiting
     if not greenlets_share_thread():
         return function(*args)
+    if _hashes_waiting >= HASHING_QUEUE_LIMIT:
+        raise HashingBusy()
     if _hashing_pool is None:
         from gevent.threadpool import ThreadPool
 
         _hashing_pool = ThreadPool(HASHING_THREADS)
-    return _hashing_pool.apply(_niced, (function, *args))
+    if not db.in_transaction():
+        # A pooled connection held while waiting for the pool would starve the API of connections.
+        release_connection()
+    _hashes_waiting += 1
+    try:
+        return _hashing_pool.apply(_niced, (function, *args))
+    finally:
+        _hashes_waiting -= 1
 
 
 def _niced(function, *args):
@@ -97,7 +131,7 @@ def password_matches(user, password):
 
 @functools.cache
 def unknown_user_hash():
-    return generate_password_hash(secrets.token_hex(), PASSWORD_METHOD)
+    return off_the_loop(generate_password_hash, secrets.token_hex(), PASSWORD_METHOD)
 
 
 def find_user(username):
@@ -141,25 +175,23 @@ def create_user(username, email, password):
         raise AccountTaken("That username or email was taken a moment ago.") from None
 
 
-def change_password(user, current_password, new_password, keep_session=None):
-    """Set a new password after checking the current one; end every other session of the account."""
+def change_password(user, current_password, new_password):
+    """Set a new password after checking the current one; end every session of the account (the
+    caller starts a new one for the browser that made the change)."""
     if not password_matches(user, current_password):
-        raise ValueError("The current password is not correct.")
+        raise WrongPassword("The current password is not correct.")
     check_new_password(new_password)
     user.password_hash = hash_password(new_password)
     with db.atomic():
         User.update(password_hash=user.password_hash).where(User.id == user.id).execute()
-        others = Session.user == user.id
-        if keep_session is not None:
-            others &= Session.token_hash != keep_session.token_hash
-        Session.delete().where(others).execute()
+        Session.delete().where(Session.user == user.id).execute()
 
 
 def delete_account(user, password):
     """Delete the account, its sessions and its keys (which fail from the next request on, and whose
     open time sockets close) after checking the password."""
     if not password_matches(user, password):
-        raise ValueError("The password is not correct.")
+        raise WrongPassword("The password is not correct.")
     with db.atomic():
         Session.delete().where(Session.user == user.id).execute()
         ApiKey.delete().where(ApiKey.user == user.id).execute()
@@ -183,9 +215,15 @@ def token_hash(token):
 
 
 def start_session(user):
-    """Create a session for the user; return the token for the cookie. Idle sessions are pruned."""
+    """Create a session for the user; return the token for the cookie, or None when the account
+    was deleted or its password changed since it was read (a log-in checked against the old
+    password must not outlive the change). Idle sessions are pruned."""
     token = secrets.token_urlsafe(32)
     with db.atomic():
+        lock_user(user)
+        current = User.select(User.password_hash).where(User.id == user.id).scalar()
+        if current != user.password_hash:
+            return None
         Session.delete().where(Session.last_seen_at < idle_cutoff()).execute()
         Session.create(token_hash=token_hash(token), user=user)
     return token
@@ -234,7 +272,7 @@ def take_pending_secret(session, token):
     if session.pending_secret is None:
         return None
     taken = (Session.update(pending_secret=None)
-             .where((Session.token_hash == session.token_hash) & Session.pending_secret.is_null(False))
+             .where((Session.token_hash == session.token_hash) & (Session.pending_secret == session.pending_secret))
              .execute())
     if not taken:
         return None  # another request showed it first

@@ -3,6 +3,7 @@
 import logging
 import math
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 import accounts
 import auth
+import logs
 import models
 import ratelimit
 import sockets
@@ -54,7 +56,7 @@ def load_config(environ=os.environ):
 def count(environ, name, default):
     """A whole number of at least 1 from the environment, or a sentence saying what is wrong."""
     text = environ.get(name) or str(default)
-    if not text.strip().isdigit() or int(text) < 1:
+    if not re.fullmatch(r"\s*[0-9]+\s*", text) or int(text) < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, not {text!r}.")
     return int(text)
 
@@ -107,6 +109,7 @@ def create_app(overrides=None):
     app.json.sort_keys = False
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.redact_handlers(logging.getLogger())
     if app.config["DATABASE_URL"].startswith(f"sqlite:///{INSTANCE}"):
         make_instance_folder()
 

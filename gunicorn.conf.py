@@ -3,14 +3,17 @@ its own environment (PORT, WEB_CONCURRENCY)."""
 
 import gc
 import json
-import logging
 import os
-import re
+import sys
 
 import gevent
 from gunicorn import util
 from gunicorn.glogging import Logger
 from werkzeug.exceptions import default_exceptions
+
+# `python app.py` runs gunicorn from any folder: make this project's modules importable here.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from logs import redact_handlers  # noqa: E402
 
 bind = f"0.0.0.0:{os.environ.get('PORT') or 5000}"
 workers = int(os.environ.get("WEB_CONCURRENCY") or 1)
@@ -33,28 +36,14 @@ access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
 # which counts the hops; gunicorn's default would trust it from any local client.
 forwarded_allow_ips = ""
 
-SECRET = re.compile(r"(api_key=)[^&\s']*|(sk_(?:live|test)_)[A-Za-z0-9]+")
-
-
-class RedactSecrets(logging.Filter):
-    """Replace API keys and api_key values in a log record's message with [redacted]."""
-
-    def filter(self, record):
-        record.msg = SECRET.sub(lambda match: (match[1] or match[2]) + "[redacted]", record.getMessage())
-        record.args = ()
-        return True
-
-
 class RedactingLogger(Logger):
     """gunicorn's logger, minus secrets: for a request it cannot parse, gunicorn logs the whole
     request line, query string and all; a client may put a key in the path itself."""
 
-    redact = RedactSecrets()
-
     def setup(self, cfg):
         super().setup(cfg)
-        self.error_log.addFilter(self.redact)
-        self.access_log.addFilter(self.redact)
+        redact_handlers(self.error_log)
+        redact_handlers(self.access_log)
 
 
 logger_class = RedactingLogger

@@ -29,9 +29,9 @@ PERIODS = {
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
 PUBLIC_POLICY = "public"
-# Web application throttles. Failed log-ins are limited per client IP and per (username, IP), so
-# others' failures never refuse the owner; past LOGIN_SLOWDOWN_AFTER failures for a username from
-# anywhere, each of its log-ins waits LOGIN_SLOWDOWN_SECONDS (SECURITY.md weighs this).
+# Web application throttles. Failed password checks are limited per client IP and per (username,
+# IP), so others' failures never refuse the owner; past LOGIN_SLOWDOWN_AFTER failures for a
+# username from anywhere, each of its checks waits LOGIN_SLOWDOWN_SECONDS (SECURITY.md weighs this).
 LOGIN_FAILURES_PER_IP = RateLimitItemPerMinute(20)
 LOGIN_FAILURES_PER_USERNAME_AND_IP = RateLimitItemPerMinute(5)
 LOGIN_SLOWDOWN_AFTER = RateLimitItemPerHour(20)
@@ -169,6 +169,16 @@ class Limiter:
             )
         return state
 
+
+    def give_back(self, item, identity):
+        """Take back one counted request of identity's current window, if it still has one."""
+        window_key = item.key_for(identity)
+        try:
+            if self.storage.get(window_key) > 0:
+                self.storage.incr(window_key, item.get_expiry(), amount=-1)
+        except StorageError as error:
+            log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            raise LimitStorageUnavailable() from None
 
     def used_up(self, item, identity):
         """Return the seconds until identity's window for item ends when its allowance is used up,
@@ -310,25 +320,39 @@ def ip_rate_limited(view):
     return limited
 
 
-def login_throttle(username):
-    """Before a log-in: raise RateLimitExceeded while this client IP, or this client IP for this
-    username, has failed too often; else return the seconds the attempt should wait."""
+def password_attempt(username):
+    """Count a password check (a log-in, or a form that asks for the password) before it is made, so
+    that checks running at once cannot all slip under a limit that only finished ones would reach.
+    Raise RateLimitExceeded when this client IP, or this client IP for this username, is over its
+    allowance; else return the seconds the attempt should wait (the per-username slowdown)."""
     limiter = current_app.extensions["ratelimit"]
     for item, identity in login_failure_windows(username):
-        if retry_after := limiter.used_up(item, identity):
-            raise RateLimitExceeded("Too many failed log-ins.", retry_after=retry_after)
-    slow = limiter.used_up(LOGIN_SLOWDOWN_AFTER, f"login-user:{username_identity(username)}")
+        try:
+            limiter.hit(item, identity, "login", report=False)
+        except RateLimitExceeded as error:
+            raise RateLimitExceeded("Too many failed log-ins.", retry_after=error.retry_after) from None
+    slow = limiter.used_up(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username))
     return LOGIN_SLOWDOWN_SECONDS if slow else 0
 
 
-def record_login_failure(username):
+def password_accepted(username):
+    """Give back the attempt of a right password: only failures stay counted."""
     limiter = current_app.extensions["ratelimit"]
-    windows = [*login_failure_windows(username), (LOGIN_SLOWDOWN_AFTER, f"login-user:{username_identity(username)}")]
-    for item, identity in windows:
-        try:
-            limiter.hit(item, identity, "login", report=False)
-        except RateLimitExceeded:
-            pass
+    for item, identity in login_failure_windows(username):
+        limiter.give_back(item, identity)
+
+
+def password_refused(username):
+    """Count a wrong password towards the per-username slowdown (the attempt itself is counted)."""
+    try:
+        current_app.extensions["ratelimit"].hit(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username), "login",
+                                                report=False)
+    except RateLimitExceeded:
+        pass
+
+
+def slowdown_identity(username):
+    return f"login-user:{username_identity(username)}"
 
 
 def login_failure_windows(username):

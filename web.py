@@ -27,6 +27,7 @@ ENDPOINTS = [
     ("GET", "/api/v1/usage/stats", "API key"),
 ]
 CHART_HOURS = 24
+MAX_ID = 2**63 - 1  # the largest id SQLite and PostgreSQL can hold; beyond it a URL names nothing
 API_PREFIX = "/api/"
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
@@ -89,9 +90,17 @@ def login_required(view):
 
 
 def log_in(user):
-    # A fresh session, so nothing from before the login (nor its CSRF token) carries over.
+    """Start a fresh session for the user in this browser, ending the one it had: nothing from
+    before (nor its CSRF token, nor a copy of its cookie) carries over. False when the account
+    changed under the log-in (see accounts.start_session)."""
+    if g.get("session") is not None:
+        accounts.end_session(g.session)
     session.clear()
-    session["sid"] = accounts.start_session(user)
+    token = accounts.start_session(user)
+    if token is None:
+        return False
+    session["sid"] = token
+    return True
 
 
 def local_path(target):
@@ -145,16 +154,15 @@ def login():
         flash(str(error), "error")
         return render_template("login.html"), 400
     try:
-        delay = ratelimit.login_throttle(username)
+        time.sleep(ratelimit.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("login.html", error)
-    time.sleep(delay)
     user = accounts.user_for_login(username, password)
-    if user is None:
-        ratelimit.record_login_failure(username)
+    if user is None or not log_in(user):
+        ratelimit.password_refused(username)
         flash("The username or password is incorrect.", "error")
         return render_template("login.html"), 400
-    log_in(user)
+    ratelimit.password_accepted(username)
     return redirect(local_path(request.args.get("next")) or url_for("web.settings_profile"))
 
 
@@ -192,12 +200,12 @@ def render_profile_tab(status=200):
 @bp.post("/settings/profile/password")
 @login_required
 def change_password():
-    try:
-        accounts.change_password(g.user, request.form.get("current_password", ""),
-                                 request.form.get("new_password", ""), keep_session=g.session)
-    except ValueError as error:
-        flash(str(error), "error")
-        return render_profile_tab(status=400)
+    failure = with_password_check(accounts.change_password, request.form.get("current_password", ""),
+                                  request.form.get("new_password", ""))
+    if failure:
+        return failure
+    # Every session ended with the change, this one too: a copy of this browser's cookie with it.
+    log_in(g.user)
     flash("Your password is changed, and every other session of this account is signed out.")
     return redirect(url_for("web.settings_profile"))
 
@@ -205,14 +213,35 @@ def change_password():
 @bp.post("/settings/profile/delete")
 @login_required
 def delete_account():
-    try:
-        accounts.delete_account(g.user, request.form.get("password", ""))
-    except ValueError as error:
-        flash(str(error), "error")
-        return render_profile_tab(status=400)
+    failure = with_password_check(accounts.delete_account, request.form.get("password", ""))
+    if failure:
+        return failure
     session.clear()
     flash("Your account is deleted: its API keys no longer work and its sessions are signed out.")
     return redirect(url_for("web.landing"))
+
+
+def with_password_check(change, password, *args):
+    """Make a change that the account's password confirms, throttled like a log-in (so a stolen
+    cookie cannot guess the password); return the error page, or None when it was made."""
+    username = g.user.username
+    try:
+        time.sleep(ratelimit.password_attempt(username))
+    except ratelimit.RateLimitExceeded as error:
+        flash(f"Too many wrong passwords. Try again in {error.retry_after} seconds.", "error")
+        return render_profile_tab(status=429)
+    try:
+        change(g.user, password, *args)
+    except accounts.WrongPassword as error:
+        ratelimit.password_refused(username)
+        flash(str(error), "error")
+        return render_profile_tab(status=400)
+    except ValueError as error:
+        ratelimit.password_accepted(username)
+        flash(str(error), "error")
+        return render_profile_tab(status=400)
+    ratelimit.password_accepted(username)
+    return None
 
 
 @bp.post("/settings/security/sessions/revoke")
@@ -264,7 +293,7 @@ def create_key():
     return redirect(url_for("web.settings_security"))
 
 
-@bp.post("/settings/security/keys/<int:key_id>/revoke")
+@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/revoke")
 @login_required
 def revoke_key(key_id):
     key = ApiKey.get_or_none((ApiKey.id == key_id) & (ApiKey.user == g.user))

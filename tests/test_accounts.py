@@ -3,19 +3,23 @@ password hashing off the event loop, the key-creation throttle, file modes and s
 
 import datetime
 import hashlib
+import logging
 import os
 import stat
+import sys
 import threading
 
 import gevent
 import pytest
 from limits import RateLimitItemPerHour
+from peewee import SqliteDatabase
 
 import accounts
 import app as service
 import auth
+import logs
 import ratelimit
-from models import ApiKey, Session, User, protect_sqlite_files
+from models import ApiKey, Session, User, db, protect_sqlite_files
 from test_web import SECRET_PATTERN, create_key, page
 
 
@@ -149,3 +153,60 @@ def test_deleting_an_account_deletes_its_sessions_keys_and_user(user, api_key):
     accounts.start_session(user)
     accounts.delete_account(user, "correct horse battery")
     assert Session.select().count() == ApiKey.select().count() == User.select().count() == 0
+
+
+def test_a_log_in_checked_against_the_old_password_starts_no_session(user):
+    checked = accounts.user_for_login("alice", "correct horse battery")
+    accounts.change_password(User.get_by_id(user.id), "correct horse battery", "a brand new passphrase")
+    assert accounts.start_session(checked) is None
+    accounts.delete_account(User.get_by_id(user.id), "a brand new passphrase")
+    assert accounts.start_session(checked) is None
+    assert Session.select().count() == 0
+
+
+@pytest.mark.parametrize("name", ["evil\u202etxt.exe", "zero\u200bwidth", "line\u2028break", "bom\ufeff"])
+def test_invisible_formatting_characters_are_refused_in_names(user, name):
+    with pytest.raises(ValueError, match="invisible formatting characters"):
+        auth.issue_key(user, name, "development")
+
+
+def test_a_stale_request_cannot_clear_a_newer_pending_secret(user):
+    token = accounts.start_session(user)
+    accounts.keep_pending_secret(accounts.find_session(token), token, "first")
+    stale = accounts.find_session(token)
+    accounts.keep_pending_secret(accounts.find_session(token), token, "second")
+    assert accounts.take_pending_secret(stale, token) is None
+    assert accounts.take_pending_secret(accounts.find_session(token), token) == "second"
+
+
+def test_the_hashing_queue_is_bounded(monkeypatch):
+    monkeypatch.setattr(accounts, "greenlets_share_thread", lambda: True)
+    monkeypatch.setattr(accounts, "_hashes_waiting", accounts.HASHING_QUEUE_LIMIT)
+    with pytest.raises(accounts.HashingBusy):
+        accounts.off_the_loop(len, "x")
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0661"])
+def test_max_keys_per_user_refuses_digits_that_are_not_ascii(value):
+    with pytest.raises(ValueError, match="MAX_KEYS_PER_USER must be a whole number of at least 1"):
+        service.load_config({"MAX_KEYS_PER_USER": value})
+
+
+def test_tracebacks_are_redacted_too():
+    record = logging.LogRecord("app", logging.ERROR, __file__, 1, "Unhandled error on GET %s", ("/x",), None)
+    try:
+        raise ValueError("bad key sk_live_" + "A" * 40)
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    logs.RedactSecrets().filter(record)
+    text = logging.Formatter().format(record)
+    assert "A" * 40 not in text and "sk_live_[redacted]" in text
+
+
+def test_a_request_waiting_for_the_hashing_pool_holds_no_database_connection(user, monkeypatch):
+    monkeypatch.setattr(accounts, "greenlets_share_thread", lambda: True)
+    User.get_by_id(user.id)  # the request has its connection now
+    accounts.off_the_loop(len, "x")
+    # A pooled PostgreSQL connection went back to the pool before the wait; SQLite's one stays.
+    assert db.obj.is_closed() is not isinstance(db.obj, SqliteDatabase)
+    assert User.get_by_id(user.id).username == "alice"  # and the request gets one back afterwards

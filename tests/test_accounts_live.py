@@ -4,6 +4,7 @@ passwords, file modes, the access log and proxy headers. Each browser has its ow
 (X-Forwarded-For behind TRUSTED_PROXIES=1)."""
 
 import base64
+import concurrent.futures
 import itertools
 import re
 import sqlite3
@@ -275,7 +276,8 @@ def test_keys_in_socket_paths_never_reach_the_log(server, env):
     secret = cli(env, "keys", "create", Browser(server).signup().username, "--name", "log", "--type",
                  "production").strip().splitlines()[-1]
     for path in (f"/api/v1/ws/time;api_key={secret}", f"/api/v1/ws/time/{secret}", f"/api/v1/{secret}",
-                 f"/{secret[:2]}%5F{secret[3:7]}%5F{secret[8:]}"):
+                 f"/{secret[:2]}%5F{secret[3:7]}%5F{secret[8:]}", f"/%2573k_live_{secret[8:]}",
+                 f"/{secret.upper()}", f"/settings/security/keys/{secret}/revoke"):
         requests.get(server.base + path, timeout=10)
     requests.get(server.base + "/after-the-keys", timeout=10)
     output = server.wait_for_output("/after-the-keys")
@@ -312,3 +314,71 @@ def test_forwarded_headers_are_trusted_only_behind_trusted_proxies(tmp_path, ser
 def test_no_query_string_gives_a_500(server):
     for query in ("next=%0a", "next=%00", "next=%ff%fe", "next=" + "%2F" * 5000):
         assert requests.get(server.base + "/login?" + query, timeout=10).status_code < 500
+
+
+def test_parallel_wrong_passwords_from_one_address_cannot_pass_the_limit(server):
+    owner = Browser(server).signup()
+    attacker = Browser(server)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', attacker.get("/login").text)[1]
+
+    def guess(n):
+        return attacker.http.post(server.base + "/login", data={"username": owner.username, "password": f"guess {n}",
+                                                               "csrf_token": token},
+                                  allow_redirects=False, timeout=60).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(30) as pool:
+        statuses = list(pool.map(guess, range(30)))
+    assert statuses.count(400) <= 5 and statuses.count(429) >= 25, statuses
+
+
+def test_a_flood_of_log_ins_never_takes_the_api_down(server, env):
+    secret = cli(env, "keys", "create", Browser(server).signup().username, "--name", "flood", "--type",
+                 "production").strip().splitlines()[-1]
+    pages = [Browser(server) for _ in range(120)]
+    tokens = [re.search(r'name="csrf_token" value="([^"]+)"', page.get("/login").text)[1] for page in pages]
+
+    def log_in(n):
+        return pages[n].http.post(server.base + "/login", data={"username": f"nobody{n}", "password": "a guess",
+                                                               "csrf_token": tokens[n]},
+                                  allow_redirects=False, timeout=60).status_code
+
+    def api():
+        return requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret},
+                            timeout=10).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(130) as pool:
+        logins = [pool.submit(log_in, n) for n in range(120)]
+        calls = [pool.submit(api) for _ in range(10)]
+        statuses = [login.result() for login in logins]
+        assert [call.result() for call in calls] == [200] * 10
+    assert set(statuses) <= {400, 503}, statuses
+
+
+def test_a_copied_cookie_ends_with_a_password_change_or_the_next_log_in(server):
+    browser = Browser(server).signup()
+    stolen = browser.copy()
+    response = browser.post("/settings/profile/password", {"current_password": PASSWORD,
+                                                           "new_password": "another long passphrase"},
+                            form_page="/settings/profile")
+    assert response.status_code == 302
+    assert browser.logged_in() and not stolen.logged_in()
+    stolen = browser.copy()
+    other = Browser(server).signup()
+    assert browser.login(other.username).status_code == 302
+    assert not stolen.logged_in()
+
+
+def test_the_password_forms_are_throttled_like_log_in(server):
+    browser = Browser(server).signup()
+    for _ in range(5):
+        wrong = browser.post("/settings/profile/delete", {"password": "a guess"}, form_page="/settings/profile")
+        assert wrong.status_code == 400
+    refused = browser.post("/settings/profile/delete", {"password": PASSWORD}, form_page="/settings/profile")
+    assert refused.status_code == 429 and "Too many wrong passwords" in refused.text
+    assert browser.logged_in()
+
+
+def test_a_key_id_beyond_any_database_gets_404(server):
+    browser = Browser(server).signup()
+    response = browser.post(f"/settings/security/keys/{2**64}/revoke", form_page="/settings/security")
+    assert response.status_code == 404
