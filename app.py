@@ -1,40 +1,31 @@
-"""The service: configuration, the app factory, the REST API, error rendering and the CLI."""
+"""The service: configuration, the app factory, error rendering and `python app.py`."""
 
 import logging
-import math
 import os
 import re
 import secrets
 import sys
 from pathlib import Path
 
-import click
-import peewee
-from flask import Blueprint, Flask, g, json, render_template, request
-from flask.cli import AppGroup
-from playhouse.pool import MaxConnectionsExceeded
+from flask import Flask, json, render_template, request
 from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import accounts
+import api
 import auth
+import cli
 import logs
 import models
 import ratelimit
 import sockets
 import web
-from auth import require_api_key
-from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
-from ratelimit import ip_rate_limited
+from models import DATABASE_ERRORS, User
 
-VERSION = "1.0.0"
 ROOT = Path(__file__).resolve().parent
 INSTANCE = ROOT / "instance"
-OPENAPI = json.loads((ROOT / "openapi.json").read_text())
 
 log = logging.getLogger(__name__)
-
-DATABASE_ERRORS = (peewee.OperationalError, peewee.InterfaceError, MaxConnectionsExceeded)
 
 
 def load_config(environ=os.environ):
@@ -115,7 +106,7 @@ def create_app(overrides=None):
 
     models.init_app(app)
     ratelimit.init_app(app)
-    app.register_blueprint(api)
+    app.register_blueprint(api.api)
     app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)
@@ -123,8 +114,8 @@ def create_app(overrides=None):
     for database_error in DATABASE_ERRORS:
         app.register_error_handler(database_error, render_database_error)
     app.register_error_handler(Exception, render_unexpected_error)
-    app.cli.add_command(users_cli)
-    app.cli.add_command(keys_cli)
+    app.cli.add_command(cli.users_cli)
+    app.cli.add_command(cli.keys_cli)
 
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:
@@ -177,160 +168,6 @@ def render_database_error(error):
 def render_unexpected_error(error):
     log.exception("Unhandled error on %s %s", request.method, request.path)
     return render_http_error(InternalServerError("Something went wrong on our side."))
-
-
-api = Blueprint("api", __name__, url_prefix="/api/v1")
-
-
-@api.get("/demo/year")
-@ip_rate_limited
-def demo_year():
-    now = models.utcnow()
-    return {"year": now.year, "message": f"The current year is {now.year}.", "timestamp": iso_ms(now)}
-
-
-@api.get("/status")
-@ip_rate_limited
-def status():
-    try:
-        authenticated = bool(auth.authenticate(request.headers.get("X-API-Key")))
-    except auth.ApiKeyError:
-        authenticated = False
-    return {"status": "operational", "version": VERSION, "authenticated": authenticated}
-
-
-@api.get("/protected/test")
-@require_api_key
-def protected_test():
-    key = g.api_key
-    return {
-        "success": True,
-        "message": "Your API key is valid.",
-        "api_key_name": key.name,
-        "api_key_type": key.key_type,
-        "rate_limit_tier": key.rate_limit_tier,
-        "timestamp": models.now_strings()[0],
-    }
-
-
-@api.get("/user/me")
-@require_api_key
-def user_me():
-    user = User.get_by_id(g.api_key.user_id)
-    return {
-        "user_id": user.id,
-        "username": user.username,
-        "email": user.email,
-        "created_at": iso_seconds(user.created_at),
-        "api_key_count": ApiKey.active_for(user).count(),
-    }
-
-
-@api.get("/usage/stats")
-@require_api_key
-def usage_stats():
-    key, window = g.api_key, g.rate_limit
-    return {
-        "api_key_name": key.name,
-        "total_requests": ratelimit.total_requests(key),
-        "rate_limit_tier": key.rate_limit_tier,
-        "requests_remaining": window.remaining,
-        "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
-    }
-
-
-@api.get("/openapi.json")
-@ip_rate_limited
-def openapi_document():
-    return OPENAPI
-
-
-class CommandGroup(AppGroup):
-    """Commands whose database cannot be reached or written end with a sentence, not a traceback."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except DATABASE_ERRORS as error:
-            raise click.ClickException(f"The database cannot be used right now: {error}") from None
-
-
-users_cli = CommandGroup("users", help="Manage users.")
-keys_cli = CommandGroup("keys", help="Manage API keys.")
-
-
-def find_user(username):
-    if accounts.CONTROL_CHARACTERS.search(username):
-        raise click.ClickException("A username cannot contain control characters.")
-    user = accounts.find_user(username)
-    if user is None:
-        raise click.ClickException(f"There is no user named {username!r}.")
-    return user
-
-
-def has_terminal():
-    return sys.stdin.isatty()
-
-
-@users_cli.command("create")
-@click.argument("username")
-@click.option("--email", required=True, help="The user's email address.")
-@click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
-def create_user_command(username, email, password_stdin):
-    """Create a user."""
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-    elif not has_terminal():
-        raise click.ClickException("No terminal to prompt for a password; use --password-stdin.")
-    else:
-        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
-    try:
-        user = accounts.create_user(username, email, password)
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(f"Created user {user.username} (id {user.id}).")
-
-
-@keys_cli.command("create")
-@click.argument("username")
-@click.option("--name", required=True, help="A name for the key.")
-@click.option("--type", "key_type", required=True, type=click.Choice(sorted(auth.KEY_PREFIXES)))
-@click.option("--tier", default="free", show_default=True, help="A tier of RATE_LIMIT_TIERS.")
-def create_key_command(username, name, key_type, tier):
-    """Create an API key; its secret is printed once, alone on the last line."""
-    user = find_user(username)
-    try:
-        key, secret = auth.issue_key(user, name, key_type, tier)
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(f"Created {key.key_type} key {key.name!r} (id {key.id}) for {user.username}.")
-    click.echo("Copy the secret now; it is not stored and cannot be shown again:")
-    click.echo(secret)
-
-
-@keys_cli.command("list")
-@click.argument("username")
-def list_keys_command(username):
-    """List a user's keys: id, name, type, prefix, tier, status (tab-separated; never the secret)."""
-    user = find_user(username)
-    for key in ApiKey.select().where(ApiKey.user == user).order_by(ApiKey.id):
-        state = "revoked" if key.revoked_at else "active"
-        fields = (key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state)
-        click.echo("\t".join(map(str, fields)))
-
-
-@keys_cli.command("revoke")
-@click.argument("key_id", type=int)
-def revoke_key_command(key_id):
-    """Revoke a key; it fails from the next request on."""
-    key = ApiKey.get_or_none(ApiKey.id == key_id)
-    if key is None:
-        raise click.ClickException(f"There is no API key with id {key_id}.")
-    if key.revoked_at:
-        click.echo(f"Key {key_id} was already revoked.")
-        return
-    auth.revoke_key(key)
-    click.echo(f"Revoked key {key_id} ({key.name!r}).")
 
 
 def seed_demo(base_url):

@@ -18,14 +18,20 @@ from peewee import (
     ForeignKeyField,
     IntegerField,
     IntegrityError,
+    InterfaceError,
     Model,
+    OperationalError,
     TextField,
     PostgresqlDatabase,
     SqliteDatabase,
 )
 from playhouse.db_url import connect
+from playhouse.pool import MaxConnectionsExceeded
 
 log = logging.getLogger(__name__)
+
+# What "the database cannot be used right now" looks like: a 503 for requests, a sentence for the CLI.
+DATABASE_ERRORS = (OperationalError, InterfaceError, MaxConnectionsExceeded)
 
 db = DatabaseProxy()
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import auth
-from app import VERSION
+from api import VERSION
 from models import ApiKey
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")

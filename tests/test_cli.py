@@ -6,8 +6,8 @@ import peewee
 import pytest
 
 import accounts
-import app as service
 import auth
+import cli
 from liveserver import run_cli, service_env
 from models import ApiKey, User, db
 
@@ -21,7 +21,7 @@ def test_users_create_with_password_stdin(runner):
 
 
 def test_users_create_prompts_for_password_on_a_terminal(runner, monkeypatch):
-    monkeypatch.setattr(service, "has_terminal", lambda: True)
+    monkeypatch.setattr(cli, "has_terminal", lambda: True)
     result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
                            input="s3cret-password\ns3cret-password\n")
     assert result.exit_code == 0, result.output

@@ -10,7 +10,7 @@ from openapi_core.validation.response.exceptions import ResponseValidationError
 
 import auth
 import models
-from app import VERSION
+from api import VERSION
 from contract import DOCUMENT, assert_conforms
 from models import ApiKey
 

@@ -1,0 +1,82 @@
+"""The REST API under /api/v1."""
+
+import json
+import math
+from pathlib import Path
+
+from flask import Blueprint, g, request
+
+import auth
+import models
+import ratelimit
+from auth import require_api_key
+from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
+from ratelimit import ip_rate_limited
+
+VERSION = "1.0.0"
+OPENAPI = json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())
+
+api = Blueprint("api", __name__, url_prefix="/api/v1")
+
+
+@api.get("/demo/year")
+@ip_rate_limited
+def demo_year():
+    now = models.utcnow()
+    return {"year": now.year, "message": f"The current year is {now.year}.", "timestamp": iso_ms(now)}
+
+
+@api.get("/status")
+@ip_rate_limited
+def status():
+    try:
+        authenticated = bool(auth.authenticate(request.headers.get("X-API-Key")))
+    except auth.ApiKeyError:
+        authenticated = False
+    return {"status": "operational", "version": VERSION, "authenticated": authenticated}
+
+
+@api.get("/protected/test")
+@require_api_key
+def protected_test():
+    key = g.api_key
+    return {
+        "success": True,
+        "message": "Your API key is valid.",
+        "api_key_name": key.name,
+        "api_key_type": key.key_type,
+        "rate_limit_tier": key.rate_limit_tier,
+        "timestamp": models.now_strings()[0],
+    }
+
+
+@api.get("/user/me")
+@require_api_key
+def user_me():
+    user = User.get_by_id(g.api_key.user_id)
+    return {
+        "user_id": user.id,
+        "username": user.username,
+        "email": user.email,
+        "created_at": iso_seconds(user.created_at),
+        "api_key_count": ApiKey.active_for(user).count(),
+    }
+
+
+@api.get("/usage/stats")
+@require_api_key
+def usage_stats():
+    key, window = g.api_key, g.rate_limit
+    return {
+        "api_key_name": key.name,
+        "total_requests": ratelimit.total_requests(key),
+        "rate_limit_tier": key.rate_limit_tier,
+        "requests_remaining": window.remaining,
+        "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
+    }
+
+
+@api.get("/openapi.json")
+@ip_rate_limited
+def openapi_document():
+    return OPENAPI
