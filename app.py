@@ -116,6 +116,7 @@ def create_app(overrides=None):
     app.register_error_handler(Exception, render_unexpected_error)
     app.cli.add_command(cli.users_cli)
     app.cli.add_command(cli.keys_cli)
+    app.cli.add_command(cli.db_cli)
 
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:

@@ -3,6 +3,7 @@
 import sys
 
 import click
+from flask import current_app
 from flask.cli import AppGroup
 
 import accounts
@@ -96,3 +97,16 @@ def revoke_key_command(key_id):
         return
     auth.revoke_key(key)
     click.echo(f"Revoked key {key_id} ({key.name!r}).")
+
+
+db_cli = CommandGroup("db", help="Manage the database.")
+
+
+@db_cli.command("upgrade")
+def upgrade_command():
+    """Bring the database's schema up to date (start-up does it too)."""
+    before, after = current_app.extensions["schema"]
+    if before == after:
+        click.echo(f"The database is at schema version {after}, the latest.")
+    else:
+        click.echo(f"Upgraded the database from schema version {before} to {after}.")

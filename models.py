@@ -22,11 +22,12 @@ from peewee import (
     Model,
     OperationalError,
     TextField,
-    PostgresqlDatabase,
     SqliteDatabase,
 )
 from playhouse.db_url import connect
 from playhouse.pool import MaxConnectionsExceeded
+
+import schema
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,6 @@ DATABASE_ERRORS = (OperationalError, InterfaceError, MaxConnectionsExceeded)
 db = DatabaseProxy()
 
 POOL_SIZE = 10
-SCHEMA_LOCK_ID = 0x61706B73  # any constant shared by every process of the service
 POOL_WAIT_SECONDS = 10
 SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1}
 
@@ -121,6 +121,13 @@ class ApiKey(BaseModel):
     last_used_at = DateTimeField(null=True)
     revoked_at = DateTimeField(null=True)
     total_requests = BigIntegerField(default=0)
+    expires_at = DateTimeField(null=True)
+    # Comma-separated; NULL grants every scope (keys made before scopes existed).
+    scopes = CharField(null=True, max_length=200)
+    # A rolled key's former secret, accepted until previous_expires_at.
+    previous_key_hash = CharField(null=True, max_length=64, index=True)
+    previous_display_prefix = CharField(null=True, max_length=16)
+    previous_expires_at = DateTimeField(null=True)
 
     class Meta:
         table_name = "api_keys"
@@ -245,29 +252,20 @@ def protect_sqlite_files(path):
 
 
 def init_app(app):
-    """Connect the models to DATABASE_URL, create missing tables and register connection hooks."""
+    """Connect the models to DATABASE_URL, bring its schema up to date and register connection hooks."""
     database = open_database(app.config["DATABASE_URL"])
     database.statements = Statements(database)
     db.initialize(database)
-    create_tables(database)
+    app.extensions["schema"] = schema.upgrade(database, [User, Session, ApiKey, UsageHour],
+                                              after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
-
-
-def create_tables(database):
-    """Create the missing tables. Workers that start together on PostgreSQL take turns, since two
-    concurrent CREATE ... IF NOT EXISTS can collide there."""
-    with database.connection_context(), database.atomic():
-        if isinstance(database, PostgresqlDatabase):
-            database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
-        database.create_tables([User, Session, ApiKey, UsageHour], safe=True)
-        add_username_index(database)
 
 
 def add_username_index(database):
     """Make usernames unique without regard to case. A database that already holds two usernames
     differing only in case keeps working: sign-up checks case-insensitively too."""
     try:
-        with database.atomic():
+        with database.savepoint():
             database.execute_sql(
                 "CREATE UNIQUE INDEX IF NOT EXISTS users_username_lower ON users (lower(username))")
     except IntegrityError:

@@ -1,0 +1,75 @@
+"""Schema upgrades. Each database records its schema version in `schema_version`; on start (and
+with `flask --app app db upgrade`) it is brought to the latest in place, in one transaction, one
+process at a time: workers that start together wait for the one that upgrades."""
+
+import logging
+
+from peewee import CharField, DateTimeField, PostgresqlDatabase
+from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
+
+log = logging.getLogger(__name__)
+
+SCHEMA_LOCK_ID = 0x61706B73  # any constant shared by every process of the service
+
+
+def add_key_lifecycle(database, migrator):
+    """Version 2: expiry, scopes and the previous secret of a rolled key."""
+    have = {column.name for column in database.get_columns("api_keys")}
+    columns = {
+        "expires_at": DateTimeField(null=True),
+        "scopes": CharField(null=True, max_length=200),
+        "previous_key_hash": CharField(null=True, max_length=64),
+        "previous_display_prefix": CharField(null=True, max_length=16),
+        "previous_expires_at": DateTimeField(null=True),
+    }
+    migrate(*(migrator.add_column("api_keys", name, field) for name, field in columns.items() if name not in have))
+
+
+# STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
+STEPS = [add_key_lifecycle]
+LATEST = len(STEPS) + 1
+
+
+def upgrade(database, models, after=()):
+    """Bring the database to LATEST and create what is missing; return (version before, LATEST).
+    A database without tables is created at LATEST; one with tables but no version is the first
+    release's. `after` runs last, inside the same transaction (indexes the models do not name)."""
+    with database.connection_context(), lock(database):
+        database.execute_sql("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = database.execute_sql("SELECT version FROM schema_version").fetchone()
+        if row is not None:
+            before = row[0]
+        else:
+            before = 1 if database.table_exists("api_keys") else LATEST
+            database.execute_sql("INSERT INTO schema_version (version) VALUES (%d)" % before)
+        if before > LATEST:
+            raise RuntimeError(f"The database is at schema version {before}, newer than this code's {LATEST}.")
+        migrator = PostgresqlMigrator(database) if isinstance(database, PostgresqlDatabase) else SqliteMigrator(database)
+        for step in STEPS[before - 1:]:
+            step(database, migrator)
+        # New tables and indexes come from the models, once their columns exist.
+        database.create_tables(models, safe=True)
+        for extra in after:
+            extra(database)
+        database.execute_sql("UPDATE schema_version SET version = %d" % LATEST)
+    if before < LATEST:
+        log.info("Upgraded the database from schema version %d to %d.", before, LATEST)
+    return before, LATEST
+
+
+def lock(database):
+    """A transaction that holds the schema to itself until it ends."""
+    if isinstance(database, PostgresqlDatabase):
+        transaction = database.atomic()
+
+        class Locked:
+            def __enter__(self):
+                transaction.__enter__()
+                database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_ID,))
+
+            def __exit__(self, *exc):
+                return transaction.__exit__(*exc)
+
+        return Locked()
+    # SQLite: take the write lock at BEGIN; the others wait on busy_timeout.
+    return database.atomic("IMMEDIATE")

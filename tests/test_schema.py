@@ -1,0 +1,87 @@
+"""Schema upgrades: a database made by the first release (tests/fixtures, built by that code) is
+brought to the latest schema in place, by the app and by several workers starting at once, on
+SQLite and PostgreSQL, with every user, key and count kept and the old keys still working."""
+
+import json
+import shutil
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+
+import auth
+import schema
+from app import create_app
+from conftest import TEST_TIERS
+from liveserver import cli, service_env, start_procfile
+from models import ApiKey, User, db
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SECRETS = json.loads((FIXTURES / "release1.json").read_text())
+
+
+def load_release1(database_url, tmp_path):
+    """Fill the empty database at database_url with the first release's fixture; return its URL."""
+    if database_url.startswith("sqlite"):
+        path = tmp_path / "release1.db"
+        shutil.copy(FIXTURES / "release1.db", path)
+        return f"sqlite:///{path}"
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute((FIXTURES / "release1.sql").read_text())
+        connection.execute("SET search_path TO public")
+    return database_url
+
+
+def schema_version(database_url):
+    with create_app({"DATABASE_URL": database_url}).app_context():
+        return db.execute_sql("SELECT version FROM schema_version").fetchone()[0]
+
+
+def test_a_first_release_database_upgrades_in_place(database_url, tmp_path):
+    url = load_release1(database_url, tmp_path)
+    secrets = SECRETS["postgresql" if url.startswith("postgresql") else "sqlite"]
+    app = create_app({"DATABASE_URL": url, "RATE_LIMIT_TIERS": TEST_TIERS})
+    assert app.extensions["schema"] == (1, schema.LATEST)
+    with app.app_context():
+        live = auth.authenticate(secrets["live"])
+        assert (live.name, live.key_type, live.rate_limit_tier) == ("Release 1 live", "production", "pro")
+        assert auth.authenticate(secrets["test"]).name == "Release 1 test"
+        with pytest.raises(auth.ApiKeyError):
+            auth.authenticate(secrets["revoked"])
+        assert ApiKey.get_by_id(live.id).total_requests == 7
+        assert User.get().username == "carol"
+        assert {column.name for column in db.get_columns("api_keys")} >= {
+            "expires_at", "scopes", "previous_key_hash", "previous_display_prefix", "previous_expires_at"}
+    assert app.test_client().get("/api/v1/user/me", headers={"X-API-Key": secrets["test"]}).json["api_key_count"] == 2
+    again = create_app({"DATABASE_URL": url})
+    assert again.extensions["schema"] == (schema.LATEST, schema.LATEST)
+    assert schema_version(url) == schema.LATEST
+
+
+def test_a_new_database_starts_at_the_latest_version(app):
+    assert app.extensions["schema"] == (schema.LATEST, schema.LATEST)
+
+
+def test_db_upgrade_says_where_the_database_stands(database_url, tmp_path):
+    url = load_release1(database_url, tmp_path)
+    env = service_env(tmp_path, DATABASE_URL=url)
+    assert cli(env, "db", "upgrade") == f"Upgraded the database from schema version 1 to {schema.LATEST}.\n"
+    assert cli(env, "db", "upgrade") == f"The database is at schema version {schema.LATEST}, the latest.\n"
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_workers_starting_together_upgrade_once(database, tmp_path):
+    env = service_env(tmp_path, database, WEB_CONCURRENCY="4", RATE_LIMIT_TIERS="free=1000/hour,pro=1000/hour")
+    env["DATABASE_URL"] = load_release1(env["DATABASE_URL"], tmp_path)
+    server = start_procfile(tmp_path, env)
+    try:
+        secrets = SECRETS[database]
+        for secret in (secrets["live"], secrets["test"]):
+            response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=10)
+            assert response.status_code == 200
+        output = server.output()
+    finally:
+        server.stop()
+    assert output.count(f"Upgraded the database from schema version 1 to {schema.LATEST}.") == 1
+    assert "Traceback" not in output
