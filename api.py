@@ -37,7 +37,7 @@ def status():
 
 
 @api.get("/protected/test")
-@require_api_key
+@require_api_key("test:read")
 def protected_test():
     key = g.api_key
     return {
@@ -51,7 +51,7 @@ def protected_test():
 
 
 @api.get("/user/me")
-@require_api_key
+@require_api_key("user:read")
 def user_me():
     user = User.get_by_id(g.api_key.user_id)
     return {
@@ -64,7 +64,7 @@ def user_me():
 
 
 @api.get("/usage/stats")
-@require_api_key
+@require_api_key("usage:read")
 def usage_stats():
     key, window = g.api_key, g.rate_limit
     return {
@@ -74,6 +74,16 @@ def usage_stats():
         "requests_remaining": window.remaining,
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
     }
+
+
+@api.post("/keys/revoke")
+@ip_rate_limited
+def revoke_leaked_key():
+    """Revoke the key in X-API-Key: whoever holds a secret, its owner or whoever found it in public,
+    may kill it."""
+    key = auth.authenticate(request.headers.get("X-API-Key"))
+    auth.revoke_key(key, leaked=True)
+    return {"revoked": True, "api_key_name": key.name}
 
 
 @api.get("/openapi.json")

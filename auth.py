@@ -1,29 +1,45 @@
 """API keys: the key format, issuing and revoking keys, and the guard on protected routes."""
 
+import datetime
 import functools
 import hashlib
 import re
 import secrets
 import string
+import zlib
 
 from flask import current_app, g, request
-from werkzeug.exceptions import Unauthorized
+from werkzeug.exceptions import Forbidden, Unauthorized
 
 import accounts
 import ratelimit
-from models import ApiKey, db, find_active_key, utcnow
+from models import SCOPES, ApiKey, db, find_active_key, utcnow
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
 KEY_ALPHABET = string.ascii_letters + string.digits
-KEY_BODY_LENGTH = 40
+# New secrets: 32 random characters and a 6-character base62 CRC32 of everything before it, so a
+# typo or a scanner's false positive is refused without a database lookup (GitHub's scheme). Keys
+# issued before (40 random characters) keep working.
+RANDOM_LENGTH = 32
+CHECKSUM_LENGTH = 6
+CHECKSUM_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
+CHECKSUMMED_LENGTH = len("sk_live_") + RANDOM_LENGTH + CHECKSUM_LENGTH
 KEY_PATTERN = re.compile(r"sk_(?:live|test)_[A-Za-z0-9]{32,128}")
 DISPLAY_PREFIX_LENGTH = len("sk_live_") + 4
+DURATION_PATTERN = re.compile(r"([0-9]{1,6})([smhd])")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 MAX_KEY_NAME_LENGTH = 100
 
 
 class KeyCapReached(ValueError):
     """The user already holds MAX_KEYS_PER_USER active keys."""
+
+
+class InsufficientScope(Forbidden):
+    """A valid key without the scope the endpoint needs (HTTP 403)."""
+
+    error_code = "insufficient_scope"
 
 
 class ApiKeyError(Unauthorized):
@@ -42,8 +58,33 @@ def hash_key(secret):
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def issue_key(user, name, key_type, tier="free"):
-    """Create an API key for the user; return (ApiKey, secret). The secret exists only here."""
+def parse_duration(text, allow_never=True):
+    """Seconds in a DURATION (`30d`, `24h`, `90m`, `45s`, `0`), or None for `never`; else
+    ValueError with a sentence."""
+    text = text.strip().lower()
+    if allow_never and text == "never":
+        return None
+    if text == "0":
+        return 0
+    match = DURATION_PATTERN.fullmatch(text)
+    if not match:
+        never = " or never" if allow_never else ""
+        raise ValueError(f"A duration is a number and a unit s, m, h or d (for example 30d){never}, "
+                         f"not {text!r}.")
+    return int(match[1]) * DURATION_UNITS[match[2]]
+
+
+def parse_scopes(names):
+    """The scopes named, checked and in the contract's order; every scope when none is named."""
+    names = [name.strip() for name in names if name.strip()]
+    if unknown := [name for name in names if name not in SCOPES]:
+        raise ValueError(f"Unknown scope {unknown[0]!r}; the scopes are: {', '.join(SCOPES)}.")
+    return [scope for scope in SCOPES if scope in names] if names else list(SCOPES)
+
+
+def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None):
+    """Create an API key for the user, expiring expires_in seconds from now (None: never), with the
+    given scopes (None: all); return (ApiKey, secret). The secret exists only here."""
     name = name.strip()
     accounts.refuse_control_characters(name, "A key name")
     if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
@@ -53,6 +94,10 @@ def issue_key(user, name, key_type, tier="free"):
     if tier not in ratelimit.tier_names():
         known = ", ".join(sorted(ratelimit.tier_names()))
         raise ValueError(f"Unknown rate limit tier {tier!r}; the configured tiers are: {known}.")
+    scopes = parse_scopes(scopes or [])
+    if expires_in is not None and expires_in <= 0:
+        raise ValueError("A key's expiry must be in the future.")
+    expires_at = utcnow() + datetime.timedelta(seconds=expires_in) if expires_in else None
     secret = generate_secret(key_type)
     with db.atomic():
         accounts.lock_user(user)
@@ -66,17 +111,52 @@ def issue_key(user, name, key_type, tier="free"):
             rate_limit_tier=tier,
             display_prefix=secret[:DISPLAY_PREFIX_LENGTH],
             key_hash=hash_key(secret),
+            expires_at=expires_at,
+            scopes=None if len(scopes) == len(SCOPES) else ",".join(scopes),
         )
     return key, secret
 
 
 def generate_secret(key_type):
-    """Return a new secret of the type's prefix and KEY_BODY_LENGTH characters from a CSPRNG."""
-    return KEY_PREFIXES[key_type] + "".join(secrets.choice(KEY_ALPHABET) for _ in range(KEY_BODY_LENGTH))
+    """Return a new secret: the type's prefix, RANDOM_LENGTH characters from a CSPRNG, the checksum."""
+    head = KEY_PREFIXES[key_type] + "".join(secrets.choice(KEY_ALPHABET) for _ in range(RANDOM_LENGTH))
+    return head + checksum(head)
 
 
-def revoke_key(key):
-    """Mark the key revoked; it fails from the very next request on."""
+def checksum(text):
+    """The CRC32 of text in base62 (0-9A-Za-z), left-padded with 0 to CHECKSUM_LENGTH characters."""
+    number, digits = zlib.crc32(text.encode()), []
+    while number:
+        number, digit = divmod(number, 62)
+        digits.append(CHECKSUM_ALPHABET[digit])
+    return "".join(reversed(digits)).rjust(CHECKSUM_LENGTH, "0")
+
+
+def checksum_fails(secret):
+    """True for a secret of the checksummed length whose checksum does not match."""
+    return len(secret) == CHECKSUMMED_LENGTH and checksum(secret[:-CHECKSUM_LENGTH]) != secret[-CHECKSUM_LENGTH:]
+
+
+def roll_key(key, grace):
+    """Give the key a new secret; the current one keeps working for grace seconds (0: not at all).
+    The key keeps its id, and with it its allowance, usage, scopes and expiry; return the secret."""
+    secret = generate_secret(key.key_type)
+    keep_previous = grace > 0
+    until = utcnow() + datetime.timedelta(seconds=grace) if keep_previous else None
+    with db.atomic():
+        ApiKey.update(
+            key_hash=hash_key(secret),
+            display_prefix=secret[:DISPLAY_PREFIX_LENGTH],
+            previous_key_hash=key.key_hash if keep_previous else None,
+            previous_display_prefix=key.display_prefix if keep_previous else None,
+            previous_expires_at=until,
+        ).where(ApiKey.id == key.id).execute()
+    return secret
+
+
+def revoke_key(key, leaked=False):
+    """Mark the key revoked, its current and previous secrets alike; they fail from the very next
+    request on. leaked: revoked through POST /api/v1/keys/revoke by whoever held the secret."""
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         ApiKey.update(revoked_at=key.revoked_at).where(ApiKey.id == key.id).execute()
@@ -87,25 +167,38 @@ def authenticate(secret, source="the X-API-Key header"):
     secret = (secret or "").strip()
     if not secret:
         raise ApiKeyError("missing_api_key", f"This endpoint needs an API key in {source}.")
-    key = find_active_key(hash_key(secret)) if KEY_PATTERN.fullmatch(secret) else None
+    well_formed = KEY_PATTERN.fullmatch(secret) and not checksum_fails(secret)
+    key = find_active_key(hash_key(secret)) if well_formed else None
     if key is None:
         raise ApiKeyError("invalid_api_key", "The API key is malformed, unknown or revoked.")
     return key
 
 
-def admit(secret, source="the X-API-Key header"):
-    """Authenticate a secret, then count it against its key's allowance; the key goes on g.api_key."""
+def require_scope(key, scope):
+    """Raise InsufficientScope unless the key has the scope."""
+    if scope not in key.scope_list():
+        raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {SCOPES[scope]} needs.")
+
+
+def admit(secret, scope, source="the X-API-Key header"):
+    """Authenticate a secret, check its scope, then count it against its key's allowance; the key
+    goes on g.api_key. A key without the scope is not counted."""
     g.api_key = authenticate(secret, source)
+    require_scope(g.api_key, scope)
     ratelimit.count_request(g.api_key)
     return g.api_key
 
 
-def require_api_key(view):
-    """Guard a view: X-API-Key must hold an active key with allowance left; the request is counted."""
+def require_api_key(scope):
+    """Guard a view: X-API-Key must hold an active key with the scope and allowance left; the
+    request is counted."""
 
-    @functools.wraps(view)
-    def guarded(*args, **kwargs):
-        admit(request.headers.get("X-API-Key"))
-        return view(*args, **kwargs)
+    def decorate(view):
+        @functools.wraps(view)
+        def guarded(*args, **kwargs):
+            admit(request.headers.get("X-API-Key"), scope)
+            return view(*args, **kwargs)
 
-    return guarded
+        return guarded
+
+    return decorate

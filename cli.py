@@ -1,5 +1,6 @@
 """The operator's command line (`flask --app app ...`): users and API keys."""
 
+import datetime
 import sys
 
 import click
@@ -8,7 +9,7 @@ from flask.cli import AppGroup
 
 import accounts
 import auth
-from models import DATABASE_ERRORS, ApiKey
+from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds, utcnow
 
 
 class CommandGroup(AppGroup):
@@ -62,11 +63,16 @@ def create_user_command(username, email, password_stdin):
 @click.option("--name", required=True, help="A name for the key.")
 @click.option("--type", "key_type", required=True, type=click.Choice(sorted(auth.KEY_PREFIXES)))
 @click.option("--tier", default="free", show_default=True, help="A tier of RATE_LIMIT_TIERS.")
-def create_key_command(username, name, key_type, tier):
+@click.option("--expires-in", default="never", show_default=True, metavar="DURATION",
+              help="30d, 24h, 90m, 45s or never.")
+@click.option("--scopes", default=",".join(SCOPES), show_default=True, metavar="S,S",
+              help="Comma-separated scopes.")
+def create_key_command(username, name, key_type, tier, expires_in, scopes):
     """Create an API key; its secret is printed once, alone on the last line."""
     user = find_user(username)
     try:
-        key, secret = auth.issue_key(user, name, key_type, tier)
+        key, secret = auth.issue_key(user, name, key_type, tier, expires_in=auth.parse_duration(expires_in),
+                                     scopes=scopes.split(","))
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created {key.key_type} key {key.name!r} (id {key.id}) for {user.username}.")
@@ -77,21 +83,50 @@ def create_key_command(username, name, key_type, tier):
 @keys_cli.command("list")
 @click.argument("username")
 def list_keys_command(username):
-    """List a user's keys: id, name, type, prefix, tier, status (tab-separated; never the secret)."""
+    """List a user's keys: id, name, type, prefix, tier, status (active, expired or revoked), expiry,
+    scopes (tab-separated; never the secret)."""
     user = find_user(username)
     for key in ApiKey.select().where(ApiKey.user == user).order_by(ApiKey.id):
-        state = "revoked" if key.revoked_at else "active"
-        fields = (key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state)
+        state = "revoked" if key.revoked_at else "expired" if key.is_expired() else "active"
+        expiry = iso_seconds(key.expires_at) if key.expires_at else "never"
+        fields = (key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state, expiry,
+                  ",".join(key.scope_list()))
         click.echo("\t".join(map(str, fields)))
+
+
+@keys_cli.command("roll")
+@click.argument("key_id", type=int)
+@click.option("--grace", default="24h", show_default=True, metavar="DURATION",
+              help="How long the current secret keeps working: 24h, 90m, 7d, or 0 for not at all.")
+def roll_key_command(key_id, grace):
+    """Give a key a new secret, printed once, alone on the last line; it keeps its id, allowance and usage."""
+    key = find_key(key_id)
+    if key.revoked_at or key.is_expired():
+        state = "revoked" if key.revoked_at else "expired"
+        raise click.ClickException(f"Key {key_id} is {state}; it cannot be rolled.")
+    try:
+        seconds = auth.parse_duration(grace, allow_never=False)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    secret = auth.roll_key(key, seconds)
+    until = f"until {display_time(utcnow() + datetime.timedelta(seconds=seconds))}" if seconds else "no longer"
+    click.echo(f"Rolled key {key_id} ({key.name!r}); the previous secret works {until}.")
+    click.echo("Copy the new secret now; it is not stored and cannot be shown again:")
+    click.echo(secret)
+
+
+def find_key(key_id):
+    key = ApiKey.get_or_none(ApiKey.id == key_id)
+    if key is None:
+        raise click.ClickException(f"There is no API key with id {key_id}.")
+    return key
 
 
 @keys_cli.command("revoke")
 @click.argument("key_id", type=int)
 def revoke_key_command(key_id):
     """Revoke a key; it fails from the next request on."""
-    key = ApiKey.get_or_none(ApiKey.id == key_id)
-    if key is None:
-        raise click.ClickException(f"There is no API key with id {key_id}.")
+    key = find_key(key_id)
     if key.revoked_at:
         click.echo(f"Key {key_id} was already revoked.")
         return

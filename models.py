@@ -81,6 +81,14 @@ def second_strings(second):
     return moment.strftime("%Y-%m-%dT%H:%M:%S"), display_time(moment)
 
 
+SCOPES = {
+    "test:read": "GET /api/v1/protected/test",
+    "user:read": "GET /api/v1/user/me",
+    "usage:read": "GET /api/v1/usage/stats",
+    "time:stream": "WS /api/v1/ws/time",
+}
+
+
 class BaseModel(Model):
     class Meta:
         database = db
@@ -134,8 +142,16 @@ class ApiKey(BaseModel):
 
     @classmethod
     def active_for(cls, user):
-        """Return the user's keys that are not revoked, oldest first."""
-        return cls.select().where((cls.user == user) & cls.revoked_at.is_null()).order_by(cls.id)
+        """Return the user's keys that are neither revoked nor expired, oldest first."""
+        unexpired = cls.expires_at.is_null() | (cls.expires_at > utcnow())
+        return cls.select().where((cls.user == user) & cls.revoked_at.is_null() & unexpired).order_by(cls.id)
+
+    def scope_list(self):
+        """The key's scopes; every scope for a key made before scopes existed."""
+        return self.scopes.split(",") if self.scopes else list(SCOPES)
+
+    def is_expired(self, now=None):
+        return self.expires_at is not None and self.expires_at <= (now or utcnow())
 
 
 class UsageHour(BaseModel):
@@ -164,11 +180,16 @@ class Statements:
 
     def __init__(self, database):
         p = database.param
+        # One indexed lookup finds a key by its secret or by its rolled-out previous one (SQLite
+        # and PostgreSQL each use both indexes); expiry and grace are checked on the row.
         self.find_active_key = (
-            "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix FROM api_keys "
-            f"WHERE key_hash = {p} AND revoked_at IS NULL"
+            "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix, expires_at, scopes, "
+            f"key_hash, previous_expires_at FROM api_keys WHERE (key_hash = {p} OR previous_key_hash = {p}) "
+            "AND revoked_at IS NULL"
         )
-        self.is_active = f"SELECT 1 FROM api_keys WHERE id = {p} AND revoked_at IS NULL"
+        self.is_active = (
+            f"SELECT 1 FROM api_keys WHERE id = {p} AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {p})"
+        )
         self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
         self.add_usage = (
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "
@@ -186,19 +207,26 @@ class Statements:
 
 
 def find_active_key(key_hash):
-    """Return the unrevoked ApiKey with this hash (only the fields a request needs), or None."""
-    row = db.execute_sql(db.statements.find_active_key, (key_hash,)).fetchone()
+    """Return the ApiKey whose secret, or whose previous secret within its grace period, has this
+    hash, unless it is revoked or expired (only the fields a request needs); else None."""
+    row = db.execute_sql(db.statements.find_active_key, (key_hash, key_hash)).fetchone()
     if row is None:
         return None
-    key_id, user_id, name, key_type, tier, display_prefix = row
+    key_id, user_id, name, key_type, tier, display_prefix, expires_at, scopes, current_hash, previous_until = row
+    now = utcnow()
+    expires_at = ApiKey.expires_at.python_value(expires_at)
+    if expires_at is not None and expires_at <= now:
+        return None
+    if current_hash != key_hash and not ApiKey.previous_expires_at.python_value(previous_until) > now:
+        return None
     # __no_default__ skips computing defaults for the fields the query did not fetch.
     return ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
-                  rate_limit_tier=tier, display_prefix=display_prefix)
+                  rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes)
 
 
 def key_is_active(key_id):
-    """Return True while the key exists and is not revoked."""
-    return db.execute_sql(db.statements.is_active, (key_id,)).fetchone() is not None
+    """Return True while the key exists and is neither revoked nor expired."""
+    return db.execute_sql(db.statements.is_active, (key_id, utcnow())).fetchone() is not None
 
 
 def greenlets_share_thread():

@@ -44,7 +44,8 @@ def upgrade(database, models, after=()):
             database.execute_sql("INSERT INTO schema_version (version) VALUES (%d)" % before)
         if before > LATEST:
             raise RuntimeError(f"The database is at schema version {before}, newer than this code's {LATEST}.")
-        migrator = PostgresqlMigrator(database) if isinstance(database, PostgresqlDatabase) else SqliteMigrator(database)
+        postgresql = isinstance(database, PostgresqlDatabase)
+        migrator = PostgresqlMigrator(database) if postgresql else SqliteMigrator(database)
         for step in STEPS[before - 1:]:
             step(database, migrator)
         # New tables and indexes come from the models, once their columns exist.

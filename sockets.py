@@ -180,6 +180,7 @@ def admit_socket():
         g.echo_slot = current_app.extensions["echo_slots"].take(request.remote_addr)
     elif request.endpoint == "sockets.time_stream":
         key = auth.authenticate(request.args.get("api_key"), "the api_key query parameter")
+        auth.require_scope(key, "time:stream")
         g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
         ratelimit.count_request(key)

@@ -47,7 +47,7 @@ def test_issued_secrets_match_the_key_pattern(key_type):
     secret = auth.generate_secret(key_type)
     assert auth.KEY_PATTERN.fullmatch(secret)
     assert secret.startswith(auth.KEY_PREFIXES[key_type])
-    assert len(secret) == len(auth.KEY_PREFIXES[key_type]) + auth.KEY_BODY_LENGTH
+    assert len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
 
 
 @uses_app
