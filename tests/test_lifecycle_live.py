@@ -1,0 +1,82 @@
+"""The key lifecycle on the real server (the Procfile's gunicorn), on SQLite and PostgreSQL: a key
+that expires while its time socket is open, scopes on the time socket, a roll through the CLI
+during and after its grace period, and leaked-key revocation."""
+
+import time
+
+import pytest
+import requests
+import websocket
+
+from liveserver import cli, service_env, start_procfile
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def env(request, tmp_path_factory):
+    env = service_env(tmp_path_factory.mktemp("lifecycle"), request.param)
+    cli(env, "users", "create", "dora", "--email", "dora@example.com", "--password-stdin",
+        stdin="a long password\n")
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(env, tmp_path_factory):
+    server = start_procfile(tmp_path_factory.mktemp("lifecycle-log"), env)
+    yield server
+    output = server.output()
+    server.stop()
+    assert "Traceback" not in output
+
+
+def create(env, *options):
+    return cli(env, "keys", "create", "dora", "--name", "live key", "--type", "production",
+               *options).strip().splitlines()[-1]
+
+
+def status(server, secret, path="/api/v1/protected/test"):
+    return requests.get(server.base + path, headers={"X-API-Key": secret}, timeout=10).status_code
+
+
+def close_code(ws):
+    while True:
+        opcode, data = ws.recv_data(control_frame=True)
+        if opcode == websocket.ABNF.OPCODE_CLOSE:
+            return int.from_bytes(data[:2], "big")
+
+
+def test_a_key_that_expires_fails_and_its_socket_closes_with_4401(server, env):
+    secret = create(env, "--expires-in", "3s")
+    started = time.monotonic()
+    ws = websocket.create_connection(server.base.replace("http", "ws") + f"/api/v1/ws/time?api_key={secret}",
+                                     timeout=20)
+    assert status(server, secret) == 200
+    assert close_code(ws) == 4401
+    assert time.monotonic() - started < 3 + 10
+    assert status(server, secret) == 401
+
+
+def test_the_time_socket_needs_its_scope(server, env):
+    secret = create(env, "--scopes", "test:read")
+    with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+        websocket.create_connection(server.base.replace("http", "ws") + f"/api/v1/ws/time?api_key={secret}",
+                                    timeout=10)
+    assert refused.value.status_code == 403
+    assert b'"insufficient_scope"' in refused.value.resp_body
+    assert status(server, secret) == 200
+    assert status(server, secret, "/api/v1/user/me") == 403
+
+
+def test_a_roll_through_the_cli_keeps_the_old_secret_for_its_grace_period(server, env):
+    old = create(env)
+    key_id = cli(env, "keys", "list", "dora").strip().splitlines()[-1].split("\t")[0]
+    new = cli(env, "keys", "roll", key_id, "--grace", "2s").strip().splitlines()[-1]
+    assert status(server, old) == status(server, new) == 200
+    time.sleep(2.5)
+    assert status(server, old) == 401 and status(server, new) == 200
+
+
+def test_a_leaked_key_is_revoked_by_whoever_holds_it(server, env):
+    secret = create(env)
+    response = requests.post(server.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10)
+    assert response.status_code == 200 and response.json() == {"revoked": True, "api_key_name": "live key"}
+    assert status(server, secret) == 401
