@@ -17,6 +17,7 @@ from peewee import IntegrityError, PostgresqlDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable
 from werkzeug.security import check_password_hash, generate_password_hash
 
+import securitylog
 from models import ApiKey, Session, User, db, greenlets_share_thread, release_connection, utcnow
 
 USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
@@ -146,7 +147,10 @@ def user_for_login(username, password):
     if user is None:
         off_the_loop(check_password_hash, unknown_user_hash(), password)
         return None
-    return user if password_matches(user, password) else None
+    if not password_matches(user, password):
+        securitylog.record(user.id, "user.login_failed")
+        return None
+    return user
 
 
 def create_user(username, email, password):
@@ -170,6 +174,7 @@ def create_user(username, email, password):
             # Sessions left behind by an account deleted outside the service (no foreign keys
             # enforced) must not open this one if it got the same id.
             Session.delete().where(Session.user == user.id).execute()
+            securitylog.record(user.id, "user.signup")
             return user
     except IntegrityError:
         raise AccountTaken("That username or email was taken a moment ago.") from None
@@ -185,6 +190,7 @@ def change_password(user, current_password, new_password):
     with db.atomic():
         User.update(password_hash=user.password_hash).where(User.id == user.id).execute()
         Session.delete().where(Session.user == user.id).execute()
+        securitylog.record(user.id, "user.password_changed")
 
 
 def delete_account(user, password):
@@ -226,6 +232,7 @@ def start_session(user):
             return None
         Session.delete().where(Session.last_seen_at < idle_cutoff()).execute()
         Session.create(token_hash=token_hash(token), user=user)
+        securitylog.record(user.id, "user.login")
     return token
 
 
@@ -247,11 +254,15 @@ def find_session(token):
 
 
 def end_session(session):
-    Session.delete().where(Session.token_hash == session.token_hash).execute()
+    with db.atomic():
+        if Session.delete().where(Session.token_hash == session.token_hash).execute():
+            securitylog.record(session.user_id, "user.logout")
 
 
 def end_all_sessions(user):
-    Session.delete().where(Session.user == user.id).execute()
+    with db.atomic():
+        Session.delete().where(Session.user == user.id).execute()
+        securitylog.record(user.id, "user.sessions_revoked")
 
 
 def _fernet(token):

@@ -119,6 +119,7 @@ def create_app(overrides=None):
     app.cli.add_command(cli.users_cli)
     app.cli.add_command(cli.keys_cli)
     app.cli.add_command(cli.db_cli)
+    app.cli.add_command(cli.audit_command)
 
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:

@@ -13,6 +13,7 @@ from werkzeug.exceptions import Forbidden, Unauthorized
 
 import accounts
 import ratelimit
+import securitylog
 from models import SCOPES, ApiKey, db, find_active_key, utcnow
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
@@ -114,6 +115,7 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None):
             expires_at=expires_at,
             scopes=None if len(scopes) == len(SCOPES) else ",".join(scopes),
         )
+        securitylog.record(user.id, "key.created", f"{key.name} (id {key.id}, {key.display_prefix}...)")
     return key, secret
 
 
@@ -151,6 +153,8 @@ def roll_key(key, grace):
             previous_display_prefix=key.display_prefix if keep_previous else None,
             previous_expires_at=until,
         ).where(ApiKey.id == key.id).execute()
+        securitylog.record(key.user_id, "key.rolled",
+                           f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)")
     return secret
 
 
@@ -159,7 +163,10 @@ def revoke_key(key, leaked=False):
     request on. leaked: revoked through POST /api/v1/keys/revoke by whoever held the secret."""
     if key.revoked_at is None:
         key.revoked_at = utcnow()
-        ApiKey.update(revoked_at=key.revoked_at).where(ApiKey.id == key.id).execute()
+        with db.atomic():
+            ApiKey.update(revoked_at=key.revoked_at).where(ApiKey.id == key.id).execute()
+            securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
+                               f"{key.name} (id {key.id}, {key.display_prefix}...)")
 
 
 def authenticate(secret, source="the X-API-Key header"):

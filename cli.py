@@ -1,7 +1,9 @@
 """The operator's command line (`flask --app app ...`): users and API keys."""
 
 import datetime
+import re
 import sys
+from pathlib import Path
 
 import click
 from flask import current_app
@@ -9,6 +11,7 @@ from flask.cli import AppGroup
 
 import accounts
 import auth
+import securitylog
 from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds, utcnow
 
 
@@ -132,6 +135,46 @@ def revoke_key_command(key_id):
         return
     auth.revoke_key(key)
     click.echo(f"Revoked key {key_id} ({key.name!r}).")
+
+
+# What looks like one of this service's secrets, wherever it stands in a file.
+SECRET_IN_TEXT = re.compile(r"sk_(?:live|test)_[A-Za-z0-9]{32,128}")
+
+
+@keys_cli.command("scan")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+def scan_command(paths):
+    """Find secrets in files (folders recursively): print PATH:LINE: <prefix>... checksum ok|bad,
+    never the secret; exit 1 when one with a valid checksum was found (for a pre-commit hook)."""
+    found = False
+    for path in files_under(paths):
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, 1):
+                for match in SECRET_IN_TEXT.finditer(line):
+                    secret = match[0]
+                    valid = len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
+                    click.echo(f"{path}:{number}: {secret[:auth.DISPLAY_PREFIX_LENGTH]}... "
+                               f"checksum {'ok' if valid else 'bad'}")
+                    found |= valid
+    if found:
+        sys.exit(1)
+
+
+def files_under(paths):
+    for path in paths:
+        if path.is_dir():
+            yield from sorted(file for file in path.rglob("*") if file.is_file() and ".git" not in file.parts)
+        else:
+            yield path
+
+
+@click.command("audit")
+@click.argument("username")
+def audit_command(username):
+    """Print an account's security log, newest first: ISO time, event, client IP, detail (tab-separated)."""
+    user = find_user(username)
+    for event in securitylog.recent(user.id, limit=None):
+        click.echo("\t".join((iso_seconds(event.created_at), event.event, event.ip, event.detail)))
 
 
 db_cli = CommandGroup("db", help="Manage the database.")

@@ -154,6 +154,18 @@ class ApiKey(BaseModel):
         return self.expires_at is not None and self.expires_at <= (now or utcnow())
 
 
+class SecurityEvent(BaseModel):
+    user = ForeignKeyField(User, backref="security_events", on_delete="CASCADE")
+    created_at = DateTimeField(default=utcnow)
+    event = CharField(max_length=32)
+    ip = CharField(max_length=64)
+    detail = CharField(max_length=200)
+
+    class Meta:
+        table_name = "security_events"
+        indexes = ((("user", "created_at"), False),)
+
+
 class UsageHour(BaseModel):
     api_key = ForeignKeyField(ApiKey, backref="usage_hours", on_delete="CASCADE")
     hour = DateTimeField()
@@ -284,7 +296,7 @@ def init_app(app):
     database = open_database(app.config["DATABASE_URL"])
     database.statements = Statements(database)
     db.initialize(database)
-    app.extensions["schema"] = schema.upgrade(database, [User, Session, ApiKey, UsageHour],
+    app.extensions["schema"] = schema.upgrade(database, [User, Session, ApiKey, UsageHour, SecurityEvent],
                                               after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
 

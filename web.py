@@ -13,7 +13,8 @@ from flask_wtf.csrf import CSRFProtect
 import accounts
 import auth
 import ratelimit
-from models import ApiKey, UsageHour, start_of_hour, utcnow
+import securitylog
+from models import SCOPES, ApiKey, UsageHour, start_of_hour, utcnow
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -28,6 +29,9 @@ ENDPOINTS = [
 ]
 CHART_HOURS = 24
 MAX_ID = 2**63 - 1  # the largest id SQLite and PostgreSQL can hold; beyond it a URL names nothing
+EXPIRIES = {"7d": "7 days", "30d": "30 days", "90d": "90 days", "365d": "365 days", "never": "Never"}
+# When a rolled key's current secret stops working.
+GRACES = {"0": "now", "1h": "in 1 hour", "24h": "in 24 hours", "7d": "in 7 days"}
 API_PREFIX = "/api/"
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
@@ -262,11 +266,19 @@ def settings_security():
 
 def render_security_tab(status=200, new_key=None):
     keys = list(ApiKey.select().where(ApiKey.user == g.user).order_by(ApiKey.id.desc()))
-    hours = last_hours(utcnow())
+    now = utcnow()
+    hours = last_hours(now)
     counts = UsageHour.counts_since([key.id for key in keys], hours[0])
     usage = {key.id: [counts.get((key.id, hour), 0) for hour in hours] for key in keys}
-    return render_template("settings_security.html", keys=keys, hours=hours, usage=usage,
-                           new_key=new_key, key_types=KEY_TYPES), status
+    return render_template("settings_security.html", keys=keys, hours=hours, usage=usage, now=now,
+                           new_key=new_key, key_types=KEY_TYPES, scopes=SCOPES, expiries=EXPIRIES,
+                           graces=GRACES, events=securitylog.recent(g.user.id)), status
+
+
+@bp.app_template_filter("days_until")
+def days_until(moment):
+    """Whole days from now until moment, rounded up: 'expires in N days'."""
+    return max(0, -(-(moment - utcnow()) // datetime.timedelta(days=1)))
 
 
 def last_hours(now):
@@ -278,9 +290,14 @@ def last_hours(now):
 @bp.post("/settings/security/keys")
 @login_required
 def create_key():
+    form = request.form
     try:
         ratelimit.count_key_creation(g.user)
-        key, secret = auth.issue_key(g.user, request.form.get("name", ""), request.form.get("type", ""))
+        scopes = form.getlist("scopes")
+        if "scopes_shown" in form and not scopes:
+            raise ValueError("Choose at least one scope.")
+        key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""),
+                                     expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes)
     except ratelimit.RateLimitExceeded as error:
         minutes = -(-error.retry_after // 60)
         flash(f"Too many keys created in the last hour; try again in {minutes} minutes.", "error")
@@ -293,12 +310,35 @@ def create_key():
     return redirect(url_for("web.settings_security"))
 
 
-@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/revoke")
+@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/roll")
 @login_required
-def revoke_key(key_id):
+def roll_key(key_id):
+    key = own_key(key_id)
+    if key.revoked_at or key.is_expired():
+        abort(404)
+    try:
+        grace = auth.parse_duration(request.form.get("grace", "24h"), allow_never=False)
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=400)
+    secret = auth.roll_key(key, grace)
+    accounts.keep_pending_secret(g.session, session["sid"],
+                                 json.dumps({"name": key.name, "secret": secret, "rolled": True}))
+    return redirect(url_for("web.settings_security"))
+
+
+def own_key(key_id):
+    """The logged-in user's key with this id; another user's, or none, is a 404."""
     key = ApiKey.get_or_none((ApiKey.id == key_id) & (ApiKey.user == g.user))
     if key is None:
         abort(404)
+    return key
+
+
+@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/revoke")
+@login_required
+def revoke_key(key_id):
+    key = own_key(key_id)
     auth.revoke_key(key)
     flash(f"Revoked {key.name!r}: requests with it now fail.")
     return redirect(url_for("web.settings_security"))

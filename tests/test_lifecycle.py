@@ -2,13 +2,15 @@
 checksummed secrets, expiry, scopes, roll with a grace period and leaked-key revocation."""
 
 import datetime
+import re
 import zlib
 
 import pytest
 
+import accounts
 import auth
 import models
-from models import SCOPES, ApiKey, utcnow
+from models import SCOPES, ApiKey, User, utcnow
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -186,3 +188,119 @@ def test_rolling_a_revoked_key_is_refused(runner, user):
     auth.revoke_key(key)
     result = runner.invoke(args=["keys", "roll", str(key.id)])
     assert result.exit_code == 1 and f"Key {key.id} is revoked; it cannot be rolled." in result.output
+
+
+def security_tab(client):
+    return client.get("/settings/security").get_data(as_text=True)
+
+
+def test_the_web_form_creates_a_key_with_expiry_and_scopes(logged_in):
+    response = logged_in.post("/settings/security/keys", data={
+        "name": "Scoped", "type": "production", "expires_in": "7d", "scopes_shown": "1",
+        "scopes": ["test:read", "time:stream"]})
+    assert response.status_code == 302
+    page = security_tab(logged_in)
+    secret = re.search(r'id="new-secret"[^>]*>(sk_live_[A-Za-z0-9]+)<', page)[1]
+    key = auth.authenticate(secret)
+    assert key.scope_list() == ["test:read", "time:stream"]
+    assert abs(key.expires_at - (utcnow() + datetime.timedelta(days=7))) < datetime.timedelta(minutes=1)
+    row = security_tab(logged_in).split(f'id="key-{key.id}"', 1)[1].split("</tr>", 1)[0]
+    assert '<span class="expiring">expires in 7 days</span>' in row
+    assert "<code>test:read</code> <code>time:stream</code>" in row
+
+
+def test_the_web_form_refuses_no_scope_at_all(logged_in):
+    response = logged_in.post("/settings/security/keys", data={"name": "None", "type": "production",
+                                                               "scopes_shown": "1"})
+    assert response.status_code == 400 and "Choose at least one scope." in response.get_data(as_text=True)
+    assert ApiKey.select().count() == 0
+
+
+def test_rolling_in_the_web_application_shows_the_new_secret_once_and_the_previous_deadline(logged_in, user):
+    key, old = auth.issue_key(user, "Web rolled", "production", tier="pro")
+    response = logged_in.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "1h"})
+    assert response.status_code == 302
+    page = security_tab(logged_in)
+    assert "The new secret of “Web rolled”" in page
+    new = re.search(r'id="new-secret"[^>]*>(sk_live_[A-Za-z0-9]+)<', page)[1]
+    assert auth.authenticate(new).id == auth.authenticate(old).id == key.id
+    page = security_tab(logged_in)
+    assert new not in page
+    until = ApiKey.get_by_id(key.id).previous_expires_at.strftime("%Y-%m-%d %H:%M")
+    assert f"previous secret <code>{old[:12]}...</code> valid until\n" in page and f"{until} UTC" in page
+
+
+@pytest.mark.parametrize("grace", ["forever", "never", ""])
+def test_a_bad_grace_gets_a_sentence(logged_in, user, grace):
+    key, _ = auth.issue_key(user, "Web rolled", "production")
+    response = logged_in.post(f"/settings/security/keys/{key.id}/roll", data={"grace": grace})
+    assert response.status_code == 400 and "A duration is a number and a unit" in response.get_data(as_text=True)
+
+
+def test_another_users_key_cannot_be_rolled(logged_in):
+    other = accounts.create_user("mallory", "m@example.com", "a long enough password")
+    key, _ = auth.issue_key(other, "Theirs", "production")
+    assert logged_in.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "0"}).status_code == 404
+
+
+def test_every_security_event_is_logged_without_secrets(app, client, runner):
+    password = "correct horse battery"
+    client.post("/signup", data={"username": "erin", "email": "erin@example.com", "password": password})
+    client.post("/logout")
+    client.post("/login", data={"username": "erin", "password": "not it"})
+    client.post("/login", data={"username": "erin", "password": password})
+    client.post("/settings/security/keys", data={"name": "Logged", "type": "production"})
+    secret = re.search(r'id="new-secret"[^>]*>(sk_live_[A-Za-z0-9]+)<', security_tab(client))[1]
+    key = auth.authenticate(secret)
+    client.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "0"})
+    rolled = re.search(r'id="new-secret"[^>]*>(sk_live_[A-Za-z0-9]+)<', security_tab(client))[1]
+    client.post(f"/settings/security/keys/{key.id}/revoke")
+    _, leaked = auth.issue_key(User.get(User.username == "erin"), "Leaked", "development")
+    client.post("/api/v1/keys/revoke", headers={"X-API-Key": leaked})
+    client.post("/settings/profile/password", data={"current_password": password, "new_password": "a newer passphrase"})
+    client.post("/settings/security/sessions/revoke")
+    result = runner.invoke(args=["audit", "erin"])
+    assert result.exit_code == 0
+    events = [line.split("\t") for line in result.output.strip().splitlines()]
+    assert [event[1] for event in reversed(events)] == [
+        "user.signup", "user.login", "user.logout", "user.login_failed", "user.login", "key.created", "key.rolled",
+        "key.revoked", "key.created", "key.revoked_as_leaked", "user.password_changed", "user.login",
+        "user.sessions_revoked"]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", event[0]) for event in events)
+    assert {event[2] for event in events} == {"127.0.0.1", "cli"}
+    for text in (secret, rolled, leaked, password, "a newer passphrase"):
+        assert text not in result.output and text[8:] not in result.output
+    assert secret[:12] in result.output  # the display prefix names the key
+
+
+def test_the_security_tab_shows_the_newest_50_events(logged_in, user):
+    for n in range(55):
+        auth.revoke_key(auth.issue_key(user, f"k{n}", "development")[0])
+    page = security_tab(logged_in)
+    log = page.split('id="log-heading"', 1)[1]
+    assert log.count("<tr><td") == 50
+    assert "k54 (id" in log and "k0 (id" not in log
+
+
+def test_keys_scan_reports_secrets_without_printing_them(runner, user, tmp_path):
+    tmp_path = tmp_path / "project"
+    tmp_path.mkdir()
+    _, valid = auth.issue_key(user, "Found", "production")
+    broken = valid[:-1] + ("A" if valid[-1] != "A" else "B")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "settings.py").write_text(f'API_KEY = "{valid}"\n# and a typo: {broken}\n')
+    (tmp_path / "notes.txt").write_text("nothing here\n")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text(valid)
+    result = runner.invoke(args=["keys", "scan", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"{tmp_path}/app/settings.py:1: {valid[:12]}... checksum ok",
+        f"{tmp_path}/app/settings.py:2: {broken[:12]}... checksum bad",
+    ]
+    assert valid[12:] not in result.output
+    clean = runner.invoke(args=["keys", "scan", str(tmp_path / "notes.txt")])
+    assert clean.exit_code == 0 and clean.output == ""
+    typo_only = tmp_path / "typo.txt"
+    typo_only.write_text(broken)
+    assert runner.invoke(args=["keys", "scan", str(typo_only)]).exit_code == 0

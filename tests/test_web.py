@@ -250,9 +250,11 @@ def test_security_tab_lists_each_key_with_its_details(app, logged_in, api_key):
     dev = ApiKey.get(ApiKey.name == "Alice dev")
     row = html.split(f'id="key-{dev.id}"', 1)[1].split("</tr>", 1)[0]
     cells = [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-    assert cells[:7] == ["Alice dev", "Development", f"{api_key[:12]}...", "free",
-                         dev.created_at.strftime("%Y-%m-%d %H:%M"), dev.last_used_at.strftime("%Y-%m-%d %H:%M"), "2"]
-    assert "Active" in cells[8] and "Revoke" in cells[9]
+    assert cells[:9] == ["Alice dev", "Development", f"{api_key[:12]}...", "free",
+                         dev.created_at.strftime("%Y-%m-%d %H:%M"), "never",
+                         "test:read user:read usage:read time:stream",
+                         dev.last_used_at.strftime("%Y-%m-%d %H:%M"), "2"]
+    assert "Active" in cells[10] and "Revoke" in cells[11] and "Roll" in cells[11]
     second_id = ApiKey.get(ApiKey.name == "Second").id
     second = html.split(f'id="key-{second_id}"', 1)[1].split("</tr>", 1)[0]
     assert "Second" in second and "Revoked" in second and "never" in second and "Yes, revoke" not in second
