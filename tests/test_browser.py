@@ -56,7 +56,7 @@ def server(browser, tmp_path_factory):
 
 @pytest.fixture
 def page(browser, server):
-    context = browser.new_context(base_url=server.base, viewport={"width": 1000, "height": 760})
+    context = browser.new_context(base_url=server.base, viewport={"width": 1280, "height": 800})
     context.grant_permissions(["clipboard-read", "clipboard-write"])
     page = context.new_page()
     blocked = []
@@ -102,7 +102,7 @@ def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server, screenshots):
 
     assert protected_test(server, secret).status_code == 200
     page.reload()
-    expect(page.get_by_role("cell", name="Browser key", exact=True)).to_be_visible()
+    expect(page.locator("table.keys tbody tr", has_text="Browser key")).to_be_visible()
     expect(page.get_by_label("Secret key")).to_have_count(0)
     assert secret not in page.content()
 
@@ -203,3 +203,39 @@ def test_change_the_password_and_delete_the_account(page, server):
     page.get_by_role("button", name="Yes, delete my account").click()
     expect(page.get_by_text("Your account is deleted")).to_be_visible()
     expect(page.get_by_role("navigation", name="Main").get_by_role("link", name="Log in")).to_be_visible()
+
+
+def test_create_with_expiry_and_scopes_roll_and_revoke(page, server):
+    sign_up(page, "hana")
+    page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Security").click()
+    page.get_by_label("Name", exact=True).fill("Lifecycle key")
+    page.get_by_label("Production").check()
+    page.get_by_label("Expires in").select_option("30d")
+    page.get_by_label("user:read").uncheck()
+    page.get_by_label("usage:read").uncheck()
+    page.get_by_role("button", name="Create New API Key").click()
+    first = page.get_by_label("Secret key").input_value()
+    row = page.locator("table.keys tbody tr", has_text="Lifecycle key")
+    expect(row).to_contain_text("expires in 30 days")
+    expect(row).to_contain_text("test:read time:stream")
+    assert protected_test(server, first).status_code == 200
+    me = requests.get(server.base + "/api/v1/user/me", headers={"X-API-Key": first}, timeout=5)
+    assert me.status_code == 403 and me.json()["error"]["code"] == "insufficient_scope"
+
+    row.get_by_text("Roll", exact=True).click()
+    row.get_by_label("The current secret stops working").select_option("1h")
+    row.get_by_role("button", name="Roll the secret").click()
+    expect(page.get_by_text("The new secret of “Lifecycle key”")).to_be_visible()
+    second = page.get_by_label("Secret key").input_value()
+    assert second != first
+    row = page.locator("table.keys tbody tr", has_text="Lifecycle key")
+    expect(row).to_contain_text(f"previous secret {first[:12]}... valid until")
+    assert protected_test(server, first).status_code == protected_test(server, second).status_code == 200
+    expect(page.locator("table.log-table")).to_contain_text("key.rolled")
+
+    row.get_by_text("Revoke", exact=True).click()
+    row.get_by_role("button", name="Yes, revoke").click()
+    row = page.locator("table.keys tbody tr", has_text="Lifecycle key")
+    expect(row.get_by_text("Revoked", exact=True)).to_be_visible()
+    expect(row).not_to_contain_text("previous secret")
+    assert protected_test(server, first).status_code == protected_test(server, second).status_code == 401
