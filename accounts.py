@@ -18,7 +18,7 @@ from werkzeug.exceptions import ServiceUnavailable
 from werkzeug.security import check_password_hash, generate_password_hash
 
 import securitylog
-from models import ApiKey, Session, User, db, greenlets_share_thread, release_connection, utcnow
+from models import ApiKey, SecurityEvent, Session, User, db, greenlets_share_thread, release_connection, utcnow
 
 USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
@@ -148,7 +148,8 @@ def user_for_login(username, password):
         off_the_loop(check_password_hash, unknown_user_hash(), password)
         return None
     if not password_matches(user, password):
-        securitylog.record(user.id, "user.login_failed")
+        if securitylog.failures_this_hour(user.id) < securitylog.FAILURES_RECORDED_PER_HOUR:
+            securitylog.record(user.id, "user.login_failed")
         return None
     return user
 
@@ -171,9 +172,10 @@ def create_user(username, email, password):
     try:
         with db.atomic():
             user = User.create(username=username, email=email, password_hash=password_hash)
-            # Sessions left behind by an account deleted outside the service (no foreign keys
-            # enforced) must not open this one if it got the same id.
+            # Sessions and events left behind by an account deleted outside the service (no
+            # foreign keys enforced) must not reach this one if it got the same id.
             Session.delete().where(Session.user == user.id).execute()
+            SecurityEvent.delete().where(SecurityEvent.user == user.id).execute()
             securitylog.record(user.id, "user.signup")
             return user
     except IntegrityError:
@@ -200,6 +202,7 @@ def delete_account(user, password):
         raise WrongPassword("The password is not correct.")
     with db.atomic():
         Session.delete().where(Session.user == user.id).execute()
+        SecurityEvent.delete().where(SecurityEvent.user == user.id).execute()
         ApiKey.delete().where(ApiKey.user == user.id).execute()
         User.delete().where(User.id == user.id).execute()
 

@@ -146,13 +146,15 @@ def roll_key(key, grace):
     keep_previous = grace > 0
     until = utcnow() + datetime.timedelta(seconds=grace) if keep_previous else None
     with db.atomic():
-        ApiKey.update(
+        rolled = ApiKey.update(
             key_hash=hash_key(secret),
             display_prefix=secret[:DISPLAY_PREFIX_LENGTH],
             previous_key_hash=key.key_hash if keep_previous else None,
             previous_display_prefix=key.display_prefix if keep_previous else None,
             previous_expires_at=until,
-        ).where(ApiKey.id == key.id).execute()
+        ).where((ApiKey.id == key.id) & (ApiKey.key_hash == key.key_hash)).execute()
+        if not rolled:
+            raise ValueError("The key was rolled or revoked meanwhile; reload and try again.")
         securitylog.record(key.user_id, "key.rolled",
                            f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)")
     return secret
@@ -164,9 +166,11 @@ def revoke_key(key, leaked=False):
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         with db.atomic():
-            ApiKey.update(revoked_at=key.revoked_at).where(ApiKey.id == key.id).execute()
-            securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
-                               f"{key.name} (id {key.id}, {key.display_prefix}...)")
+            # Only the first of two revocations at once records one.
+            first = ApiKey.revoked_at.is_null()
+            if ApiKey.update(revoked_at=key.revoked_at).where((ApiKey.id == key.id) & first).execute():
+                securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
+                                   f"{key.name} (id {key.id}, {key.display_prefix}...)")
 
 
 def authenticate(secret, source="the X-API-Key header"):

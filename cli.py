@@ -1,6 +1,5 @@
 """The operator's command line (`flask --app app ...`): users and API keys."""
 
-import datetime
 import re
 import sys
 from pathlib import Path
@@ -12,17 +11,26 @@ from flask.cli import AppGroup
 import accounts
 import auth
 import securitylog
-from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds, utcnow
+from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
 
 
-class CommandGroup(AppGroup):
-    """Commands whose database cannot be reached or written end with a sentence, not a traceback."""
+class SentenceOnDatabaseError:
+    """A command (or every command of a group) whose database cannot be reached or written ends
+    with a sentence, not a traceback."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except DATABASE_ERRORS as error:
             raise click.ClickException(f"The database cannot be used right now: {error}") from None
+
+
+class CommandGroup(SentenceOnDatabaseError, AppGroup):
+    pass
+
+
+class Command(SentenceOnDatabaseError, click.Command):
+    pass
 
 
 users_cli = CommandGroup("users", help="Manage users.")
@@ -74,6 +82,8 @@ def create_key_command(username, name, key_type, tier, expires_in, scopes):
     """Create an API key; its secret is printed once, alone on the last line."""
     user = find_user(username)
     try:
+        if not scopes.strip(","):
+            raise ValueError("Name at least one scope.")
         key, secret = auth.issue_key(user, name, key_type, tier, expires_in=auth.parse_duration(expires_in),
                                      scopes=scopes.split(","))
     except ValueError as error:
@@ -109,10 +119,11 @@ def roll_key_command(key_id, grace):
         raise click.ClickException(f"Key {key_id} is {state}; it cannot be rolled.")
     try:
         seconds = auth.parse_duration(grace, allow_never=False)
+        secret = auth.roll_key(key, seconds)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    secret = auth.roll_key(key, seconds)
-    until = f"until {display_time(utcnow() + datetime.timedelta(seconds=seconds))}" if seconds else "no longer"
+    previous_until = ApiKey.get_by_id(key_id).previous_expires_at
+    until = f"until {display_time(previous_until)}" if previous_until else "no longer"
     click.echo(f"Rolled key {key_id} ({key.name!r}); the previous secret works {until}.")
     click.echo("Copy the new secret now; it is not stored and cannot be shown again:")
     click.echo(secret)
@@ -137,8 +148,11 @@ def revoke_key_command(key_id):
     click.echo(f"Revoked key {key_id} ({key.name!r}).")
 
 
-# What looks like one of this service's secrets, wherever it stands in a file.
-SECRET_IN_TEXT = re.compile(r"sk_(?:live|test)_[A-Za-z0-9]{32,128}")
+# What looks like one of this service's secrets, standing on its own in a file.
+SECRET_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_])" + auth.KEY_PATTERN.pattern + r"(?![A-Za-z0-9])")
+# Lines are read in pieces of at most this many characters, so a file without line breaks (a
+# binary, a minified bundle) is not read into memory whole.
+SCAN_PIECE = 1 << 20
 
 
 @keys_cli.command("scan")
@@ -146,29 +160,52 @@ SECRET_IN_TEXT = re.compile(r"sk_(?:live|test)_[A-Za-z0-9]{32,128}")
 def scan_command(paths):
     """Find secrets in files (folders recursively): print PATH:LINE: <prefix>... checksum ok|bad,
     never the secret; exit 1 when one with a valid checksum was found (for a pre-commit hook)."""
-    found = False
+    found, unreadable = False, False
     for path in files_under(paths):
-        with path.open(encoding="utf-8", errors="replace") as lines:
-            for number, line in enumerate(lines, 1):
-                for match in SECRET_IN_TEXT.finditer(line):
-                    secret = match[0]
-                    valid = len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
-                    click.echo(f"{path}:{number}: {secret[:auth.DISPLAY_PREFIX_LENGTH]}... "
-                               f"checksum {'ok' if valid else 'bad'}")
-                    found |= valid
+        try:
+            for number, secret in secrets_in(path):
+                valid = len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
+                click.echo(f"{path}:{number}: {secret[:auth.DISPLAY_PREFIX_LENGTH]}... "
+                           f"checksum {'ok' if valid else 'bad'}")
+                found |= valid
+        except OSError as error:
+            click.echo(f"{path}: cannot be read: {error.strerror}", err=True)
+            unreadable = True
+    # 1 is kept for "a secret was found", so that a hook can tell it from a scan that failed.
     if found:
         sys.exit(1)
+    if unreadable:
+        sys.exit(2)
 
 
 def files_under(paths):
+    """Regular files: those named, and those under the folders named (not in .git)."""
     for path in paths:
         if path.is_dir():
             yield from sorted(file for file in path.rglob("*") if file.is_file() and ".git" not in file.parts)
-        else:
+        elif path.is_file():
             yield path
 
 
-@click.command("audit")
+def secrets_in(path):
+    """(line number, text) of each secret-like string in the file."""
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        number, carry = 1, ""
+        while piece := lines.readline(SCAN_PIECE):
+            text = carry + piece
+            cut = len(piece) == SCAN_PIECE and not piece.endswith("\n")
+            for match in SECRET_IN_TEXT.finditer(text):
+                if match.end() < len(carry):
+                    continue  # found in the previous piece
+                if cut and match.end() == len(text):
+                    continue  # it may go on in the next piece, and is found there
+                yield number, match[0]
+            # A piece cut inside a long line keeps its tail, so a secret across the cut is found.
+            carry = text[-200:] if cut else ""
+            number += piece.endswith("\n")
+
+
+@click.command("audit", cls=Command)
 @click.argument("username")
 def audit_command(username):
     """Print an account's security log, newest first: ISO time, event, client IP, detail (tab-separated)."""

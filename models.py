@@ -199,8 +199,9 @@ class Statements:
             f"key_hash, previous_expires_at FROM api_keys WHERE (key_hash = {p} OR previous_key_hash = {p}) "
             "AND revoked_at IS NULL"
         )
-        self.is_active = (
-            f"SELECT 1 FROM api_keys WHERE id = {p} AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {p})"
+        self.secret_is_active = (
+            f"SELECT 1 FROM api_keys WHERE (key_hash = {p} OR (previous_key_hash = {p} AND previous_expires_at > {p})) "
+            f"AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {p})"
         )
         self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
         self.add_usage = (
@@ -236,9 +237,11 @@ def find_active_key(key_hash):
                   rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes)
 
 
-def key_is_active(key_id):
-    """Return True while the key exists and is neither revoked nor expired."""
-    return db.execute_sql(db.statements.is_active, (key_id, utcnow())).fetchone() is not None
+def secret_is_active(key_hash):
+    """Return True while the secret with this hash still opens its key: the key is neither revoked
+    nor expired, and the secret is its current one or a previous one within its grace period."""
+    now = utcnow()
+    return db.execute_sql(db.statements.secret_is_active, (key_hash, key_hash, now, now)).fetchone() is not None
 
 
 def greenlets_share_thread():

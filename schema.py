@@ -34,6 +34,9 @@ def upgrade(database, models, after=()):
     """Bring the database to LATEST and create what is missing; return (version before, LATEST).
     A database without tables is created at LATEST; one with tables but no version is the first
     release's. `after` runs last, inside the same transaction (indexes the models do not name)."""
+    if current_version(database) == LATEST:
+        # Nothing to write: a read-only database (or a second worker) starts without a lock.
+        return LATEST, LATEST
     with database.connection_context(), lock(database):
         database.execute_sql("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         row = database.execute_sql("SELECT version FROM schema_version").fetchone()
@@ -56,6 +59,15 @@ def upgrade(database, models, after=()):
     if before < LATEST:
         log.info("Upgraded the database from schema version %d to %d.", before, LATEST)
     return before, LATEST
+
+
+def current_version(database):
+    """The recorded schema version, or None before there is one."""
+    with database.connection_context():
+        if not database.table_exists("schema_version"):
+            return None
+        row = database.execute_sql("SELECT version FROM schema_version").fetchone()
+        return row[0] if row else None
 
 
 def lock(database):

@@ -1,22 +1,32 @@
 """Each account's security log: who did what to the account and its keys, from which address.
 An event is written in the transaction of the change it records; never a secret or a password."""
 
+import datetime
+
 from flask import has_request_context, request
 
-from models import SecurityEvent
+from models import SecurityEvent, utcnow
 
 EVENTS = {
     "user.signup", "user.login", "user.login_failed", "user.logout", "user.password_changed",
     "user.sessions_revoked", "key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked",
 }
 SHOWN = 50
+# Failed log-ins recorded per account and hour at most: others' guesses must not bury the log.
+FAILURES_RECORDED_PER_HOUR = 20
 
 
 def record(user_id, event, detail=""):
     """Add an event to the account's log (inside the caller's transaction, where it has one)."""
     assert event in EVENTS, event
     address = request.remote_addr if has_request_context() else "cli"
-    SecurityEvent.create(user=user_id, event=event, ip=address or "-", detail=detail[:200])
+    SecurityEvent.create(user=user_id, event=event, ip=(address or "-")[:64], detail=detail[:200])
+
+
+def failures_this_hour(user_id):
+    since = utcnow() - datetime.timedelta(hours=1)
+    return (SecurityEvent.select().where((SecurityEvent.user == user_id) & (SecurityEvent.event == "user.login_failed")
+                                         & (SecurityEvent.created_at >= since)).count())
 
 
 def recent(user_id, limit=SHOWN):

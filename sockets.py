@@ -179,8 +179,10 @@ def admit_socket():
         ratelimit.limit_client_ip()
         g.echo_slot = current_app.extensions["echo_slots"].take(request.remote_addr)
     elif request.endpoint == "sockets.time_stream":
-        key = auth.authenticate(request.args.get("api_key"), "the api_key query parameter")
+        secret = request.args.get("api_key")
+        key = auth.authenticate(secret, "the api_key query parameter")
         auth.require_scope(key, "time:stream")
+        g.socket_secret_hash = auth.hash_key(secret.strip())
         g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
         ratelimit.count_request(key)
@@ -277,11 +279,14 @@ class Ticker:
         self.slots = slots
         self.check_every = check_every
         self.sockets = {}
+        self.secrets = {}
         self.threads = None
 
-    def add(self, ws, slot):
-        """Start sending ticks to ws, which holds slot (key id, token)."""
+    def add(self, ws, slot, secret_hash):
+        """Start sending ticks to ws, which holds slot (key id, token) and was opened with the
+        secret of this hash."""
         self.sockets[ws] = slot
+        self.secrets[ws] = secret_hash
         if self.threads is None:
             self.threads = [threading.Thread(target=self.every, args=(seconds, job), name=name, daemon=True)
                             for name, seconds, job in (("time-ticker", 1, self.tick),
@@ -293,6 +298,7 @@ class Ticker:
 
     def discard(self, ws):
         self.sockets.pop(ws, None)
+        self.secrets.pop(ws, None)
 
     @staticmethod
     def every(seconds, job):
@@ -326,12 +332,13 @@ class Ticker:
         self.slots.refresh(list(self.sockets.values()))
 
     def close_revoked(self, second):
-        """Close with 4401 the sockets whose key has been revoked."""
+        """Close with 4401 the sockets whose secret no longer opens its key: the key was revoked or
+        expired, or rolled and the secret's grace period is over."""
         active = {}
-        for ws, (key_id, _) in list(self.sockets.items()):
-            if key_id not in active:
-                active[key_id] = key_is_active(key_id)
-            if not active[key_id]:
+        for ws, secret_hash in list(self.secrets.items()):
+            if secret_hash not in active:
+                active[secret_hash] = secret_is_active(secret_hash)
+            if not active[secret_hash]:
                 self.discard(ws)
                 close_quietly(ws, KEY_REVOKED, "The API key was revoked.")
                 ws.event.set()
@@ -344,7 +351,7 @@ def time_stream(ws):
     ticker = current_app.extensions["ticker"]
     log.info("time socket opened for key %s (%s...)", key.id, key.display_prefix)
     ws.send(json.dumps({"type": "auth_success", "api_key_name": key.name}))
-    ticker.add(ws, g.socket_slot)
+    ticker.add(ws, g.socket_slot, g.socket_secret_hash)
     try:
         while True:
             # Client messages are ignored; receive() raises once the socket is closed by
@@ -354,8 +361,8 @@ def time_stream(ws):
         ticker.discard(ws)
 
 
-def key_is_active(key_id):
+def secret_is_active(secret_hash):
     try:
-        return models.key_is_active(key_id)
+        return models.secret_is_active(secret_hash)
     finally:
         models.release_connection()

@@ -109,7 +109,8 @@ def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server, screenshots):
     row = page.locator("table.keys tbody tr", has_text="Browser key")
     row.get_by_text("Revoke", exact=True).click()
     row.get_by_role("button", name="Yes, revoke").click()
-    expect(page.locator("table.keys tbody tr", has_text="Browser key").get_by_text("Revoked", exact=True)).to_be_visible()
+    revoked = page.locator("table.keys tbody tr", has_text="Browser key")
+    expect(revoked.get_by_text("Revoked", exact=True)).to_be_visible()
     refused = protected_test(server, secret)
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "invalid_api_key"

@@ -112,6 +112,7 @@ def test_keys_revoke_errors(runner, key_id):
     ["keys", "create", "alice", "--name", "k", "--type", "development"],
     ["keys", "revoke", "1"],
     ["users", "create", "bob", "--email", "bob@example.com", "--password-stdin"],
+    ["audit", "alice"],
 ])
 def test_database_errors_end_with_a_sentence(runner, user, monkeypatch, args):
     def fail(*args, **kwargs):

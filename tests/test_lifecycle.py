@@ -4,12 +4,15 @@ checksummed secrets, expiry, scopes, roll with a grace period and leaked-key rev
 import datetime
 import re
 import zlib
+from pathlib import Path
 
 import pytest
 
 import accounts
 import auth
+import cli
 import models
+import securitylog
 from models import SCOPES, ApiKey, User, utcnow
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -64,9 +67,10 @@ def test_an_expired_key_fails_like_any_invalid_key_and_is_not_counted(client, us
     ApiKey.update(expires_at=utcnow() - datetime.timedelta(seconds=1)).where(ApiKey.id == key.id).execute()
     response = get(client, "/api/v1/protected/test", secret)
     assert response.status_code == 401
-    assert response.json["error"] == {"code": "invalid_api_key", "message": "The API key is malformed, unknown or revoked."}
+    assert response.json["error"] == {"code": "invalid_api_key",
+                                      "message": "The API key is malformed, unknown or revoked."}
     assert get(client, "/api/v1/user/me", other).json["api_key_count"] == 1
-    assert models.key_is_active(key.id) is False
+    assert models.secret_is_active(auth.hash_key(secret)) is False
 
 
 @pytest.mark.parametrize("text, seconds", [("30d", 2592000), ("24h", 86400), ("90m", 5400), ("2s", 2),
@@ -304,3 +308,62 @@ def test_keys_scan_reports_secrets_without_printing_them(runner, user, tmp_path)
     typo_only = tmp_path / "typo.txt"
     typo_only.write_text(broken)
     assert runner.invoke(args=["keys", "scan", str(typo_only)]).exit_code == 0
+
+
+def test_revoking_twice_at_once_records_one_event(user):
+    key, _ = auth.issue_key(user, "Twice", "production")
+    stale = ApiKey.get_by_id(key.id)
+    auth.revoke_key(ApiKey.get_by_id(key.id))
+    auth.revoke_key(stale)
+    events = [event.event for event in securitylog.recent(user.id)]
+    assert events.count("key.revoked") == 1
+
+
+def test_a_roll_from_a_stale_read_is_refused(user):
+    key, _ = auth.issue_key(user, "Stale", "production")
+    stale = ApiKey.get_by_id(key.id)
+    auth.roll_key(ApiKey.get_by_id(key.id), 3600)
+    with pytest.raises(ValueError, match="The key was rolled or revoked meanwhile"):
+        auth.roll_key(stale, 3600)
+
+
+def test_a_long_client_address_is_cut_to_fit_the_log(app, user):
+    with app.test_request_context(environ_base={"REMOTE_ADDR": "x" * 300}):
+        securitylog.record(user.id, "user.logout")
+    assert securitylog.recent(user.id)[0].ip == "x" * 64
+
+
+def test_others_failed_log_ins_cannot_bury_the_log(client, user):
+    for n in range(25):
+        client.post("/login", data={"username": "alice", "password": "a guess"},
+                    environ_base={"REMOTE_ADDR": f"10.3.0.{n}"})
+    events = [event.event for event in securitylog.recent(user.id, limit=None)]
+    assert events.count("user.login_failed") == securitylog.FAILURES_RECORDED_PER_HOUR
+
+
+def test_keys_scan_reads_long_lines_in_pieces_and_ignores_lookalikes(runner, user, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "SCAN_PIECE", 64)
+    _, valid = auth.issue_key(user, "Found", "production")
+    path = tmp_path / "bundle.min.js"
+    path.write_text("first line\n" + "x = 1; " * 30 + f'k="{valid}"; ' + "y = 2; " * 30 + f"mask_{valid[3:]}\n")
+    result = runner.invoke(args=["keys", "scan", str(path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"{path}:2: {valid[:12]}... checksum ok"]
+
+
+def test_keys_scan_tells_an_unreadable_file_from_a_found_secret(runner, user, tmp_path, monkeypatch):
+    path = tmp_path / "locked.txt"
+    path.write_text("nothing")
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "open", refuse)
+    result = runner.invoke(args=["keys", "scan", str(path)])
+    assert result.exit_code == 2
+    assert f"{path}: cannot be read: Permission denied" in result.stderr
+
+
+def test_the_cli_refuses_an_empty_scope_list(runner, user):
+    result = runner.invoke(args=["keys", "create", "alice", "--name", "x", "--type", "development", "--scopes", ""])
+    assert result.exit_code == 1 and "Name at least one scope." in result.output

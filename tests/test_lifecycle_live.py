@@ -80,3 +80,16 @@ def test_a_leaked_key_is_revoked_by_whoever_holds_it(server, env):
     response = requests.post(server.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10)
     assert response.status_code == 200 and response.json() == {"revoked": True, "api_key_name": "live key"}
     assert status(server, secret) == 401
+
+
+def test_a_socket_opened_with_a_rolled_out_secret_closes_with_4401(server, env):
+    old = create(env)
+    ws = websocket.create_connection(server.base.replace("http", "ws") + f"/api/v1/ws/time?api_key={old}",
+                                     timeout=20)
+    ws.recv()
+    key_id = cli(env, "keys", "list", "dora").strip().splitlines()[-1].split("\t")[0]
+    new = cli(env, "keys", "roll", key_id, "--grace", "0").strip().splitlines()[-1]
+    started = time.monotonic()
+    assert close_code(ws) == 4401
+    assert time.monotonic() - started < 10
+    assert status(server, new) == 200
