@@ -40,6 +40,8 @@ HASHING_NICENESS = 10
 HASHING_QUEUE_LIMIT = 32
 
 SESSION_IDLE_DAYS = 14
+# An account's sessions beyond the newest this many end (the oldest first).
+MAX_SESSIONS = 50
 # last_seen_at is written at most this often per session, not on every page.
 SESSION_TOUCH = datetime.timedelta(minutes=5)
 
@@ -236,7 +238,17 @@ def start_session(user):
         Session.delete().where(Session.last_seen_at < idle_cutoff()).execute()
         Session.create(token_hash=token_hash(token), user=user)
         securitylog.record(user.id, "user.login")
+        # Log-ins are not limited when they succeed: keep what each adds (a session, an event) bounded.
+        keep_newest(Session, Session.user == user.id, Session.last_seen_at, Session.token_hash, MAX_SESSIONS)
+        keep_newest(SecurityEvent, SecurityEvent.user == user.id, SecurityEvent.created_at, SecurityEvent.id,
+                    securitylog.KEPT)
     return token
+
+
+def keep_newest(model, belongs, newest, key, count):
+    """Delete the rows that belong, beyond the newest count."""
+    kept = model.select(key).where(belongs).order_by(newest.desc(), key.desc()).limit(count)
+    model.delete().where(belongs & key.not_in(kept)).execute()
 
 
 def idle_cutoff():

@@ -12,6 +12,8 @@ EVENTS = {
     "user.sessions_revoked", "key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked",
 }
 SHOWN = 50
+# Events kept per account; older ones are pruned at each log-in.
+KEPT = 1000
 # Failed log-ins recorded per account and hour at most: others' guesses must not bury the log.
 FAILURES_RECORDED_PER_HOUR = 20
 

@@ -210,3 +210,12 @@ def test_a_request_waiting_for_the_hashing_pool_holds_no_database_connection(use
     # A pooled PostgreSQL connection went back to the pool before the wait; SQLite's one stays.
     assert db.obj.is_closed() is not isinstance(db.obj, SqliteDatabase)
     assert User.get_by_id(user.id).username == "alice"  # and the request gets one back afterwards
+
+
+def test_an_account_keeps_its_newest_sessions_and_events_only(user, monkeypatch):
+    monkeypatch.setattr(accounts, "MAX_SESSIONS", 3)
+    monkeypatch.setattr(accounts.securitylog, "KEPT", 5)
+    tokens = [accounts.start_session(user) for _ in range(6)]
+    assert Session.select().where(Session.user == user.id).count() == 3
+    assert accounts.find_session(tokens[-1]) is not None and accounts.find_session(tokens[0]) is None
+    assert len(accounts.securitylog.recent(user.id, limit=None)) == 5

@@ -3,7 +3,7 @@ brought to the latest schema in place, by the app and by several workers startin
 SQLite and PostgreSQL, with every user, key and count kept and the old keys still working."""
 
 import json
-import shutil
+import sqlite3
 from pathlib import Path
 
 import psycopg
@@ -24,8 +24,11 @@ SECRETS = json.loads((FIXTURES / "release1.json").read_text())
 def load_release1(database_url, tmp_path):
     """Fill the empty database at database_url with the first release's fixture; return its URL."""
     if database_url.startswith("sqlite"):
+        # The first release's database as `sqlite3 .dump` wrote it (a .db file is local state).
         path = tmp_path / "release1.db"
-        shutil.copy(FIXTURES / "release1.db", path)
+        with sqlite3.connect(path) as connection:
+            connection.executescript((FIXTURES / "release1.sqlite.sql").read_text())
+        connection.close()
         return f"sqlite:///{path}"
     with psycopg.connect(database_url, autocommit=True) as connection:
         connection.execute((FIXTURES / "release1.sql").read_text())
