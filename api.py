@@ -8,7 +8,7 @@ from flask import Blueprint, g, request
 
 import auth
 import models
-import ratelimit
+import usage
 from auth import require_api_key
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
@@ -69,7 +69,7 @@ def usage_stats():
     key, window = g.api_key, g.rate_limit
     return {
         "api_key_name": key.name,
-        "total_requests": ratelimit.total_requests(key),
+        "total_requests": usage.total_requests(key),
         "rate_limit_tier": key.rate_limit_tier,
         "requests_remaining": window.remaining,
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),

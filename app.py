@@ -19,6 +19,7 @@ import logs
 import models
 import ratelimit
 import sockets
+import usage
 import web
 from models import DATABASE_ERRORS, User
 
@@ -106,6 +107,7 @@ def create_app(overrides=None):
 
     models.init_app(app)
     ratelimit.init_app(app)
+    usage.init_app(app)
     app.register_blueprint(api.api)
     app.after_request(add_response_headers)
     sockets.init_app(app)

@@ -1,5 +1,5 @@
-"""Request allowances per API key and per client IP on the `limits` library, the rate-limit
-headers, and the per-key usage counts that are written to the database once a second."""
+"""Request allowances per API key and per client IP on the `limits` library, and the rate-limit
+headers."""
 
 import collections
 import functools
@@ -16,7 +16,7 @@ from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from models import ApiKey, db, release_connection, start_of_hour, utcnow
+from models import ApiKey, db
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ LOGIN_SLOWDOWN_AFTER = RateLimitItemPerHour(20)
 LOGIN_SLOWDOWN_SECONDS = 1.0
 SIGNUPS_PER_IP = RateLimitItemPerHour(20)
 KEY_CREATIONS_PER_ACCOUNT = RateLimitItemPerHour(30)
-FLUSH_INTERVAL = 1.0
 
 RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
 RateLimitState.__doc__ = "One request's place in its window; reset is in epoch seconds."
@@ -193,69 +192,6 @@ class Limiter:
             raise LimitStorageUnavailable() from None
 
 
-class UsageCounter:
-    """Counts requests per key in memory and adds them to the database (lifetime and per-hour
-    counts) in one transaction at most FLUSH_INTERVAL later, so no request pays for a write."""
-
-    def __init__(self, database, interval=FLUSH_INTERVAL):
-        self.database = database
-        self.interval = interval
-        self.pending = collections.Counter()
-        self.pending_lock = threading.Lock()
-        self.flush_lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.flusher = None
-
-    def add(self, key_id):
-        """Count one request for the key."""
-        with self.pending_lock:
-            self.pending[key_id] += 1
-        if self.flusher is None:
-            self.flusher = threading.Thread(target=self.flush_periodically, daemon=True)
-            self.flusher.start()
-
-    def total(self, key_id):
-        """Return the key's lifetime count: what the database holds plus what is pending here."""
-        with self.flush_lock:
-            row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
-            with self.pending_lock:
-                return (row[0] if row else 0) + self.pending[key_id]
-
-    def flush(self):
-        """Write the pending counts in one transaction; on failure keep them for the next try."""
-        with self.flush_lock:
-            with self.pending_lock:
-                counts, self.pending = self.pending, collections.Counter()
-            if not counts:
-                return
-            used_at = utcnow()
-            hour = start_of_hour(used_at)
-            statements = self.database.statements
-            try:
-                with self.database.atomic():
-                    for key_id, count in counts.items():
-                        self.database.execute_sql(statements.add_usage, (count, used_at, key_id))
-                        self.database.execute_sql(statements.add_hourly_usage, (key_id, hour, count, key_id))
-            except Exception:
-                with self.pending_lock:
-                    self.pending.update(counts)
-                raise
-            finally:
-                release_connection(self.database)
-
-    def flush_periodically(self):
-        while not self.stopped.wait(self.interval):
-            try:
-                self.flush()
-            except Exception:
-                log.exception("Could not write usage counts; they stay pending for the next try.")
-
-    def close(self):
-        """Stop the periodic flush and write what is pending (graceful shutdown)."""
-        self.stopped.set()
-        self.flush()
-
-
 def init_app(app):
     """Parse the tiers and the public rate, open the limit storage and register the header hook."""
     tiers = parse_tiers(app.config["RATE_LIMIT_TIERS"])
@@ -263,7 +199,6 @@ def init_app(app):
     public_rate = None if public.lower() == "off" else parse_rate(public)
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
     app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate)
-    app.extensions["usage"] = UsageCounter(db.obj)
     app.after_request(add_rate_limit_headers)
     warn_about_unknown_tiers(tiers)
 
@@ -290,11 +225,6 @@ def count_request(key):
     state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier)
     current_app.extensions["usage"].add(key.id)
     return state
-
-
-def total_requests(key):
-    """Return the key's exact lifetime request count."""
-    return current_app.extensions["usage"].total(key.id)
 
 
 def limit_client_ip():

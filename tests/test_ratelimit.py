@@ -7,6 +7,7 @@ import pytest
 from limits import RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 
 import ratelimit
+import usage
 from models import ApiKey, UsageHour, db, start_of_hour, utcnow
 
 
@@ -130,7 +131,7 @@ def key_id(secret):
 
 
 def test_usage_counter_flushes_in_one_go(app, user, pro_key):
-    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    counter = usage.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
     for _ in range(7):
         counter.add(kid)
@@ -144,7 +145,7 @@ def test_usage_counter_flushes_in_one_go(app, user, pro_key):
 
 
 def test_usage_counter_adds_hourly_counts_in_the_same_flush(app, user, api_key, pro_key):
-    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    counter = usage.UsageCounter(db.obj, interval=3600)
     dev, live = key_id(api_key), key_id(pro_key)
     for kid, count in [(dev, 2), (live, 5)]:
         for _ in range(count):
@@ -175,7 +176,7 @@ def fail_statements_starting(monkeypatch, prefix):
 def test_a_failed_hourly_write_rolls_back_the_lifetime_count(app, user, pro_key, monkeypatch):
     import peewee
 
-    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    counter = usage.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
     counter.add(kid)
     original = fail_statements_starting(monkeypatch, "INSERT INTO usage_hours")
@@ -191,7 +192,7 @@ def test_a_failed_hourly_write_rolls_back_the_lifetime_count(app, user, pro_key,
 def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, monkeypatch):
     import peewee
 
-    counter = ratelimit.UsageCounter(db.obj, interval=3600)
+    counter = usage.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
     for _ in range(4):
         counter.add(kid)
@@ -205,7 +206,7 @@ def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, mon
 
 
 def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro_key):
-    counter = ratelimit.UsageCounter(db.obj, interval=0.01)
+    counter = usage.UsageCounter(db.obj, interval=0.01)
     kid = key_id(pro_key)
 
     def add_many():
@@ -222,7 +223,7 @@ def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro
 
 
 def test_periodic_flush_writes_without_requests(app, user, pro_key):
-    counter = ratelimit.UsageCounter(db.obj, interval=0.01)
+    counter = usage.UsageCounter(db.obj, interval=0.01)
     kid = key_id(pro_key)
     counter.add(kid)
     for _ in range(500):
