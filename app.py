@@ -15,7 +15,9 @@ import accounts
 import api
 import auth
 import cli
+import health
 import logs
+import metrics
 import models
 import ratelimit
 import sockets
@@ -42,6 +44,8 @@ def load_config(environ=os.environ):
         "PORT": int(environ.get("PORT") or 5000),
         "WS_SEND_TIMEOUT": seconds(environ, "WS_SEND_TIMEOUT", 30),
         "MAX_KEYS_PER_USER": count(environ, "MAX_KEYS_PER_USER", 20),
+        "LOG_FORMAT": logs.log_format(environ),
+        "METRICS_TOKEN": metrics_token(environ),
     }
 
 
@@ -51,6 +55,15 @@ def count(environ, name, default):
     if not re.fullmatch(r"\s*[0-9]+\s*", text) or int(text) < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, not {text!r}.")
     return int(text)
+
+
+def metrics_token(environ):
+    """METRICS_TOKEN, when set: 16 or more visible ASCII characters, since anyone may try it."""
+    token = environ.get("METRICS_TOKEN") or ""
+    if token and not re.fullmatch(r"[!-~]{16,}", token):
+        raise ValueError("METRICS_TOKEN must be at least 16 visible ASCII characters without spaces; "
+                         "`python -c 'import secrets; print(secrets.token_urlsafe())'` makes one.")
+    return token
 
 
 def seconds(environ, name, default):
@@ -99,16 +112,16 @@ def create_app(overrides=None):
     if overrides:
         app.config.update(overrides)
     app.json.sort_keys = False
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logs.redact_handlers(logging.getLogger())
+    configure_logging(app.config["LOG_FORMAT"])
     if app.config["DATABASE_URL"].startswith(f"sqlite:///{INSTANCE}"):
         make_instance_folder()
 
+    metrics.init_app(app)
     models.init_app(app)
     ratelimit.init_app(app)
     usage.init_app(app)
     app.register_blueprint(api.api)
+    app.register_blueprint(health.bp)
     app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)
@@ -126,7 +139,20 @@ def create_app(overrides=None):
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)
+    app.wsgi_app = logs.RequestIds(app.wsgi_app)
     return app
+
+
+def configure_logging(log_format):
+    """Log INFO and above to stderr, unless something (gunicorn's logconfig, pytest) already set up
+    the root logger; every handler redacts keys and tags the request's lines with its id."""
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.StreamHandler())
+        root.setLevel(logging.INFO)
+        logs.prepare_handlers(root, log_format, logs.text_formatter())
+    else:
+        logs.prepare_handlers(root, log_format)
 
 
 def add_response_headers(response):

@@ -1,15 +1,78 @@
-"""What the logs may hold: no API key in any line, wherever in a request a client put it."""
+"""What the logs hold: each line as text or (LOG_FORMAT=json) one JSON object, every line of a
+request carrying its request id, and never an API key, wherever in a request a client put it."""
 
+import contextvars
+import datetime
 import logging
 import re
+import uuid
+
+from pythonjsonlogger.json import JsonFormatter
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 # A key with its prefix in any case, an api_key value, and any run of 32 or more letters and
 # digits: a key's body on its own (after an encoded or mangled prefix) is still a key.
 SECRET = re.compile(r"(api_key=)[^&\s']*|((?i:sk_(?:live|test)_))[A-Za-z0-9]+|[A-Za-z0-9]{32,}")
+# A run of hex digits alone is not a key's body (base62: all 32 characters hex by chance is
+# under 1 in 10^14) but is a common request or trace id, which must stay readable.
+HEX_RUN = re.compile(r"[0-9A-Fa-f]+")
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+REQUEST_ID_HEADER = "X-Request-ID"
+REQUEST_ID_ENVIRON = "service.request_id"
+# Set for each request by RequestIds; gevent gives every connection's greenlet its own context.
+current_request_id = contextvars.ContextVar("request_id", default=None)
 
 
 def redact(text):
-    return SECRET.sub(lambda match: (match[1] or match[2] or "") + "[redacted]", text)
+    return SECRET.sub(redacted, text)
+
+
+def redacted(match):
+    if match[1] or match[2]:
+        return (match[1] or match[2]) + "[redacted]"
+    return match[0] if HEX_RUN.fullmatch(match[0]) else "[redacted]"
+
+
+def log_format(environ):
+    """LOG_FORMAT from the environment: text (the default) or json, or a sentence saying what is wrong."""
+    value = (environ.get("LOG_FORMAT") or "text").strip().lower()
+    if value not in LOG_FORMATS:
+        raise ValueError(f"LOG_FORMAT must be text or json, not {environ.get('LOG_FORMAT')!r}.")
+    return value
+
+
+def request_id_for(header):
+    """The client's X-Request-ID when it is 1-64 characters of [A-Za-z0-9._-] and nothing the
+    logs would redact (an id that looks like a key is not kept); else a new one."""
+    if header and REQUEST_ID.fullmatch(header) and redact(header) == header:
+        return header
+    return str(uuid.uuid4())
+
+
+class RequestIds:
+    """WSGI middleware: give every request an id, in the environ, in the log records of its
+    greenlet, and in the X-Request-ID header of its response."""
+
+    def __init__(self, wsgi_app):
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ, start_response):
+        request_id = environ[REQUEST_ID_ENVIRON] = request_id_for(environ.get("HTTP_X_REQUEST_ID"))
+        current_request_id.set(request_id)
+
+        def start_with_request_id(status, headers, exc_info=None):
+            headers.append((REQUEST_ID_HEADER, request_id))
+            return start_response(status, headers, exc_info)
+
+        return self.wsgi_app(environ, start_with_request_id)
+
+
+def end_request():
+    """Forget the request id once its response is sent and logged (gunicorn's post_request)."""
+    current_request_id.set(None)
 
 
 class RedactSecrets(logging.Filter):
@@ -24,9 +87,42 @@ class RedactSecrets(logging.Filter):
         return True
 
 
-def redact_handlers(logger):
-    """Redact every record that reaches the logger's handlers, those of its children included
-    (a filter on the logger itself would see only its own records)."""
+class AddRequestId(logging.Filter):
+    """Give a record logged while a request is served that request's id."""
+
+    def filter(self, record):
+        request_id = current_request_id.get()
+        if request_id is not None and not hasattr(record, "request_id"):
+            record.request_id = request_id
+        return True
+
+
+class JsonLines(JsonFormatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, pid, message, and whatever
+    the record carries besides (request_id; method, path, status, duration_ms for the access log)."""
+
+    def __init__(self):
+        super().__init__("{asctime}{levelname}{name}{process}{message}", style="{",
+                         rename_fields={"asctime": "time", "levelname": "level", "name": "logger",
+                                        "process": "pid"})
+
+    def formatTime(self, record, datefmt=None):
+        moment = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def text_formatter():
+    return logging.Formatter(TEXT_FORMAT, defaults={"request_id": "-"})
+
+
+def prepare_handlers(logger, format_name, formatter=None):
+    """Make every handler of the logger (records of its children included) redact secrets and add
+    the request id; with json, format each record as one JSON object; else use formatter, if any."""
+    if format_name == "json":
+        formatter = JsonLines()
     for handler in logger.handlers:
-        if not any(isinstance(existing, RedactSecrets) for existing in handler.filters):
-            handler.addFilter(RedactSecrets())
+        for kind in (RedactSecrets, AddRequestId):
+            if not any(isinstance(existing, kind) for existing in handler.filters):
+                handler.addFilter(kind())
+        if formatter is not None:
+            handler.setFormatter(formatter)

@@ -324,5 +324,12 @@ def release_connection(database=None):
         database.close()
 
 
+def discard_connection(database):
+    """Close a pooled connection rather than give it back: an interrupted query may have left it
+    mid-conversation. SQLite's shared connection stays: its calls cannot be interrupted."""
+    if not isinstance(database, SqliteDatabase) and not database.is_closed():
+        database.manual_close()
+
+
 def release_request_connection(exc):
     release_connection()

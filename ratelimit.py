@@ -16,6 +16,7 @@ from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
+import metrics
 from models import ApiKey, db
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,7 @@ class Limiter:
         if report:
             g.rate_limit = state
         if count > item.amount:
+            metrics.rate_limited(policy)
             retry_after = max(1, seconds_until(reset))
             raise RateLimitExceeded(
                 f"The {policy!r} allowance of {item.amount} requests is used up; "

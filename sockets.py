@@ -20,6 +20,7 @@ from werkzeug.routing import WebsocketMismatch
 from wsproto.utilities import LocalProtocolError
 
 import auth
+import metrics
 import models
 import ratelimit
 import wsserver
@@ -199,15 +200,18 @@ def release_socket_slot(exc=None):
 
 
 def tracked(handler):
-    """Register the socket for the shutdown close, and log its life without the key."""
+    """Register the socket for the shutdown close and in the metrics, and log its life without the key."""
+    name = handler.__name__.removesuffix("_stream")
 
     @functools.wraps(handler)
     def run(ws):
         models.release_connection()
+        g.websocket = True
         if shutting_down.is_set():
             ws.close(SHUTDOWN, "The server is shutting down.")
             return
         open_sockets.add(ws)
+        metrics.socket_opened(name)
         started = time.monotonic()
         try:
             handler(ws)
@@ -219,6 +223,7 @@ def tracked(handler):
             close_quietly(ws, INTERNAL_ERROR, "Something went wrong on our side.")
         finally:
             open_sockets.discard(ws)
+            metrics.socket_closed(name)
             # Let the reader see the client's answer to our close before gunicorn drops the
             # connection; otherwise the client may get a reset instead of the close code.
             ws.thread.join(timeout=wsserver.LINGER_SECONDS)
@@ -258,6 +263,7 @@ def echo(ws):
             return
         timestamp, server_time = models.now_strings()
         ws.send(json.dumps({"type": "echo", "message": message, "timestamp": timestamp, "server_time": server_time}))
+        metrics.messages_sent("echo")
 
 
 def time_update(second):
@@ -317,16 +323,19 @@ class Ticker:
 
     def tick(self, second):
         message = time_update(second)
+        sent = 0
         for ws in list(self.sockets):
             try:
                 # Never waits: a client that has stopped reading is cut off by its own outbox.
                 ws.send_nowait(message)
+                sent += 1
             except (simple_websocket.ConnectionClosed, OSError):
                 self.discard(ws)
             except Exception:
                 log.exception("A time socket failed; closing it.")
                 self.discard(ws)
                 close_quietly(ws, INTERNAL_ERROR, "Something went wrong on our side.")
+        metrics.messages_sent("time", sent)
 
     def renew_slots(self, second):
         self.slots.refresh(list(self.sockets.values()))
@@ -351,6 +360,7 @@ def time_stream(ws):
     ticker = current_app.extensions["ticker"]
     log.info("time socket opened for key %s (%s...)", key.id, key.display_prefix)
     ws.send(json.dumps({"type": "auth_success", "api_key_name": key.name}))
+    metrics.messages_sent("time")
     ticker.add(ws, g.socket_slot, g.socket_secret_hash)
     try:
         while True:

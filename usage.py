@@ -4,9 +4,11 @@ and per-hour counts) once a second, in one transaction."""
 import collections
 import logging
 import threading
+import time
 
 from flask import current_app
 
+import metrics
 from models import db, release_connection, start_of_hour, utcnow
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ class UsageCounter:
                 counts, self.pending = self.pending, collections.Counter()
             if not counts:
                 return
+            started = time.perf_counter()
             used_at = utcnow()
             hour = start_of_hour(used_at)
             statements = self.database.statements
@@ -61,8 +64,13 @@ class UsageCounter:
                 with self.pending_lock:
                     self.pending.update(counts)
                 raise
+            else:
+                metrics.usage_flushed(time.perf_counter() - started)
             finally:
                 release_connection(self.database)
+                with self.pending_lock:
+                    waiting = sum(self.pending.values())
+                metrics.usage_pending(waiting)
 
     def flush_periodically(self):
         while not self.stopped.wait(self.interval):

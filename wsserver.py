@@ -5,7 +5,7 @@ takes them, and writes to the socket from whichever greenlet has something to sa
 the ticker, its reader answering pings). One client that sends without reading could fill the
 worker's memory, and two greenlets waiting to write on one gevent socket raise
 ConcurrentObjectUseError. This adapter reaches into the library (its reader loop `_thread`,
-`_handle_events`, `input_buffer`, `sock`, `ws`) and into gevent (`send(..., timeout=0.0)`);
+`_handle_events`, `input_buffer`, `sock`, `ws`, `environ`) and into gevent (`send(..., timeout=0.0)`);
 tests/test_wsserver.py fails if a new version moves any of it.
 
 - Every write goes through one Outbox per socket: written at once when the kernel takes it,
@@ -25,8 +25,10 @@ import gevent
 import gevent.event
 import simple_websocket
 from wsproto import ConnectionState
-from wsproto.events import CloseConnection, Message, Ping, TextMessage
+from wsproto.events import AcceptConnection, CloseConnection, Message, Ping, TextMessage
 from wsproto.utilities import LocalProtocolError
+
+import logs
 
 OUTPUT_LIMIT = 1024 * 1024
 LINGER_SECONDS = 1.0
@@ -152,7 +154,24 @@ class Server(simple_websocket.Server):
         self.raw = self.sock
         self.raw.settimeout(None)
         self.sock = self.outbox = Outbox(self.raw, OUTPUT_LIMIT, self.send_timeout, self.give_up)
-        super().handshake()
+        request_id = self.environ.get(logs.REQUEST_ID_ENVIRON)
+        if request_id is None:
+            super().handshake()
+            return
+        # The library's _handle_events answers with wsproto's AcceptConnection and no headers of
+        # ours: add the request id to that one event on its way out.
+        send = self.ws.send
+
+        def send_with_request_id(event):
+            if isinstance(event, AcceptConnection):
+                event.extra_headers.append((logs.REQUEST_ID_HEADER.encode(), request_id.encode()))
+            return send(event)
+
+        self.ws.send = send_with_request_id
+        try:
+            super().handshake()
+        finally:
+            del self.ws.send
 
     def send(self, data):
         """Send a message, waiting while the client is OUTPUT_LIMIT behind (the handlers' way)."""

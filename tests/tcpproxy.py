@@ -1,5 +1,5 @@
-"""A loopback TCP forwarder whose link can be cut and restored, to take a database or Redis away
-from a running server and give it back."""
+"""A loopback TCP forwarder whose link can be cut and restored, or stalled and resumed, to take a
+database or Redis away from a running server (or make it hang) and give it back."""
 
 import socket
 import threading
@@ -8,6 +8,8 @@ import threading
 class TcpProxy:
     def __init__(self, target):
         self.target = target
+        self.flowing = threading.Event()
+        self.flowing.set()
         self.connections = set()
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -32,6 +34,7 @@ class TcpProxy:
     def pump(self, source, sink):
         try:
             while data := source.recv(65536):
+                self.flowing.wait()
                 sink.sendall(data)
         except OSError:
             pass
@@ -57,6 +60,13 @@ class TcpProxy:
             ends = list(self.connections)
         for end in ends:
             self.drop(end)
+
+    def stall(self):
+        """Keep every connection open but pass nothing on: a peer that hangs."""
+        self.flowing.clear()
+
+    def resume(self):
+        self.flowing.set()
 
     def restore(self):
         """Accept connections again, on the same port."""

@@ -2,6 +2,7 @@
 relies on, so that a new simple-websocket, flask-sock or gevent that moves them fails here
 loudly instead of quietly bringing back unbounded buffers."""
 
+import dataclasses
 import inspect
 
 import flask_sock
@@ -10,6 +11,7 @@ import gevent.socket
 import pytest
 import simple_websocket
 import wsproto
+import wsproto.events
 
 import sockets
 import wsserver
@@ -34,6 +36,10 @@ def test_the_library_internals_the_adapter_relies_on():
     assert "Server(request.environ" in inspect.getsource(flask_sock.Sock.route)
     assert flask_sock.Server is wsserver.Server and sockets.flask_sock is flask_sock
     assert "timeout" in inspect.signature(gevent.socket.socket.send).parameters
+    # The request id reaches the 101 as an extra header of the AcceptConnection the library sends.
+    assert "self.ws.send(AcceptConnection(" in inspect.getsource(base._handle_events)
+    assert "extra_headers" in {field.name for field in dataclasses.fields(wsproto.events.AcceptConnection)}
+    assert "self.environ = environ" in inspect.getsource(simple_websocket.Server.__init__)
 
 
 @pytest.fixture

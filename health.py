@@ -1,0 +1,75 @@
+"""GET /healthz (the process serves) and GET /readyz (the database and the limit storage answer),
+for a platform's health checks: outside the rate limits, and each check bounded in time."""
+
+import contextvars
+import logging
+import time
+
+import gevent
+from flask import Blueprint, current_app
+
+import models
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 2
+
+bp = Blueprint("health", __name__)
+
+
+@bp.after_request
+def never_cache(response):
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.get("/healthz")
+def healthz():
+    return {"status": "ok"}
+
+
+@bp.get("/readyz")
+def readyz():
+    storage = current_app.extensions["ratelimit"].storage
+    # Both at once, so the answer comes within CHECK_SECONDS even when both hang.
+    database, limit_storage = gevent.joinall([
+        # A new greenlet starts with empty context variables: give it the request's (its id).
+        gevent.spawn(contextvars.copy_context().run, within_deadline, "database", check_database),
+        gevent.spawn(contextvars.copy_context().run, within_deadline, "rate-limit storage", storage.check),
+    ])
+    checks = {"database": database.value, "limit_storage": limit_storage.value}
+    if all(result == "ok" for result in checks.values()):
+        return {"status": "ready", "checks": checks}
+    return {"status": "unavailable", "checks": checks}, 503
+
+
+def within_deadline(name, check):
+    """Run check, which returns False or raises when the dependency cannot be used; return "ok"
+    or a sentence. Errors are logged, not shown: they can name hosts and ports."""
+    started = time.monotonic()
+    try:
+        with gevent.Timeout(CHECK_SECONDS):
+            answered = check()
+    except gevent.Timeout:
+        answered = False
+    except Exception as error:
+        log.warning("Readiness: the %s failed: %s", name, error)
+        return f"The {name} cannot be reached."
+    if answered is False:
+        # limits' own check turns a timeout, ours included, into False.
+        if time.monotonic() - started >= CHECK_SECONDS:
+            return f"The {name} did not answer within {CHECK_SECONDS} seconds."
+        return f"The {name} cannot be reached."
+    return "ok"
+
+
+def check_database():
+    database = models.db.obj
+    try:
+        database.execute_sql("SELECT 1")
+    except BaseException:
+        # A query cut short by the deadline leaves its connection mid-conversation.
+        models.discard_connection(database)
+        raise
+    finally:
+        models.release_connection(database)

@@ -1,0 +1,115 @@
+"""Prometheus metrics and GET /metrics.
+
+Under gunicorn, gunicorn.conf.py sets PROMETHEUS_MULTIPROC_DIR before any worker starts: each
+worker then keeps its numbers in its own files there, and /metrics sums them over every worker
+of the instance. Anywhere else (the CLI, tests with Flask's client) they live in the process.
+Labels stay few: a route's rule, never the path a client sent, and never a key."""
+
+import hmac
+import ipaddress
+import os
+import time
+
+from flask import Blueprint, abort, current_app, g, request
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client.exposition import choose_encoder
+
+MULTIPROCESS_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if MULTIPROCESS_DIR:
+    # prometheus_client opens its files there as soon as a metric exists.
+    os.makedirs(MULTIPROCESS_DIR, mode=0o700, exist_ok=True)
+
+REQUESTS = Counter("http_requests", "HTTP requests answered, by route, method and status.",
+                   ["endpoint", "method", "status"])
+REQUEST_DURATION = Histogram("http_request_duration_seconds",
+                             "Seconds from a request's start in the app to its response, by route "
+                             "(WebSockets excluded).", ["endpoint"])
+RATE_LIMITED = Counter("rate_limited", "Requests refused with 429, by policy: a tier, public, login, "
+                       "signup or key-creation.", ["policy"])
+SOCKETS = Gauge("websocket_connections", "Open WebSockets.", ["socket"], multiprocess_mode="livesum")
+SOCKET_MESSAGES = Counter("websocket_messages_sent", "Messages sent on WebSockets.", ["socket"])
+USAGE_PENDING = Gauge("usage_counts_pending", "Requests counted in memory and not yet written to the "
+                      "database, as the last flush left them.", multiprocess_mode="livesum")
+USAGE_FLUSH = Histogram("usage_flush_duration_seconds", "Seconds each write of the usage counts took.")
+
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+UNMATCHED = "unmatched"
+
+bp = Blueprint("metrics", __name__)
+
+
+def init_app(app):
+    """Time and count every request. Call before any other hook is registered: Flask runs
+    before_request hooks in order, and after_request hooks in reverse, so these come first and last."""
+    app.before_request(start_timer)
+    app.after_request(count_response)
+    app.register_blueprint(bp)
+
+
+def start_timer():
+    g.started = time.perf_counter()
+
+
+def count_response(response):
+    rule = request.url_rule
+    endpoint = rule.rule if rule is not None else UNMATCHED
+    method = request.method if request.method in METHODS else "OTHER"
+    if g.get("websocket"):
+        # flask-sock's stand-in response, once the socket has closed; its lifetime is no latency.
+        REQUESTS.labels(endpoint, method, "101").inc()
+        return response
+    REQUESTS.labels(endpoint, method, str(response.status_code)).inc()
+    started = g.get("started")
+    if started is not None:
+        REQUEST_DURATION.labels(endpoint).observe(time.perf_counter() - started)
+    return response
+
+
+def socket_opened(name):
+    SOCKETS.labels(name).inc()
+
+
+def socket_closed(name):
+    SOCKETS.labels(name).dec()
+
+
+def messages_sent(name, count=1):
+    SOCKET_MESSAGES.labels(name).inc(count)
+
+
+def rate_limited(policy):
+    RATE_LIMITED.labels(policy).inc()
+
+
+def usage_pending(count):
+    USAGE_PENDING.set(count)
+
+
+def usage_flushed(seconds):
+    USAGE_FLUSH.observe(seconds)
+
+
+@bp.get("/metrics")
+def scrape():
+    if not scraper_allowed():
+        abort(404)
+    if MULTIPROCESS_DIR:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, MULTIPROCESS_DIR)
+    else:
+        registry = REGISTRY
+    # As prometheus_client's own exporter does: the text format, or what the scraper asks for.
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return encode(registry), 200, {"Content-Type": content_type, "Cache-Control": "no-store"}
+
+
+def scraper_allowed():
+    """Loopback clients, and anyone with `Authorization: Bearer METRICS_TOKEN` when it is set."""
+    try:
+        if ipaddress.ip_address(request.remote_addr or "").is_loopback:
+            return True
+    except ValueError:
+        pass
+    token = current_app.config["METRICS_TOKEN"]
+    given = request.headers.get("Authorization", "")
+    return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
