@@ -32,11 +32,11 @@ def healthz():
 def readyz():
     storage = current_app.extensions["ratelimit"].storage
     # Both at once, so the answer comes within CHECK_SECONDS even when both hang.
-    database, limit_storage = gevent.joinall([
-        # A new greenlet starts with empty context variables: give it the request's (its id).
-        gevent.spawn(contextvars.copy_context().run, within_deadline, "database", check_database),
-        gevent.spawn(contextvars.copy_context().run, within_deadline, "rate-limit storage", storage.check),
-    ])
+    # A new greenlet starts with empty context variables: give each the request's (its id).
+    database = gevent.spawn(contextvars.copy_context().run, within_deadline, "database", check_database)
+    limit_storage = gevent.spawn(contextvars.copy_context().run, within_deadline, "rate-limit storage",
+                                 storage.check)
+    gevent.joinall([database, limit_storage])
     checks = {"database": database.value, "limit_storage": limit_storage.value}
     if all(result == "ok" for result in checks.values()):
         return {"status": "ready", "checks": checks}
@@ -56,10 +56,10 @@ def within_deadline(name, check):
         log.warning("Readiness: the %s failed: %s", name, error)
         return f"The {name} cannot be reached."
     if answered is False:
-        # limits' own check turns a timeout, ours included, into False.
+        # limits' own check turns any failure into False, our deadline included.
         if time.monotonic() - started >= CHECK_SECONDS:
             return f"The {name} did not answer within {CHECK_SECONDS} seconds."
-        return f"The {name} cannot be reached."
+        return f"The {name} does not answer."
     return "ok"
 
 

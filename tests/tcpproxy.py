@@ -54,7 +54,10 @@ class TcpProxy:
     def cut(self):
         """Refuse new connections and reset the open ones."""
         # shutdown() wakes the accept() blocked in another thread; close() alone would not.
-        self.listener.shutdown(socket.SHUT_RDWR)
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # cut already
         self.listener.close()
         with self.lock:
             ends = list(self.connections)

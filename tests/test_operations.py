@@ -73,7 +73,7 @@ def test_readyz_names_a_limit_storage_that_fails(client, app, monkeypatch):
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.get_json()["checks"] == {"database": "ok",
-                                             "limit_storage": "The rate-limit storage cannot be reached."}
+                                             "limit_storage": "The rate-limit storage does not answer."}
 
 
 def test_readyz_gives_up_on_checks_that_hang(client, app, monkeypatch):
