@@ -121,7 +121,7 @@ def create_app(overrides=None):
     ratelimit.init_app(app)
     usage.init_app(app)
     app.register_blueprint(api.api)
-    app.register_blueprint(health.bp)
+    health.init_app(app)
     app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)

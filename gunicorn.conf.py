@@ -5,7 +5,10 @@ import gc
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
+import traceback
 
 import gevent
 from gunicorn import util
@@ -18,11 +21,10 @@ sys.path.insert(0, ROOT)
 import logs  # noqa: E402
 
 LOG_FORMAT = logs.log_format(os.environ)
-# Each worker keeps its metrics in files here, summed by /metrics. Set before any worker (or this
-# process) imports prometheus_client, which picks its mode once, at import.
-INSTANCE = os.path.join(ROOT, "instance")
-METRICS_DIR = os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", os.path.join(INSTANCE, "metrics"))
 METRICS_FILE = re.compile(r"(counter|histogram|summary|gauge_[a-z]+)_[0-9]+\.db")
+# The folder where each worker keeps its metrics, summed by /metrics; chosen by on_starting.
+metrics_dir = None
+private_metrics_dir = False
 
 bind = f"0.0.0.0:{os.environ.get('PORT') or 5000}"
 workers = int(os.environ.get("WEB_CONCURRENCY") or 1)
@@ -45,6 +47,7 @@ access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms %({x-request-
 # which counts the hops; gunicorn's default would trust it from any local client.
 forwarded_allow_ips = ""
 
+
 class ServiceLogger(Logger):
     """gunicorn's logger, minus secrets (for a request it cannot parse, gunicorn logs the whole
     request line, query string and all; a client may put a key in the path itself), with each
@@ -58,18 +61,23 @@ class ServiceLogger(Logger):
     def access(self, resp, req, environ, request_time):
         if LOG_FORMAT != "json" or not self.access_log_enabled:
             return super().access(resp, req, environ, request_time)
-        method = logs.redact(environ.get("REQUEST_METHOD", "-"))
-        path = logs.redact(environ.get("PATH_INFO", "-"))
-        status = resp.status_code
-        self.access_log.info("%s %s %s", method, path, status, extra={
-            "request_id": environ.get(logs.REQUEST_ID_ENVIRON),
-            "method": method,
-            "path": path,
-            "status": status,
-            "duration_ms": round(request_time.total_seconds() * 1000, 3),
-            "bytes": getattr(resp, "sent", None),
-            "remote_addr": environ.get("REMOTE_ADDR"),
-        })
+        try:
+            method = logs.redact(environ.get("REQUEST_METHOD", "-"))
+            path = logs.redact(environ.get("PATH_INFO", "-"))
+            # The responses gunicorn makes for its own errors carry only the status line.
+            status = int(str(resp.status).split()[0])
+            self.access_log.info("%s %s %s", method, path, status, extra={
+                "request_id": environ.get(logs.REQUEST_ID_ENVIRON) or logs.current_request_id.get(),
+                "method": method,
+                "path": path,
+                "status": status,
+                "duration_ms": round(request_time.total_seconds() * 1000, 3),
+                "bytes": getattr(resp, "sent", None),
+                # From X-Forwarded-For behind TRUSTED_PROXIES: whatever the client wrote.
+                "remote_addr": logs.redact(environ.get("REMOTE_ADDR") or "-"),
+            })
+        except Exception:
+            self.error(traceback.format_exc())
 
 
 logger_class = ServiceLogger
@@ -84,7 +92,7 @@ def write_json_error(sock, status, reason, message):
     body = json.dumps({"error": {"code": code, "message": sentence}}, separators=(",", ":")).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
             "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-            f"{logs.REQUEST_ID_HEADER}: {logs.request_id_for(None)}\r\n"
+            f"{logs.REQUEST_ID_HEADER}: {logs.current_request_id.get() or logs.request_id_for(None)}\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     util.write_nonblock(sock, head.encode("latin-1") + body)
 
@@ -94,15 +102,9 @@ util.write_error = write_json_error
 
 
 def on_starting(server):
-    """Make SIGINT a graceful stop, start the metrics afresh, and warn when several workers would
+    """Start the metrics afresh, make SIGINT a graceful stop, and warn when several workers would
     each keep their own limits."""
-    # instance/ holds the session secret: its owner's alone, whoever creates it.
-    os.makedirs(INSTANCE, mode=0o700, exist_ok=True)
-    os.makedirs(METRICS_DIR, mode=0o700, exist_ok=True)
-    # Files left by an earlier run would add its counts to this one's.
-    for name in os.listdir(METRICS_DIR):
-        if METRICS_FILE.fullmatch(name):
-            os.remove(os.path.join(METRICS_DIR, name))
+    prepare_metrics_dir()
     # gunicorn's SIGINT is a quick stop that cuts sockets and can interrupt the last usage flush;
     # Ctrl-C should stop the service as gracefully as SIGTERM does.
     server.handle_int = server.handle_term
@@ -113,13 +115,38 @@ def on_starting(server):
             "and time-socket caps; set a redis:// URL to share them.", server.cfg.workers)
 
 
+def prepare_metrics_dir():
+    """Use PROMETHEUS_MULTIPROC_DIR when the operator set it, emptied of an earlier run's metric
+    files (which would add their counts to this run's); else make a private folder in shared
+    memory. Runs before any worker starts, so every worker imports prometheus_client with it set
+    and picks the multiprocess mode."""
+    global metrics_dir, private_metrics_dir
+    chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if chosen:
+        os.makedirs(chosen, mode=0o700, exist_ok=True)
+        for name in os.listdir(chosen):
+            if METRICS_FILE.fullmatch(name):
+                os.remove(os.path.join(chosen, name))
+        metrics_dir = chosen
+        return
+    # Not beside the database: prometheus_client writes through mmap, and on a full disk a worker
+    # would die of SIGBUS instead of answering with the 503s a full disk otherwise brings.
+    shared_memory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="apiservice-metrics-",
+                                                                            dir=shared_memory)
+    private_metrics_dir = True
+
+
+def on_exit(server):
+    if private_metrics_dir:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
 def post_worker_init(worker):
     """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
     gracefully; gunicorn on its own would cut sockets after graceful_timeout with no close frame,
     and its SIGINT is a quick stop."""
     import signal
-
-    import gevent
 
     from sockets import close_all_sockets
 
@@ -136,9 +163,24 @@ def post_worker_init(worker):
     signal.signal(signal.SIGQUIT, chain(signal.getsignal(signal.SIGQUIT)))
     signal.siginterrupt(signal.SIGTERM, False)
     signal.siginterrupt(signal.SIGINT, False)
+    worker.handle_error = with_request_id(worker.handle_error)
     # What the worker holds by now (modules, the app) lives as long as the worker: keep it out of
     # the full collections, which otherwise walk it every time and pause every connection.
     gc.freeze()
+
+
+def with_request_id(handle_error):
+    """gunicorn answers a request it cannot parse (or whose app failed outside Flask) itself: give
+    that answer, and the lines it logs about it, a request id too."""
+
+    def handle(req, client, addr, exc):
+        logs.current_request_id.set(logs.request_id_for(None))
+        try:
+            handle_error(req, client, addr, exc)
+        finally:
+            logs.end_request()
+
+    return handle
 
 
 def post_request(worker, req, environ, resp):
@@ -162,4 +204,4 @@ def child_exit(server, worker):
     in the sums. Runs in the master, so a worker killed outright is covered too."""
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(worker.pid, METRICS_DIR)
+    multiprocess.mark_process_dead(worker.pid, metrics_dir)

@@ -4,8 +4,8 @@ request carrying its request id, and never an API key, wherever in a request a c
 import contextvars
 import datetime
 import logging
+import os
 import re
-import uuid
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -49,7 +49,8 @@ def request_id_for(header):
     logs would redact (an id that looks like a key is not kept); else a new one."""
     if header and REQUEST_ID.fullmatch(header) and redact(header) == header:
         return header
-    return str(uuid.uuid4())
+    # 32 random hex digits, as nginx's $request_id: a fifth of uuid4()'s cost.
+    return os.urandom(16).hex()
 
 
 class RequestIds:

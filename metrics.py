@@ -12,7 +12,7 @@ import time
 
 from flask import Blueprint, abort, current_app, g, request
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
 MULTIPROCESS_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if MULTIPROCESS_DIR:
@@ -30,7 +30,7 @@ SOCKETS = Gauge("websocket_connections", "Open WebSockets.", ["socket"], multipr
 SOCKET_MESSAGES = Counter("websocket_messages_sent", "Messages sent on WebSockets.", ["socket"])
 USAGE_PENDING = Gauge("usage_counts_pending", "Requests counted in memory and not yet written to the "
                       "database, as the last flush left them.", multiprocess_mode="livesum")
-USAGE_FLUSH = Histogram("usage_flush_duration_seconds", "Seconds each write of the usage counts took.")
+USAGE_FLUSH = Histogram("usage_flush_duration_seconds", "Seconds each attempt to write the usage counts took, failed ones included.")
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"
@@ -54,15 +54,25 @@ def count_response(response):
     rule = request.url_rule
     endpoint = rule.rule if rule is not None else UNMATCHED
     method = request.method if request.method in METHODS else "OTHER"
-    if g.get("websocket"):
-        # flask-sock's stand-in response, once the socket has closed; its lifetime is no latency.
-        REQUESTS.labels(endpoint, method, "101").inc()
-        return response
-    REQUESTS.labels(endpoint, method, str(response.status_code)).inc()
+    # flask-sock's stand-in response once a socket has closed; its lifetime is no latency.
+    websocket = g.get("websocket", False)
+    labels = (endpoint, method, 101 if websocket else response.status_code)
+    counter, histogram = series.get(labels) or series_for(labels)
+    counter.inc()
     started = g.get("started")
-    if started is not None:
-        REQUEST_DURATION.labels(endpoint).observe(time.perf_counter() - started)
+    if started is not None and not websocket:
+        histogram.observe(time.perf_counter() - started)
     return response
+
+
+# Each (endpoint, method, status)'s children, found once: labels() costs as much as inc().
+series = {}
+
+
+def series_for(labels):
+    endpoint, method, status = labels
+    series[labels] = REQUESTS.labels(endpoint, method, str(status)), REQUEST_DURATION.labels(endpoint)
+    return series[labels]
 
 
 def socket_opened(name):
@@ -99,17 +109,29 @@ def scrape():
     else:
         registry = REGISTRY
     # As prometheus_client's own exporter does: the text format, or what the scraper asks for.
-    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    try:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    except (TypeError, ValueError):
+        encode, content_type = generate_latest, CONTENT_TYPE_PLAIN_0_0_4
     return encode(registry), 200, {"Content-Type": content_type, "Cache-Control": "no-store"}
 
 
 def scraper_allowed():
     """Loopback clients, and anyone with `Authorization: Bearer METRICS_TOKEN` when it is set."""
-    try:
-        if ipaddress.ip_address(request.remote_addr or "").is_loopback:
-            return True
-    except ValueError:
-        pass
+    # Behind TRUSTED_PROXIES, remote_addr comes from X-Forwarded-For, which a client that reaches
+    # gunicorn directly writes itself: the connection must come from loopback as well.
+    peer = request.environ.get("werkzeug.proxy_fix.orig", {}).get("REMOTE_ADDR", request.remote_addr)
+    if is_loopback(request.remote_addr) and is_loopback(peer):
+        return True
     token = current_app.config["METRICS_TOKEN"]
-    given = request.headers.get("Authorization", "")
-    return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(
+        credentials.strip().encode(), token.encode())
+
+
+def is_loopback(address):
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return False  # a unix socket's peer, or no address at all
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)

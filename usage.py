@@ -64,10 +64,9 @@ class UsageCounter:
                 with self.pending_lock:
                     self.pending.update(counts)
                 raise
-            else:
-                metrics.usage_flushed(time.perf_counter() - started)
             finally:
                 release_connection(self.database)
+                metrics.usage_flushed(time.perf_counter() - started)
                 with self.pending_lock:
                     waiting = sum(self.pending.values())
                 metrics.usage_pending(waiting)

@@ -7,6 +7,7 @@ one gevent worker pinned to core 1, the load generators on core 0. Prints markdo
     python bench/run.py sockets echo    # time sockets, echo round trips
     python bench/run.py stalled         # 3,000 time sockets, 1 % of them stalled
     python bench/run.py echo --against ../before   # and the echo of another checkout beside it
+    python bench/run.py rest --against ../before   # and its REST, interleaved with this one
     python bench/run.py logins          # GET /api/v1/status while 20 users log in
 """
 
@@ -40,7 +41,7 @@ SOCKET_COUNTS = (1000, 3000, 5000)
 TICK_SECONDS = 10
 SAMPLE_SOCKETS = 100
 ECHO_CLIENTS, ECHO_SECONDS = 50, 10
-AGAINST = None  # --against: another checkout whose echo is measured beside this one
+AGAINST = None  # --against: another checkout measured beside this one (rest, echo)
 
 
 def free_port():
@@ -150,6 +151,13 @@ def bench_rest(workdir):
             service.base, script=str(ROOT / "bench" / "random_key.lua"),
             env=dict(os.environ, KEYS_FILE=str(keys_file))),
     }
+    servers = [service, bare]
+    if AGAINST:
+        before = Server("app:app", env, chdir=AGAINST, config=AGAINST / "gunicorn.conf.py")
+        servers.append(before)
+        cases[f"public `GET /api/v1/demo/year` of {AGAINST.name}"] = lambda: wrk(before.base + "/api/v1/demo/year")
+        cases[f"`GET /api/v1/protected/test`, 1 key, of {AGAINST.name}"] = lambda: wrk(
+            before.base + "/api/v1/protected/test", headers=[f"X-API-Key: {secrets[0]}"])
     try:
         for run in cases.values():
             run()  # warm-up
@@ -159,8 +167,8 @@ def bench_rest(workdir):
                 results[name].append(run())
         rss = service.rss_kib()
     finally:
-        service.stop()
-        bare.stop()
+        for server in servers:
+            server.stop()
 
     medians = {name: {field: statistics.median(r[field] for r in runs) for field in ("rps", "p50", "p99")}
                | {"non_2xx": sum(r["non_2xx"] for r in runs), "errors": runs[-1]["errors"]}
@@ -173,6 +181,11 @@ def bench_rest(workdir):
         print(f"| {name} | {m['rps']:,.0f} | {m['rps'] / ceiling:.2f} | {m['p50']:.2f} | {m['p99']:.2f} "
               f"| {m['non_2xx']} | {m['errors']} |")
     print(f"\nworker RSS after the runs ({RANDOM_KEYS:,} keys with windows): {rss / 1024:.0f} MiB")
+    if AGAINST:
+        ours = results["`GET /api/v1/protected/test`, 1 key"]
+        theirs = results[f"`GET /api/v1/protected/test`, 1 key, of {AGAINST.name}"]
+        print("protected/test, 1 key, this checkout ÷ " + AGAINST.name + ", each run: "
+              + ", ".join(f"{a['rps'] / b['rps']:.2f}" for a, b in zip(ours, theirs)))
 
 
 def bench_sockets(workdir):
@@ -559,7 +572,7 @@ def main():
     # Checked here: argparse 3.11 checks an empty nargs="*" against choices and refuses it.
     parser.add_argument("parts", nargs="*", help=f"any of {', '.join(parts)} (default: all)")
     parser.add_argument("--against", type=Path, metavar="DIR",
-                        help="echo: also measure the service in DIR, a checkout of another revision "
+                        help="rest, echo: also measure the service in DIR, a checkout of another revision "
                              "(git worktree add DIR REV), interleaved with this one")
     args = parser.parse_args()
     chosen = args.parts or list(parts)

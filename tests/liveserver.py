@@ -68,8 +68,6 @@ class Server:
         self.base = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self.log = open(log_path, "w")
-        # Each server its own metrics folder: a server cleans its folder when it starts.
-        env = {"PROMETHEUS_MULTIPROC_DIR": str(Path(log_path).with_suffix(".metrics")), **env}
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
         deadline = time.monotonic() + 60

@@ -16,9 +16,9 @@ import health
 import logs
 import metrics
 import models
-from app import load_config
+from app import create_app, load_config
 
-UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+NEW_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def samples(client, **kwargs):
@@ -150,6 +150,7 @@ def test_a_failed_flush_shows_its_counts_as_pending(client, app, api_key, monkey
     ("203.0.113.9", "Bearer wrong-token-0123456789", "a-metrics-token-0123", 404),
     ("203.0.113.9", "a-metrics-token-0123", "a-metrics-token-0123", 404),
     ("203.0.113.9", "Bearer a-metrics-token-0123", "a-metrics-token-0123", 200),
+    ("203.0.113.9", "bearer a-metrics-token-0123", "a-metrics-token-0123", 200),
 ])
 def test_metrics_are_for_loopback_or_the_token(app, client, remote, authorization, token, status):
     app.config["METRICS_TOKEN"] = token
@@ -158,6 +159,44 @@ def test_metrics_are_for_loopback_or_the_token(app, client, remote, authorizatio
     assert response.status_code == status
     if status == 404:
         assert response.get_json()["error"]["code"] == "not_found"
+
+
+def test_a_forwarded_loopback_address_needs_a_loopback_peer(database_url):
+    app = create_app({"DATABASE_URL": database_url, "TRUSTED_PROXIES": 1, "TESTING": True})
+    client = app.test_client()
+    forged = client.get("/metrics", headers={"X-Forwarded-For": "127.0.0.1"},
+                        environ_base={"REMOTE_ADDR": "203.0.113.9"})
+    assert forged.status_code == 404
+    # A proxy on this host, passing on a local scraper's request.
+    assert client.get("/metrics", headers={"X-Forwarded-For": "127.0.0.1"}).status_code == 200
+    assert client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 404
+    app.extensions["usage"].close()
+
+
+def test_an_ipv4_mapped_loopback_address_is_loopback():
+    assert metrics.is_loopback("::ffff:127.0.0.1") and metrics.is_loopback("127.0.0.2")
+    assert not metrics.is_loopback("::ffff:203.0.113.9") and not metrics.is_loopback("") \
+        and not metrics.is_loopback(None)
+
+
+def test_a_malformed_accept_header_gets_the_text_format(client):
+    response = client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=abc"})
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    openmetrics = client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert openmetrics.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert openmetrics.get_data(as_text=True).endswith("# EOF\n")
+
+
+def test_readiness_is_checked_at_most_once_a_second(client, app, monkeypatch):
+    calls = []
+    monkeypatch.setattr(health, "check_database", lambda: calls.append(1))
+    for _ in range(5):
+        assert client.get("/readyz").status_code == 200
+    assert len(calls) == 1
+    app.extensions["readiness"].answered_at -= health.Readiness.REUSE_SECONDS
+    client.get("/readyz")
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("token", ["short", "a token with spaces in it", "tab\tseparated-0123456789"])
@@ -182,7 +221,7 @@ def test_a_sane_request_id_is_kept(client, header):
 @pytest.mark.parametrize("header", ["", "x" * 65, "has space", "slash/inside", "ünïcode", "a,b",
                                     "sk_live_" + "A" * 10, "Q" * 40])
 def test_any_other_request_id_is_replaced(client, header):
-    assert UUID.fullmatch(client.get("/healthz", headers={"X-Request-ID": header}).headers["X-Request-ID"])
+    assert NEW_ID.fullmatch(client.get("/healthz", headers={"X-Request-ID": header}).headers["X-Request-ID"])
 
 
 def test_a_key_sent_as_the_request_id_is_not_kept(client):
@@ -195,7 +234,7 @@ def test_a_key_sent_as_the_request_id_is_not_kept(client):
 def test_every_response_gets_a_request_id(client):
     for path in ("/", "/api/v1/demo/year", "/no-such-page", "/api/v1/ws/echo", "/static/style.css", "/metrics"):
         response = client.get(path)
-        assert UUID.fullmatch(response.headers["X-Request-ID"]), path
+        assert NEW_ID.fullmatch(response.headers["X-Request-ID"]), path
 
 
 def test_hex_runs_stay_readable_in_the_logs_but_key_bodies_do_not():

@@ -20,7 +20,7 @@ from liveserver import Server, free_port, make_key, procfile_command, service_en
 from tcpproxy import TcpProxy
 
 TOKEN = "metrics-token-for-the-tests-0123"
-UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+NEW_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_the_socket_gauge_follows_opens_and_closes(ops):
               for _ in range(2)]
     try:
         assert [ws.getheaders()["x-request-id"] for ws in echoes] == ["echo-0", "echo-1", "echo-2"]
-        assert all(UUID.fullmatch(ws.getheaders()["x-request-id"]) for ws in clocks)
+        assert all(NEW_ID.fullmatch(ws.getheaders()["x-request-id"]) for ws in clocks)
         wait_for(lambda: (metric(ops, "websocket_connections", socket="echo"),
                           metric(ops, "websocket_connections", socket="time")) == (3, 2))
         for ws in echoes:
@@ -134,6 +134,17 @@ def test_metrics_refused_to_other_clients_without_the_token(ops, headers, status
         assert "http_requests_total" in response.text
 
 
+def test_a_forwarded_loopback_address_from_elsewhere_is_not_loopback(ops):
+    """X-Forwarded-For is the client's own writing when it reaches gunicorn directly."""
+    outside = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    if not outside:
+        pytest.skip("this machine has no address besides loopback")
+    port = ops.base.rsplit(":", 1)[1]
+    direct = requests.get(f"http://{outside[0]}:{port}/metrics", headers={"X-Forwarded-For": "127.0.0.1"},
+                          timeout=10)
+    assert direct.status_code == 404
+
+
 def test_rate_limited_requests_are_counted_by_policy(ops):
     before = metric(ops, "rate_limited_total", policy="tiny")
     # tiny is 2/minute and each worker keeps its own window: 5 requests are over in one of them.
@@ -166,13 +177,22 @@ def test_every_response_carries_a_request_id(ops):
 
     assert request_id("/api/v1/demo/year", **{"X-Request-ID": "client.id_1-A"}) == "client.id_1-A"
     for path in ("/api/v1/demo/year", "/no-such-page", "/api/v1/ws/echo", "/static/style.css", "/healthz"):
-        assert UUID.fullmatch(request_id(path)), path
+        assert NEW_ID.fullmatch(request_id(path)), path
     for bad in ("x" * 65, "two words", ops.key):
-        assert UUID.fullmatch(request_id("/healthz", **{"X-Request-ID": bad}))
-    # A request gunicorn cannot parse is answered by gunicorn itself, with an id too.
-    answer = raw_request(ops, b"NOT A REQUEST\r\n\r\n")
-    assert answer.startswith("HTTP/1.1 400")
-    assert UUID.fullmatch(re.search(r"X-Request-ID: (\S+)", answer)[1])
+        assert NEW_ID.fullmatch(request_id("/healthz", **{"X-Request-ID": bad}))
+    # Requests gunicorn refuses itself are answered by gunicorn, with an id that its log lines carry.
+    # (A request line it cannot read gets no access line: gunicorn has no request to log.)
+    for bad_request, loggers in ((b"NOT A REQUEST\r\n\r\n", {"gunicorn.error"}),
+                                 (b"GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+                                  {"gunicorn.error", "gunicorn.access"})):
+        answer = raw_request(ops, bad_request)
+        assert answer.startswith("HTTP/1.1 400")
+        request_id = re.search(r"X-Request-ID: (\S+)", answer)[1]
+        assert NEW_ID.fullmatch(request_id)
+        wait_for(lambda: any(line.get("request_id") == request_id for line in json_lines(ops)))
+        lines = [line for line in json_lines(ops) if line.get("request_id") == request_id]
+        assert {line["logger"] for line in lines} == loggers
+        assert all(line["status"] == 400 for line in lines if line["logger"] == "gunicorn.access")
 
 
 def test_json_log_lines_carry_the_request_and_never_a_key(ops):
@@ -186,7 +206,7 @@ def test_json_log_lines_carry_the_request_and_never_a_key(ops):
     assert lines and all({"time", "level", "message", "logger", "pid"} <= line.keys() for line in lines)
     access = [line for line in lines if line["logger"] == "gunicorn.access"]
     assert access and all(
-        {"request_id", "method", "path", "status", "duration_ms"} <= line.keys() and UUID.fullmatch(
+        {"request_id", "method", "path", "status", "duration_ms"} <= line.keys() and NEW_ID.fullmatch(
             line["request_id"]) or line["request_id"].startswith(("sum-", "echo-", "client.", "json-"))
         for line in access)
     refused = [line for line in access if line["request_id"] == "json-1"]
@@ -212,6 +232,22 @@ def test_a_killed_worker_takes_its_sockets_out_of_the_gauge(ops):
     finally:
         for ws in sockets:
             ws.close()
+
+
+def test_by_default_metrics_live_in_a_private_folder_removed_on_exit(tmp_path):
+    env = service_env(tmp_path)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    existing = set(os.listdir("/dev/shm"))
+    server = start_procfile(tmp_path, env)
+    try:
+        assert requests.get(server.base + "/healthz", timeout=10).status_code == 200
+        assert metric(server, "http_requests_total", endpoint="/healthz", method="GET", status="200") == 1
+        ours = [name for name in set(os.listdir("/dev/shm")) - existing if name.startswith("apiservice-metrics-")]
+        assert len(ours) == 1
+        assert os.stat(f"/dev/shm/{ours[0]}").st_mode & 0o777 == 0o700
+    finally:
+        server.stop()
+    assert not os.path.exists(f"/dev/shm/{ours[0]}")
 
 
 def test_metrics_start_afresh_with_the_server(tmp_path):
@@ -252,6 +288,8 @@ def readyz(server, request_id=None):
     return response.status_code, response.json(), time.monotonic() - started
 
 
+# A worker reuses its readiness answer for a second.
+REUSE_SECONDS = 1.1
 READY = (200, {"status": "ready", "checks": {"database": "ok", "limit_storage": "ok"}})
 
 
@@ -259,6 +297,7 @@ def test_readyz_turns_503_when_postgresql_or_redis_is_cut_and_back(proxied):
     server, postgres, redis = proxied
     assert readyz(server)[:2] == READY
     postgres.cut()
+    time.sleep(REUSE_SECONDS)
     status, body, _ = readyz(server, "ready-pg-1")
     assert (status, body) == (503, {"status": "unavailable", "checks": {
         "database": "The database cannot be reached.", "limit_storage": "ok"}})
@@ -266,6 +305,7 @@ def test_readyz_turns_503_when_postgresql_or_redis_is_cut_and_back(proxied):
     postgres.restore()
     wait_for(lambda: readyz(server)[:2] == READY)
     redis.cut()
+    time.sleep(REUSE_SECONDS)
     status, body, _ = readyz(server)
     assert status == 503 and body["checks"]["database"] == "ok"
     assert body["checks"]["limit_storage"].startswith("The rate-limit storage ")
@@ -284,6 +324,7 @@ def test_readyz_gives_up_on_a_dependency_that_hangs(proxied):
                                    (redis, "limit_storage", "The rate-limit storage does not answer.")):
         wait_for(lambda: readyz(server)[:2] == READY, seconds=20)
         proxy.stall()
+        time.sleep(REUSE_SECONDS)
         try:
             status, body, took = readyz(server)
             assert status == 503
