@@ -41,7 +41,7 @@ graceful_timeout = 20
 keepalive = 5
 accesslog = "-"
 # %(U)s is the path without the query string, which may carry the time socket's api_key; a key
-# put in the path itself is redacted by RedactingLogger.
+# put in the path itself is redacted by ServiceLogger.
 access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms %({x-request-id}o)s'
 # X-Forwarded-* is trusted only behind TRUSTED_PROXIES proxies, and then by the app's ProxyFix,
 # which counts the hops; gunicorn's default would trust it from any local client.

@@ -39,6 +39,7 @@ db = DatabaseProxy()
 POOL_SIZE = 10
 POOL_WAIT_SECONDS = 10
 SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 5000, "foreign_keys": 1}
+STARTUP_LOCK_SECONDS = 10
 
 
 def utcnow():
@@ -272,6 +273,22 @@ def open_database(url):
     return connect(url)
 
 
+def connect_at_start(database, seconds=STARTUP_LOCK_SECONDS):
+    """Connect once, trying again while a new SQLite file is locked: workers that start together
+    race to switch it to WAL, and SQLite refuses the losers at once instead of waiting."""
+    if not isinstance(database, SqliteDatabase):
+        return
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with database.connection_context():
+                return
+        except OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def protect_sqlite_files(path):
     """Make the database file (created here if new) and its -wal and -shm files readable by their
     owner only: they hold emails and password hashes. SQLite gives -wal and -shm the database
@@ -299,6 +316,7 @@ def init_app(app):
     database = open_database(app.config["DATABASE_URL"])
     database.statements = Statements(database)
     db.initialize(database)
+    connect_at_start(database)
     app.extensions["schema"] = schema.upgrade(database, [User, Session, ApiKey, UsageHour, SecurityEvent],
                                               after=[add_username_index])
     app.teardown_appcontext(release_request_connection)

@@ -3,14 +3,19 @@ brought to the latest schema in place, by the app and by several workers startin
 SQLite and PostgreSQL, with every user, key and count kept and the old keys still working."""
 
 import json
+import multiprocessing
+import os
 import sqlite3
+import time
 from pathlib import Path
 
+import flask
 import psycopg
 import pytest
 import requests
 
 import auth
+import models
 import schema
 from app import create_app
 from conftest import TEST_TIERS
@@ -88,3 +93,32 @@ def test_workers_starting_together_upgrade_once(database, tmp_path):
         server.stop()
     assert output.count(f"Upgraded the database from schema version 1 to {schema.LATEST}.") == 1
     assert "Traceback" not in output
+
+
+def start_a_worker(path, start):
+    """What a gunicorn worker does first with a new SQLite file; exit 0 if it could."""
+    while time.time() < start:
+        pass
+    try:
+        app = flask.Flask(__name__)
+        app.config["DATABASE_URL"] = f"sqlite:///{path}"
+        models.init_app(app)
+    except Exception:
+        os._exit(1)
+    os._exit(0)
+
+
+def test_workers_starting_together_on_a_new_sqlite_file_all_start(tmp_path):
+    """Found by a CI run: two workers on a new file raced to switch it to WAL, and SQLite refused
+    the loser at once ("database is locked"), so gunicorn gave up: "Worker failed to boot"."""
+    forking = multiprocessing.get_context("fork")
+    failed = 0
+    for run in range(40):
+        start = time.time() + 0.05
+        workers = [forking.Process(target=start_a_worker, args=(tmp_path / f"{run}.db", start)) for _ in range(8)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        failed += sum(worker.exitcode != 0 for worker in workers)
+    assert failed == 0
