@@ -116,12 +116,12 @@ def create_app(overrides=None):
     if app.config["DATABASE_URL"].startswith(f"sqlite:///{INSTANCE}"):
         make_instance_folder()
 
-    metrics.init_app(app)
     models.init_app(app)
     ratelimit.init_app(app)
     usage.init_app(app)
     app.register_blueprint(api.api)
     health.init_app(app)
+    metrics.init_app(app)
     app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)
@@ -139,7 +139,7 @@ def create_app(overrides=None):
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)
-    app.wsgi_app = logs.RequestIds(app.wsgi_app)
+    app.wsgi_app = logs.RequestIds(metrics.RequestMetrics(app.wsgi_app))
     return app
 
 

@@ -10,7 +10,7 @@ import ipaddress
 import os
 import time
 
-from flask import Blueprint, abort, current_app, g, request
+from flask import Blueprint, abort, current_app, request
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
@@ -39,30 +39,46 @@ bp = Blueprint("metrics", __name__)
 
 
 def init_app(app):
-    """Time and count every request. Call before any other hook is registered: Flask runs
-    before_request hooks in order, and after_request hooks in reverse, so these come first and last."""
-    app.before_request(start_timer)
-    app.after_request(count_response)
     app.register_blueprint(bp)
 
 
-def start_timer():
-    g.started = time.perf_counter()
+class RequestMetrics:
+    """WSGI middleware: count and time every response by route, method and status. A middleware
+    rather than Flask hooks: per request it costs half as much."""
+
+    def __init__(self, wsgi_app):
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ, start_response):
+        started = time.perf_counter()
+
+        def start_counted(status, headers, exc_info=None):
+            count(environ, int(status[:3]), time.perf_counter() - started)
+            return start_response(status, headers, exc_info)
+
+        try:
+            return self.wsgi_app(environ, start_counted)
+        except StopIteration:
+            # How flask-sock ends a WebSocket under gunicorn, once it has closed. Its lifetime is
+            # no latency: counted, not timed.
+            count(environ, 101, None)
+            raise
 
 
-def count_response(response):
-    rule = request.url_rule
-    endpoint = rule.rule if rule is not None else UNMATCHED
-    method = request.method if request.method in METHODS else "OTHER"
-    # flask-sock's stand-in response once a socket has closed; its lifetime is no latency.
-    websocket = g.get("websocket", False)
-    labels = (endpoint, method, 101 if websocket else response.status_code)
+SOCKET_ENDPOINT = "metrics.socket_endpoint"
+
+
+def count(environ, status, seconds):
+    # Flask's request (and with it the matched rule) is in the environ until its response is sent.
+    request = environ.get("werkzeug.request")
+    rule = request.url_rule if request is not None else None
+    endpoint = rule.rule if rule is not None else environ.get(SOCKET_ENDPOINT, UNMATCHED)
+    method = environ["REQUEST_METHOD"]
+    labels = (endpoint, method if method in METHODS else "OTHER", status)
     counter, histogram = series.get(labels) or series_for(labels)
     counter.inc()
-    started = g.get("started")
-    if started is not None and not websocket:
-        histogram.observe(time.perf_counter() - started)
-    return response
+    if seconds is not None:
+        histogram.observe(seconds)
 
 
 # Each (endpoint, method, status)'s children, found once: labels() costs as much as inc().

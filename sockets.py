@@ -206,7 +206,7 @@ def tracked(handler):
     @functools.wraps(handler)
     def run(ws):
         models.release_connection()
-        g.websocket = True
+        request.environ[metrics.SOCKET_ENDPOINT] = request.url_rule.rule
         if shutting_down.is_set():
             ws.close(SHUTDOWN, "The server is shutting down.")
             return
