@@ -22,7 +22,7 @@ if MULTIPROCESS_DIR:
 REQUESTS = Counter("http_requests", "HTTP requests answered, by route, method and status.",
                    ["endpoint", "method", "status"])
 REQUEST_DURATION = Histogram("http_request_duration_seconds",
-                             "Seconds from a request's start in the app to its response, by route "
+                             "Seconds from a request reaching the app to its response headers, by route "
                              "(WebSockets excluded).", ["endpoint"])
 RATE_LIMITED = Counter("rate_limited", "Requests refused with 429, by policy: a tier, public, login, "
                        "signup or key-creation.", ["policy"])
@@ -30,7 +30,8 @@ SOCKETS = Gauge("websocket_connections", "Open WebSockets.", ["socket"], multipr
 SOCKET_MESSAGES = Counter("websocket_messages_sent", "Messages sent on WebSockets.", ["socket"])
 USAGE_PENDING = Gauge("usage_counts_pending", "Requests counted in memory and not yet written to the "
                       "database, as the last flush left them.", multiprocess_mode="livesum")
-USAGE_FLUSH = Histogram("usage_flush_duration_seconds", "Seconds each attempt to write the usage counts took, failed ones included.")
+USAGE_FLUSH = Histogram("usage_flush_duration_seconds",
+                        "Seconds each attempt to write the usage counts took, failed ones included.")
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"
