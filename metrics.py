@@ -71,8 +71,7 @@ SOCKET_ENDPOINT = "metrics.socket_endpoint"
 
 def count(environ, status, seconds):
     # Flask's request (and with it the matched rule) is in the environ until its response is sent.
-    request = environ.get("werkzeug.request")
-    rule = request.url_rule if request is not None else None
+    rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
     endpoint = rule.rule if rule is not None else environ.get(SOCKET_ENDPOINT, UNMATCHED)
     method = environ["REQUEST_METHOD"]
     labels = (endpoint, method if method in METHODS else "OTHER", status)
