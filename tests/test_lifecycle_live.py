@@ -8,7 +8,7 @@ import pytest
 import requests
 import websocket
 
-from liveserver import cli, service_env, start_procfile
+from liveserver import cli, service_env, serving
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -21,11 +21,8 @@ def env(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(env, tmp_path_factory):
-    server = start_procfile(tmp_path_factory.mktemp("lifecycle-log"), env)
-    yield server
-    output = server.output()
-    server.stop()
-    assert "Traceback" not in output
+    with serving(tmp_path_factory.mktemp("lifecycle-log"), env) as server:
+        yield server
 
 
 def create(env, *options):
