@@ -6,17 +6,16 @@ import functools
 import logging
 import math
 import re
-import threading
 import time
 
 from flask import current_app, g, request
 from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute
 from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
-from limits.storage import MemoryStorage, storage_from_string
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
 import metrics
+from limitstorage import open_storage, window_counter
 from models import ApiKey, db
 
 log = logging.getLogger(__name__)
@@ -56,57 +55,6 @@ class LimitStorageUnavailable(ServiceUnavailable):
     description = "The rate-limit storage is unavailable; try again shortly."
 
 
-class SweptMemoryStorage(MemoryStorage):
-    """limits' memory storage, with its sweep of expired windows run every few seconds instead of
-    10 ms after any hit: each sweep walks every key, which starves a busy worker with many keys.
-    Reads still expire a stale window on the spot, so counts are unaffected."""
-
-    SWEEP_INTERVAL = 10.0
-    SWEEP_SLICE = 2000
-
-    def __init__(self, **options):
-        super().__init__(**options)
-        self.locks = SharedLock()
-
-    def _MemoryStorage__schedule_expiry(self):
-        if not self.timer.is_alive():
-            self.timer = threading.Timer(self.SWEEP_INTERVAL, self._MemoryStorage__expire_events)
-            self.timer.daemon = True
-            self.timer.start()
-
-    def _MemoryStorage__expire_events(self):
-        """Drop expired windows a slice of keys at a time, letting requests run in between:
-        limits walks every key in one go, which held the worker for 20 ms at 100,000 keys. Only
-        fixed windows live here, so limits' moving-window events need no sweep."""
-        keys = list(self.expirations)
-        for start in range(0, len(keys), self.SWEEP_SLICE):
-            with self.locks.lock:
-                now = time.time()
-                for key in keys[start:start + self.SWEEP_SLICE]:
-                    if self.expirations.get(key, math.inf) <= now:
-                        del self.expirations[key]
-                        self.storage.pop(key, None)
-            time.sleep(0)  # under gevent, a yield to the waiting requests
-
-
-class SharedLock:
-    """Stands in for limits' table of one lock per key with one lock for all keys. The sections
-    it guards are a few dict operations that never wait; a lock per key left three objects per
-    key for every full garbage collection to walk: pauses of 100 ms with 60,000 keys."""
-
-    def __init__(self):
-        self.lock = threading.RLock()
-
-    def __getitem__(self, key):
-        return self.lock
-
-    def pop(self, key, default=None):
-        return default
-
-    def clear(self):
-        """Nothing to forget: no key has a lock of its own."""
-
-
 def parse_rate(text):
     """Return the limits item for 'N/period', or raise ValueError."""
     match = RATE_PATTERN.fullmatch(text)
@@ -129,21 +77,12 @@ def parse_tiers(spec):
     return tiers
 
 
-def open_storage(url):
-    """Return the limits storage for a storage URI; its errors surface as StorageError."""
-    if url.strip() == "memory://":
-        return SweptMemoryStorage(wrap_exceptions=True)
-    if url.startswith(("redis://", "rediss://", "redis+")):
-        # Without timeouts a Redis that hangs would hang every protected request with it.
-        return storage_from_string(url, wrap_exceptions=True, socket_timeout=1, socket_connect_timeout=1)
-    return storage_from_string(url, wrap_exceptions=True)
-
-
 class Limiter:
     """Fixed windows that start with their first request, kept in a limits storage."""
 
     def __init__(self, storage, tiers, public_rate):
         self.storage = storage
+        self.count_hit = window_counter(storage)
         self.tiers = tiers
         self.public_rate = public_rate
 
@@ -152,8 +91,7 @@ class Limiter:
         With report, the state goes on g.rate_limit and so into the response headers."""
         window_key = item.key_for(identity)
         try:
-            count = self.storage.incr(window_key, item.get_expiry())
-            reset = self.storage.get_expiry(window_key)
+            count, reset = self.count_hit(window_key, item.get_expiry())
         except StorageError as error:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None

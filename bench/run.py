@@ -9,6 +9,8 @@ one gevent worker pinned to core 1, the load generators on core 0. Prints markdo
     python bench/run.py echo --against ../before   # and the echo of another checkout beside it
     python bench/run.py rest --against ../before   # and its REST, interleaved with this one
     python bench/run.py logins          # GET /api/v1/status while 20 users log in
+    python bench/run.py redis           # protected/test with Redis limits ÷ memory limits
+    python bench/run.py redis --against ../before  # and the other checkout's Redis path beside it
 """
 
 import argparse
@@ -41,6 +43,7 @@ SOCKET_COUNTS = (1000, 3000, 5000)
 TICK_SECONDS = 10
 SAMPLE_SOCKETS = 100
 ECHO_CLIENTS, ECHO_SECONDS = 50, 10
+REDIS_URL = "redis://127.0.0.1:6379/14"  # its own database, emptied at the start
 AGAINST = None  # --against: another checkout measured beside this one (rest, echo)
 
 
@@ -190,6 +193,42 @@ def bench_rest(workdir):
         theirs = results[f"`GET /api/v1/protected/test`, 1 key, of {AGAINST.name}"]
         print("protected/test, 1 key, this checkout ÷ " + AGAINST.name + ", each run: "
               + ", ".join(f"{a['rps'] / b['rps']:.2f}" for a, b in zip(ours, theirs)))
+
+
+def bench_redis(workdir):
+    """protected/test, 1 key, with RATELIMIT_STORAGE_URL on Redis and in memory, interleaved."""
+    env = service_env(workdir)
+    secret = seed_keys(env, 1)[0]
+    redis_env = dict(env, RATELIMIT_STORAGE_URL=REDIS_URL)
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    servers = {"memory://": Server("app:app", env), "redis://": Server("app:app", redis_env)}
+    if AGAINST:
+        servers[f"redis:// of {AGAINST.name}"] = Server("app:app", redis_env, chdir=AGAINST,
+                                                         config=AGAINST / "gunicorn.conf.py")
+    header = [f"X-API-Key: {secret}"]
+    try:
+        for server in servers.values():
+            wrk(server.base + "/api/v1/protected/test", headers=header)  # warm-up
+        results = {name: [] for name in servers}
+        for repetition in range(REPETITIONS):
+            names = list(servers)
+            for name in names[repetition % len(names):] + names[:repetition % len(names)]:
+                results[name].append(wrk(servers[name].base + "/api/v1/protected/test", headers=header))
+    finally:
+        for server in servers.values():
+            server.stop()
+    print(f"\nprotected/test, 1 key, by limit storage: wrk -t2 -c{WRK_CONNECTIONS} -d{WRK_SECONDS}s, "
+          f"{REPETITIONS} runs, the order rotated each run\n")
+    print("| storage | req/s, each run | p99 ms, each run | ÷ memory, each run | non-2xx |")
+    print("|---|---|---|---|---|")
+    for name, runs in results.items():
+        ratios = [run["rps"] / memory["rps"] for run, memory in zip(runs, results["memory://"])]
+        rps = " / ".join(f"{run['rps']:,.0f}" for run in runs)
+        p99 = " / ".join(f"{run['p99']:.1f}" for run in runs)
+        print(f"| {name} | {rps} | {p99} | {' / '.join(f'{ratio:.2f}' for ratio in ratios)} "
+              f"| {sum(run['non_2xx'] for run in runs)} |")
 
 
 def rest_order(names, repetition):
@@ -586,11 +625,11 @@ async def measure_logins(server):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parts = {"rest": bench_rest, "sockets": bench_sockets, "stalled": bench_stalled, "echo": bench_echo,
-             "cycles": bench_cycles, "logins": bench_logins}
+             "cycles": bench_cycles, "logins": bench_logins, "redis": bench_redis}
     # Checked here: argparse 3.11 checks an empty nargs="*" against choices and refuses it.
     parser.add_argument("parts", nargs="*", help=f"any of {', '.join(parts)} (default: all)")
     parser.add_argument("--against", type=Path, metavar="DIR",
-                        help="rest, echo: also measure the service in DIR, a checkout of another revision "
+                        help="rest, echo, redis: also measure the service in DIR, a checkout of another revision "
                              "(git worktree add DIR REV), interleaved with this one")
     args = parser.parse_args()
     chosen = args.parts or list(parts)

@@ -1,6 +1,5 @@
-"""Tier parsing, fixed windows, the memory storage's sweep, and the usage counter's flushes."""
+"""Tier parsing, fixed windows, and the usage counter's flushes."""
 
-import gc
 import threading
 
 import pytest
@@ -48,67 +47,6 @@ def test_fixed_window_starts_with_first_request_and_resets(app, monkeypatch):
         clock.now += 0.1
         fresh = limiter.hit(item, "w", "t")
         assert (fresh.remaining, fresh.reset) == (1, clock.now + 60)
-
-
-def test_memory_storage_sweeps_rarely_but_reads_expire_at_once(monkeypatch):
-    clock = FakeClock(monkeypatch)
-    storage = ratelimit.SweptMemoryStorage()
-    storage.timer.join()  # the one sweep limits schedules on construction
-    for i in range(100):
-        storage.incr(f"k{i}", 1)
-    assert storage.timer.interval == ratelimit.SweptMemoryStorage.SWEEP_INTERVAL
-    assert storage.timer.daemon
-    clock.now += 1
-    assert storage.get("k1") == 0
-    assert len(storage.storage) == 99
-    storage._MemoryStorage__expire_events()
-    assert len(storage.storage) == 0
-    storage.timer.cancel()
-
-
-def test_memory_storage_sweeps_in_slices_and_keeps_live_windows(monkeypatch):
-    clock = FakeClock(monkeypatch)
-    storage = ratelimit.SweptMemoryStorage()
-    storage.timer.join()
-    for i in range(5000):
-        storage.incr(f"old{i}", 1)
-    clock.now += 1
-    for i in range(10):
-        storage.incr(f"new{i}", 60)
-    yields, sweeper, real_sleep = [], threading.get_ident(), ratelimit.time.sleep
-
-    def sleep(seconds):
-        if threading.get_ident() != sweeper:
-            return real_sleep(seconds)
-        yields.append(seconds)
-
-    monkeypatch.setattr(ratelimit.time, "sleep", sleep)
-    storage._MemoryStorage__expire_events()
-    assert yields == [0, 0, 0]  # 5,010 keys in slices of 2,000
-    assert sorted(storage.storage) == [f"new{i}" for i in range(10)]
-    assert sorted(storage.expirations) == sorted(storage.storage)
-    storage.timer.cancel()
-
-
-def test_memory_storage_keeps_no_lock_per_key_and_stays_exact_across_threads():
-    storage = ratelimit.SweptMemoryStorage()
-    tracked_before = len(gc.get_objects())
-
-    def hit_many(offset):
-        for i in range(2000):
-            storage.incr("shared", 60)
-            storage.incr(f"own-{offset}-{i}", 60)
-
-    threads = [threading.Thread(target=hit_many, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert storage.get("shared") == 8000
-    assert len(storage.storage) == 8001
-    # A lock per key would add ~3 tracked objects per key for every full collection to walk.
-    assert len(gc.get_objects()) - tracked_before < 1000
-    storage.timer.cancel()
 
 
 def test_storage_failure_is_503_and_lets_nothing_through(app, client, api_key, monkeypatch):

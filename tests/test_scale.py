@@ -2,6 +2,7 @@
 happens when either goes away and comes back."""
 
 import concurrent.futures
+import time
 
 import pytest
 import requests
@@ -74,6 +75,42 @@ def test_sqlite_with_several_workers_loses_nothing(tmp_path):
     output = server.output()
     assert "database is locked" not in output
     assert "each of the 4 workers keeps its own rate limits" in output
+
+
+def test_one_worker_gives_each_of_many_requests_at_once_its_own_count_on_redis(tmp_path):
+    # The worker sends the windows of requests waiting together in one call to Redis.
+    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=services.redis_url(), WEB_CONCURRENCY="1",
+                      RATE_LIMIT_TIERS="free=1000/hour")
+    key = make_key(env)
+    server = start_procfile(tmp_path, env)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            responses = list(pool.map(lambda _: requests.get(server.base + "/api/v1/protected/test",
+                                                             headers={"X-API-Key": key}, timeout=30), range(300)))
+    finally:
+        server.stop()
+    assert [response.status_code for response in responses] == [200] * 300
+    assert sorted(int(response.headers["X-RateLimit-Remaining"]) for response in responses) == list(range(700, 1000))
+
+
+def test_requests_waiting_on_a_hung_redis_all_fail_closed_in_time(tmp_path):
+    services.redis_url()
+    proxy = TcpProxy(services.REDIS)
+    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/15", WEB_CONCURRENCY="1")
+    key = make_key(env)
+    server = start_procfile(tmp_path, env)
+    url = server.base + "/api/v1/protected/test"
+    try:
+        assert requests.get(url, headers={"X-API-Key": key}, timeout=10).status_code == 200
+        proxy.stall()
+        started = time.monotonic()
+        assert get_all([url] * 30, {"X-API-Key": key}) == [503] * 30
+        assert time.monotonic() - started < 10
+        proxy.resume()
+        wait_for(lambda: requests.get(url, headers={"X-API-Key": key}, timeout=10).status_code == 200)
+    finally:
+        server.stop()
+        proxy.close()
 
 
 def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):

@@ -1,0 +1,248 @@
+"""The adapters over limits' storages: the memory storage's sweep and shared lock, and the one
+round trip window count on Redis. They reach into limits; these tests fail if it moves."""
+
+import gc
+import threading
+import time
+
+import gevent
+import pytest
+import redis
+from limits import RateLimitItemPerHour
+from limits.errors import StorageError
+from limits.storage import MemoryStorage, storage_from_string
+
+import limitstorage
+import ratelimit
+import services
+
+
+class FakeClock:
+    def __init__(self, monkeypatch, start=1_000_000.0):
+        self.now = start
+        monkeypatch.setattr("limits.storage.memory.time.time", lambda: self.now)
+
+
+def test_limits_still_has_what_the_memory_adapter_overrides():
+    # SweptMemoryStorage replaces these private methods by their mangled names; renamed, the
+    # overrides would be silently ignored and limits' sweep after every hit would come back.
+    assert callable(getattr(MemoryStorage, "_MemoryStorage__schedule_expiry"))
+    assert callable(getattr(MemoryStorage, "_MemoryStorage__expire_events"))
+    storage = limitstorage.SweptMemoryStorage()
+    storage.timer.join()
+    storage.incr("k", 60)
+    assert storage.timer.interval == limitstorage.SweptMemoryStorage.SWEEP_INTERVAL
+    storage.timer.cancel()
+
+
+def test_memory_storage_sweeps_rarely_but_reads_expire_at_once(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    storage = limitstorage.SweptMemoryStorage()
+    storage.timer.join()  # the one sweep limits schedules on construction
+    for i in range(100):
+        storage.incr(f"k{i}", 1)
+    assert storage.timer.interval == limitstorage.SweptMemoryStorage.SWEEP_INTERVAL
+    assert storage.timer.daemon
+    clock.now += 1
+    assert storage.get("k1") == 0
+    assert len(storage.storage) == 99
+    storage._MemoryStorage__expire_events()
+    assert len(storage.storage) == 0
+    storage.timer.cancel()
+
+
+def test_memory_storage_sweeps_in_slices_and_keeps_live_windows(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    storage = limitstorage.SweptMemoryStorage()
+    storage.timer.join()
+    for i in range(5000):
+        storage.incr(f"old{i}", 1)
+    clock.now += 1
+    for i in range(10):
+        storage.incr(f"new{i}", 60)
+    yields, sweeper, real_sleep = [], threading.get_ident(), limitstorage.time.sleep
+
+    def sleep(seconds):
+        if threading.get_ident() != sweeper:
+            return real_sleep(seconds)
+        yields.append(seconds)
+
+    monkeypatch.setattr(limitstorage.time, "sleep", sleep)
+    storage._MemoryStorage__expire_events()
+    assert yields == [0, 0, 0]  # 5,010 keys in slices of 2,000
+    assert sorted(storage.storage) == [f"new{i}" for i in range(10)]
+    assert sorted(storage.expirations) == sorted(storage.storage)
+    storage.timer.cancel()
+
+
+def test_memory_storage_keeps_no_lock_per_key_and_stays_exact_across_threads():
+    storage = limitstorage.SweptMemoryStorage()
+    tracked_before = len(gc.get_objects())
+
+    def hit_many(offset):
+        for i in range(2000):
+            storage.incr("shared", 60)
+            storage.incr(f"own-{offset}-{i}", 60)
+
+    threads = [threading.Thread(target=hit_many, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert storage.get("shared") == 8000
+    assert len(storage.storage) == 8001
+    # A lock per key would add ~3 tracked objects per key for every full collection to walk.
+    assert len(gc.get_objects()) - tracked_before < 1000
+    storage.timer.cancel()
+
+
+def test_memory_hit_counts_and_reports_the_window_end(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    storage = limitstorage.SweptMemoryStorage()
+    hit = limitstorage.window_counter(storage)
+    assert hit("w", 60) == (1, clock.now + 60)
+    clock.now += 10
+    assert hit("w", 60) == (2, clock.now + 50)
+    clock.now += 50
+    assert hit("w", 60) == (1, clock.now + 60)
+    storage.timer.cancel()
+
+
+@pytest.fixture
+def redis_storage():
+    url = services.redis_url()
+    storage = storage_from_string(url, wrap_exceptions=True)
+    yield storage
+    redis.Redis.from_url(url).flushdb()
+
+
+def test_a_keyed_request_costs_one_redis_round_trip(redis_storage, monkeypatch):
+    limiter = ratelimit.Limiter(redis_storage, {}, None)
+    item = RateLimitItemPerHour(100)
+    limiter.hit(item, "warm", "free", report=False)  # loads the script
+    commands = []
+    connection_class = redis_storage.get_connection().connection_pool.connection_class
+    send = connection_class.send_command
+
+    def counting_send(self, *args, **kwargs):
+        commands.append(args[0])
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(connection_class, "send_command", counting_send)
+    state = limiter.hit(item, "w", "free", report=False)
+    assert commands == ["EVALSHA"]
+    assert state.remaining == 99 and 3599 <= state.reset - time.time() <= 3600
+
+
+def test_redis_hit_shares_limits_keys_and_sets_the_window_once(redis_storage):
+    # limits' own get, incr and get_expiry must see the windows the script counts (give_back and
+    # used_up use them): this fails if limits changes how it prefixes keys.
+    hit = limitstorage.window_counter(redis_storage)
+    before = time.time()
+    count, end = hit("shared", 60)
+    assert count == 1 and before + 59 <= end <= time.time() + 60
+    assert redis_storage.get("shared") == 1
+    assert redis_storage.incr("shared", 60) == 2
+    count, second_end = hit("shared", 60)
+    assert count == 3
+    assert abs(second_end - end) < 0.5  # the window keeps its end
+    assert abs(redis_storage.get_expiry("shared") - end) <= 1
+    assert redis.Redis.from_url(services.REDIS_URL).ttl(redis_storage.prefixed_key("shared")) in (59, 60)
+
+
+def test_redis_hit_gives_a_window_without_expiry_one(redis_storage):
+    client = redis.Redis.from_url(services.REDIS_URL)
+    client.set(redis_storage.prefixed_key("stuck"), 5)
+    count, end = limitstorage.window_counter(redis_storage)("stuck", 30)
+    assert count == 6 and end > time.time() + 29
+    assert 0 < client.ttl(redis_storage.prefixed_key("stuck")) <= 30
+
+
+def test_redis_windows_end_and_start_afresh(redis_storage):
+    hit = limitstorage.window_counter(redis_storage)
+    assert hit("short", 0.3)[0] == 1
+    assert hit("short", 0.3)[0] == 2
+    time.sleep(0.4)
+    assert hit("short", 0.3)[0] == 1
+
+
+def test_redis_hit_fails_as_a_storage_error():
+    storage = storage_from_string("redis://127.0.0.1:1", wrap_exceptions=True, socket_connect_timeout=1)
+    hit = limitstorage.window_counter(storage)
+    with pytest.raises(StorageError):
+        hit("w", 60)
+
+
+def test_other_storages_count_through_limits_own_calls():
+    storage = MemoryStorage()
+    hit = limitstorage.window_counter(storage)
+    count, end = hit("w", 60)
+    assert count == 1 and end > time.time() + 59
+    assert hit("w", 60)[0] == 2
+
+
+@pytest.fixture
+def batching(redis_storage, monkeypatch):
+    """RedisWindows as in a gevent worker, its round trip slowed so that requests pile up behind
+    it (the sockets here are not gevent's, so a real call would block every greenlet)."""
+    monkeypatch.setattr(limitstorage, "greenlets_share_thread", lambda: True)
+    windows = limitstorage.RedisWindows(redis_storage)
+    batches, real_count = [], windows.count
+
+    def slow_count(found):
+        batches.append(len(found))
+        gevent.sleep(0.01)
+        return real_count(found)
+
+    monkeypatch.setattr(windows, "count", slow_count)
+    return windows, batches
+
+
+def test_requests_waiting_together_share_one_call_and_each_gets_its_own_count(batching, redis_storage):
+    windows, batches = batching
+    hits = [gevent.spawn(windows.hit, "shared" if i % 2 else f"own-{i}", 60) for i in range(300)]
+    gevent.joinall(hits, timeout=10, raise_error=True)
+    shared = sorted(hit.value[0] for i, hit in enumerate(hits) if i % 2)
+    assert shared == list(range(1, 151))
+    assert all(hit.value[0] == 1 for i, hit in enumerate(hits) if i % 2 == 0)
+    assert redis_storage.get("shared") == 150
+    # The first request goes alone; the rest wait behind it, at most MAX_BATCH a call.
+    assert batches == [1, 256, 43]
+    assert windows.sender is None
+
+
+def test_a_failed_call_reaches_every_waiter_and_the_next_request_goes_through(batching, monkeypatch):
+    windows, batches = batching
+    calls = iter([None, StorageError(ConnectionError("down")), None])
+    real_count = windows.count
+
+    def sometimes_failing(found):
+        error = next(calls)
+        if error:
+            batches.append(len(found))
+            raise error
+        return real_count(found)
+
+    monkeypatch.setattr(windows, "count", sometimes_failing)
+    hits = [gevent.spawn(windows.hit, "w", 60) for _ in range(20)]
+    gevent.joinall(hits, timeout=10)
+    assert all(hit.ready() for hit in hits)
+    assert [type(hit.exception) for hit in hits] == [type(None)] + [StorageError] * 19
+    assert windows.hit("w", 60)[0] == 2  # the failed call counted nothing; the next one works
+
+
+def test_a_sender_killed_mid_call_fails_its_waiters_and_hands_over(batching):
+    windows, batches = batching
+    first = gevent.spawn(windows.hit, "w", 60)
+    gevent.sleep(0)
+    waiting = [gevent.spawn(windows.hit, "w", 60) for _ in range(5)]
+    gevent.sleep(0.001)
+    first.join(timeout=5)
+    sender = windows.sender
+    assert sender is not None and batches == [1, 5]
+    later = gevent.spawn(windows.hit, "w", 60)
+    gevent.sleep(0)
+    sender.kill()
+    gevent.joinall(waiting + [later], timeout=10)
+    assert [type(hit.exception) for hit in waiting] == [StorageError] * 5
+    assert later.value[0] == 2  # sent by the sender started in the killed one's place
