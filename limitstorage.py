@@ -23,16 +23,31 @@ class SweptMemoryStorage(MemoryStorage):
     SWEEP_SLICE = 2000
 
     def __init__(self, **options):
+        # A flag rather than limits' timer.is_alive(), which under gevent takes a lock: 4 % of a
+        # keyed request. limits' constructor starts the first sweep.
+        self.sweep_scheduled = True
         super().__init__(**options)
         self.locks = SharedLock()
 
     def hit(self, key, expiry):
-        """Count one request in key's window; return (count, epoch seconds when the window ends)."""
-        count = self.incr(key, expiry)
-        return count, self.get_expiry(key)
+        """Count one request in key's window; return (count, epoch seconds when the window ends).
+        limits' incr then get_expiry, in one step: an expired window starts afresh, as does one
+        whose count a give_back brought to 0."""
+        self._MemoryStorage__schedule_expiry()
+        with self.locks.lock:
+            now = time.time()
+            if self.expirations.get(key, 0) <= now:
+                self.storage.pop(key, None)
+                self.expirations.pop(key, None)
+            count = self.storage[key] + 1
+            self.storage[key] = count
+            if count == 1:
+                self.expirations[key] = now + expiry
+            return count, self.expirations[key]
 
     def _MemoryStorage__schedule_expiry(self):
-        if not self.timer.is_alive():
+        if not self.sweep_scheduled:
+            self.sweep_scheduled = True
             self.timer = threading.Timer(self.SWEEP_INTERVAL, self._MemoryStorage__expire_events)
             self.timer.daemon = True
             self.timer.start()
@@ -41,15 +56,18 @@ class SweptMemoryStorage(MemoryStorage):
         """Drop expired windows a slice of keys at a time, letting requests run in between:
         limits walks every key in one go, which held the worker for 20 ms at 100,000 keys. Only
         fixed windows live here, so limits' moving-window events need no sweep."""
-        keys = list(self.expirations)
-        for start in range(0, len(keys), self.SWEEP_SLICE):
-            with self.locks.lock:
-                now = time.time()
-                for key in keys[start:start + self.SWEEP_SLICE]:
-                    if self.expirations.get(key, math.inf) <= now:
-                        del self.expirations[key]
-                        self.storage.pop(key, None)
-            time.sleep(0)  # under gevent, a yield to the waiting requests
+        try:
+            keys = list(self.expirations)
+            for start in range(0, len(keys), self.SWEEP_SLICE):
+                with self.locks.lock:
+                    now = time.time()
+                    for key in keys[start:start + self.SWEEP_SLICE]:
+                        if self.expirations.get(key, math.inf) <= now:
+                            del self.expirations[key]
+                            self.storage.pop(key, None)
+                time.sleep(0)  # under gevent, a yield to the waiting requests
+        finally:
+            self.sweep_scheduled = False
 
 
 class SharedLock:

@@ -257,11 +257,12 @@ def add_rate_limit_headers(response):
     """Report the request's window in the X-RateLimit-* and IETF draft-11 RateLimit headers."""
     state = g.get("rate_limit")
     if state is not None:
-        response.headers["X-RateLimit-Limit"] = str(state.limit)
-        response.headers["X-RateLimit-Remaining"] = str(state.remaining)
-        response.headers["X-RateLimit-Reset"] = str(math.ceil(state.reset))
-        response.headers["RateLimit-Policy"] = f'"{state.policy}";q={state.limit};w={state.window}'
-        response.headers["RateLimit"] = (
-            f'"{state.policy}";r={state.remaining};t={seconds_until(state.reset)}'
-        )
+        # Added, not set: nothing else writes these, and set() scans every header for each.
+        response.headers.extend((
+            ("X-RateLimit-Limit", str(state.limit)),
+            ("X-RateLimit-Remaining", str(state.remaining)),
+            ("X-RateLimit-Reset", str(math.ceil(state.reset))),
+            ("RateLimit-Policy", f'"{state.policy}";q={state.limit};w={state.window}'),
+            ("RateLimit", f'"{state.policy}";r={state.remaining};t={seconds_until(state.reset)}'),
+        ))
     return response

@@ -246,3 +246,24 @@ def test_a_sender_killed_mid_call_fails_its_waiters_and_hands_over(batching):
     gevent.joinall(waiting + [later], timeout=10)
     assert [type(hit.exception) for hit in waiting] == [StorageError] * 5
     assert later.value[0] == 2  # sent by the sender started in the killed one's place
+
+
+def test_memory_hit_matches_limits_incr_and_get_expiry(monkeypatch):
+    # SweptMemoryStorage.hit does limits' incr and get_expiry in one step; replayed against
+    # limits' own storage, every answer must be the same (give_backs and expiries included).
+    clock = FakeClock(monkeypatch)
+    ours, theirs = limitstorage.SweptMemoryStorage(), MemoryStorage()
+    steps = [("hit", "a", 60), ("hit", "a", 60), ("give_back", "a"), ("give_back", "a"), ("hit", "a", 60),
+             ("wait", 30), ("hit", "a", 60), ("hit", "b", 10), ("wait", 10), ("hit", "b", 10), ("wait", 31),
+             ("hit", "a", 60), ("hit", "a", 60)]
+    for step in steps:
+        if step[0] == "wait":
+            clock.now += step[1]
+        elif step[0] == "give_back":
+            ours.incr(step[1], 60, amount=-1)
+            theirs.incr(step[1], 60, amount=-1)
+        else:
+            expected = (theirs.incr(step[1], step[2]), theirs.get_expiry(step[1]))
+            assert ours.hit(step[1], step[2]) == expected, step
+    ours.timer.cancel()
+    theirs.timer.cancel()

@@ -132,6 +132,7 @@ def test_limit_storage_unavailable_conforms(app, client, api_key, monkeypatch, p
         raise StorageError(ConnectionError("connection refused"))
 
     monkeypatch.setattr(app.extensions["ratelimit"].storage, "incr", refuse)
+    monkeypatch.setattr(app.extensions["ratelimit"], "count_hit", refuse)
     response = client.get(path, headers={"X-API-Key": api_key})
     assert response.status_code == status
     assert_conforms(response)

@@ -56,6 +56,7 @@ def test_storage_failure_is_503_and_lets_nothing_through(app, client, api_key, m
         raise StorageError(ConnectionError("redis is down"))
 
     monkeypatch.setattr(app.extensions["ratelimit"].storage, "incr", fail)
+    monkeypatch.setattr(app.extensions["ratelimit"], "count_hit", fail)
     response = client.get("/api/v1/protected/test", headers={"X-API-Key": api_key})
     assert response.status_code == 503
     assert response.get_json()["error"]["code"] == "service_unavailable"
