@@ -322,12 +322,12 @@ class Ticker:
                 log.exception("%s failed at %s.", job.__name__, second)
 
     def tick(self, second):
-        message = time_update(second)
+        frame = wsserver.text_frame(time_update(second))
         sent = 0
         for ws in list(self.sockets):
             try:
                 # Never waits: a client that has stopped reading is cut off by its own outbox.
-                ws.send_nowait(message)
+                ws.send_frame_nowait(frame)
                 sent += 1
             except (simple_websocket.ConnectionClosed, OSError):
                 self.discard(ws)

@@ -5,6 +5,7 @@ one gevent worker pinned to core 1, the load generators on core 0. Prints markdo
     python bench/run.py                 # everything
     python bench/run.py rest            # REST only (wrk)
     python bench/run.py sockets echo    # time sockets, echo round trips
+    python bench/run.py sockets --all   # time sockets, every one read by several client processes
     python bench/run.py stalled         # 3,000 time sockets, 1 % of them stalled
     python bench/run.py echo --against ../before   # and the echo of another checkout beside it
     python bench/run.py rest --against ../before   # and its REST, interleaved with this one
@@ -19,11 +20,14 @@ import base64
 import concurrent.futures
 import datetime
 import json
+import multiprocessing
 import os
 import re
 import resource
+import select
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -44,6 +48,8 @@ TICK_SECONDS = 10
 SAMPLE_SOCKETS = 100
 ECHO_CLIENTS, ECHO_SECONDS = 50, 10
 REDIS_URL = "redis://127.0.0.1:6379/14"  # its own database, emptied at the start
+CLIENT_PROCESSES = 2  # sockets --all: the readers, all on the client core
+ALL_SOCKETS = False  # --all: sockets measures every socket instead of the 100 opened last
 AGAINST = None  # --against: another checkout measured beside this one (rest, echo)
 
 
@@ -248,6 +254,8 @@ def rest_order(names, repetition):
 def bench_sockets(workdir):
     env = service_env(workdir)
     secrets = seed_keys(env, max(SOCKET_COUNTS) // 10)
+    if ALL_SOCKETS:
+        return bench_all_sockets(env, secrets)
     print(f"\nTime sockets: all open, {TICK_SECONDS} s of ticks; lateness after the whole second, measured on "
           f"the {SAMPLE_SOCKETS} sockets opened last (the others never read, so the client costs nothing)\n")
     print("| sockets | handshake failures | skipped seconds (sample) | built p50 / p99 / max ms "
@@ -261,6 +269,167 @@ def bench_sockets(workdir):
         finally:
             server.stop()
         print(row)
+
+
+def bench_all_sockets(env, secrets):
+    print(f"\nTime sockets, every one read: {TICK_SECONDS} s of ticks; lateness after the whole second of "
+          f"every tick on every socket, as the client's kernel stamped its arrival (SO_TIMESTAMPNS), read by "
+          f"{CLIENT_PROCESSES} client processes on core {CLIENT_CORE}, whose CPU use is shown\n")
+    print("| sockets | handshake failures | skipped seconds | built p50 / p99 / max ms "
+          "| arrived p50 / p99 / max ms | client CPU, % of its core | RSS per socket KiB |")
+    print("|---|---|---|---|---|---|---|")
+    for count in SOCKET_COUNTS:
+        server = Server("app:app", env)
+        try:
+            before = server.rss_kib()
+            row = read_every_socket(server, secrets, count, before)
+        finally:
+            server.stop()
+        print(row)
+
+
+def read_every_socket(server, secrets, count, rss_before):
+    paths = [f"/api/v1/ws/time?api_key={secrets[index // 10]}" for index in range(count)]
+    context = multiprocessing.get_context("spawn")
+    pipes, processes = [], []
+    for share in range(CLIENT_PROCESSES):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=read_time_sockets, args=(server.port, paths[share::CLIENT_PROCESSES], theirs))
+        process.start()
+        pipes.append(ours)
+        processes.append(process)
+    failures = sum(pipe.recv() for pipe in pipes)
+    time.sleep(2)
+    rss_open = server.rss_kib()
+    first_second = int(time.time()) + 2
+    for pipe in pipes:
+        pipe.send(first_second)
+    reports = [pipe.recv() for pipe in pipes]
+    for process in processes:
+        process.join()
+    arrived = sorted(late for report in reports for late in report["arrived_ms"])
+    built = sorted(late for report in reports for late in report["built_ms"])
+    skipped = sum(report["skipped"] for report in reports)
+    cpu = sum(report["cpu_seconds"] for report in reports) / max(report["wall_seconds"] for report in reports)
+    per_socket = (rss_open - rss_before) / max(1, count - failures)
+    return (f"| {count:,} | {failures} | {skipped} | {percentiles(built)} | {percentiles(arrived)} "
+            f"| {100 * cpu:.0f} | {per_socket:.1f} |")
+
+
+# Linux's SO_TIMESTAMPNS (and SCM_TIMESTAMPNS): the kernel stamps each packet as it arrives, so a
+# busy client cannot make the server look late. The socket module does not export them.
+SO_TIMESTAMPNS = 35
+
+
+class TimeSocketReader:
+    """One time socket of sockets --all: reads every frame and keeps each chunk with the time the
+    kernel received it; nothing is parsed until the run is over."""
+
+    def __init__(self, port, path):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: bench\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.chunks = []
+
+    def finish_handshake(self):
+        """Wait for the 101 (raise ConnectionError for anything else), then stop blocking."""
+        while b"\r\n\r\n" not in b"".join(data for _, data in self.chunks):
+            if not self.read():
+                raise ConnectionError("closed before the handshake")
+        if not self.chunks[0][1].startswith(b"HTTP/1.1 101"):
+            raise ConnectionError(self.chunks[0][1].split(b"\r\n")[0].decode(errors="replace"))
+        self.sock.setblocking(False)
+
+    def read(self):
+        """Read what is waiting; return False once the server has closed the socket."""
+        data, ancillary, _, _ = self.sock.recvmsg(65536, 64)
+        stamp = time.time()
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                seconds, nanoseconds = struct.unpack("qq", value[:16])
+                stamp = seconds + nanoseconds / 1e9
+        self.chunks.append((stamp, data))
+        return bool(data)
+
+    def messages(self):
+        """Yield (arrival time, payload) for each text frame, stamped with the chunk that ended it."""
+        buffer, upgraded = b"", False
+        for arrived, data in self.chunks:
+            buffer += data
+            if not upgraded:
+                head, found, rest = buffer.partition(b"\r\n\r\n")
+                if not found:
+                    continue
+                buffer, upgraded = rest, True
+            while len(buffer) >= 2:
+                length, start = buffer[1] & 0x7F, 2
+                if length == 126:
+                    length, start = int.from_bytes(buffer[2:4], "big"), 4
+                if len(buffer) < start + length:
+                    break
+                opcode, payload = buffer[0] & 0x0F, buffer[start:start + length]
+                buffer = buffer[start + length:]
+                if opcode == 1:
+                    yield arrived, payload
+
+
+def read_time_sockets(port, paths, pipe):
+    """A client process of sockets --all: open paths (100 handshakes at a time), report the
+    failures, wait for the first second of the window, read every socket through epoll until it
+    ends, then report every tick's lateness and this process's CPU time."""
+    os.sched_setaffinity(0, {int(CLIENT_CORE)})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    readers, failures = {}, 0
+    for start in range(0, len(paths), 100):
+        opening = []
+        for path in paths[start:start + 100]:
+            try:
+                opening.append(TimeSocketReader(port, path))
+            except OSError:
+                failures += 1
+        for reader in opening:
+            try:
+                reader.finish_handshake()
+                readers[reader.sock.fileno()] = reader
+            except OSError:
+                failures += 1
+    poller = select.epoll()
+    for fileno in readers:
+        poller.register(fileno, select.EPOLLIN)
+    pipe.send(failures)
+    first_second = pipe.recv()
+    started, cpu_started = time.time(), time.process_time()
+    ends_at = first_second + TICK_SECONDS + 1.5
+    while (left := ends_at - time.time()) > 0:
+        for fileno, _ in poller.poll(min(left, 0.5)):
+            try:
+                if not readers[fileno].read():
+                    poller.unregister(fileno)
+            except BlockingIOError:
+                pass
+    cpu_seconds, wall_seconds = time.process_time() - cpu_started, time.time() - started
+    window = set(range(first_second, first_second + TICK_SECONDS))
+    parsed, arrived_ms, built_ms, skipped = {}, [], [], 0
+    for reader in readers.values():
+        seen = set()
+        for arrived, raw in reader.messages():
+            if raw not in parsed:
+                message = json.loads(raw)
+                parsed[raw] = (epoch(message["formatted"], "%Y-%m-%d %H:%M:%S UTC"),
+                               epoch(message["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+                               ) if message.get("type") == "time_update" else (None, None)
+            second, built = parsed[raw]
+            if second in window:
+                seen.add(second)
+                arrived_ms.append((arrived - second) * 1000)
+                built_ms.append((built - second) * 1000)
+        skipped += len(window - seen)
+        reader.sock.close()
+    pipe.send({"arrived_ms": arrived_ms, "built_ms": built_ms, "skipped": skipped, "cpu_seconds": cpu_seconds,
+               "wall_seconds": wall_seconds})
 
 
 async def hold_raw_socket(host, port, path, receive_buffer=None):
@@ -628,12 +797,15 @@ def main():
              "cycles": bench_cycles, "logins": bench_logins, "redis": bench_redis}
     # Checked here: argparse 3.11 checks an empty nargs="*" against choices and refuses it.
     parser.add_argument("parts", nargs="*", help=f"any of {', '.join(parts)} (default: all)")
+    parser.add_argument("--all", action="store_true",
+                        help="sockets: read every socket with several client processes, not only the last 100")
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="rest, echo, redis: also measure the service in DIR, a checkout of another revision "
                              "(git worktree add DIR REV), interleaved with this one")
     args = parser.parse_args()
     chosen = args.parts or list(parts)
-    global AGAINST
+    global AGAINST, ALL_SOCKETS
+    ALL_SOCKETS = args.all
     AGAINST = args.against and args.against.resolve()
     if unknown := set(chosen) - set(parts):
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")

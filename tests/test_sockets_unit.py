@@ -98,10 +98,10 @@ class FakeSocket:
         self.sent = []
         self.closed_with = None
 
-    def send_nowait(self, message):
+    def send_frame_nowait(self, frame):
         if self.failure:
             raise self.failure
-        self.sent.append(message)
+        self.sent.append(frame)
 
     def close(self, code, reason):
         self.closed_with = code

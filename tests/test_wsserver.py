@@ -12,6 +12,8 @@ import pytest
 import simple_websocket
 import wsproto
 import wsproto.events
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
 
 import sockets
 import wsserver
@@ -160,3 +162,17 @@ def test_close_waits_for_what_is_queued(pair):
     assert read_exactly(client, 16 * 65536) == b"c" * 16 * 65536
     gevent.sleep(0.05)
     assert outbox.closed and client.recv(1) == b""
+
+
+@pytest.mark.parametrize("length", [0, 1, 125, 126, 65535, 65536])
+def test_text_frame_is_what_a_server_connection_sends(length):
+    client, server = WSConnection(ConnectionType.CLIENT), WSConnection(ConnectionType.SERVER)
+    server.receive_data(client.send(Request(host="example.com", target="/api/v1/ws/time")))
+    list(server.events())
+    client.receive_data(server.send(AcceptConnection()))
+    list(client.events())
+    text = "é" + "x" * max(0, length - 2) if length else ""
+    assert wsserver.text_frame(text) == server.send(TextMessage(data=text))
+    assert wsserver.text_frame(text) == server.send(TextMessage(data=text))  # no state carried over
+    client.receive_data(wsserver.text_frame(text))
+    assert [event.data for event in client.events()] == [text]
