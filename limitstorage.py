@@ -157,11 +157,17 @@ return replies
                 outcomes = self.count([window for window, _ in batch])
             except BaseException as error:
                 # Every waiter hears of it, whatever it was: none may wait for ever.
-                for _, result in batch:
-                    result.set_exception(error if isinstance(error, StorageError) else StorageError(error))
+                failed = error if isinstance(error, StorageError) else StorageError(error)
                 if not isinstance(error, Exception):
+                    for _, result in batch:
+                        result.set_exception(failed)
                     self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
                     raise
+                # Those that came meanwhile fail with it rather than wait for another timeout
+                # each, behind the same broken link: a hung Redis costs every request ~1 s at most.
+                batch, self.waiting = batch + self.waiting, []
+                for _, result in batch:
+                    result.set_exception(failed)
                 continue
             for (_, result), outcome in zip(batch, outcomes):
                 result.set(outcome)

@@ -267,3 +267,23 @@ def test_memory_hit_matches_limits_incr_and_get_expiry(monkeypatch):
             assert ours.hit(step[1], step[2]) == expected, step
     ours.timer.cancel()
     theirs.timer.cancel()
+
+
+def test_when_a_call_fails_everyone_waiting_fails_with_it_without_another_call(batching, monkeypatch):
+    windows, batches = batching
+    outcomes = iter(["count", "fail"])
+    real_count = limitstorage.RedisWindows.count.__get__(windows)
+
+    def count_then_fail(found):
+        batches.append(len(found))
+        gevent.sleep(0.01)
+        if next(outcomes, "fail") == "fail":
+            raise StorageError(TimeoutError("Timeout reading from socket"))
+        return real_count(found)
+
+    monkeypatch.setattr(windows, "count", count_then_fail)
+    hits = [gevent.spawn(windows.hit, "w", 60) for _ in range(601)]
+    gevent.joinall(hits, timeout=10)
+    assert [type(hit.exception) for hit in hits] == [type(None)] + [StorageError] * 600
+    assert batches == [1, 256]  # the 344 beyond the failed call were not sent behind it
+    assert windows.sender is None and windows.waiting == []
