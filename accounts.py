@@ -17,6 +17,7 @@ from peewee import IntegrityError, PostgresqlDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable
 from werkzeug.security import check_password_hash, generate_password_hash
 
+import keycache
 import securitylog
 from models import ApiKey, SecurityEvent, Session, User, db, greenlets_share_thread, release_connection, utcnow
 
@@ -207,6 +208,7 @@ def delete_account(user, password):
         SecurityEvent.delete().where(SecurityEvent.user == user.id).execute()
         ApiKey.delete().where(ApiKey.user == user.id).execute()
         User.delete().where(User.id == user.id).execute()
+    keycache.announce_change()
 
 
 def active_key_count(user):

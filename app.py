@@ -16,6 +16,7 @@ import api
 import auth
 import cli
 import health
+import keycache
 import logs
 import metrics
 import models
@@ -118,6 +119,7 @@ def create_app(overrides=None):
 
     models.init_app(app)
     ratelimit.init_app(app)
+    keycache.init_app(app)
     usage.init_app(app)
     app.register_blueprint(api.api)
     health.init_app(app)

@@ -12,8 +12,10 @@ from flask import current_app, g, request
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import accounts
+import keycache
 import ratelimit
 import securitylog
+from limitstorage import KeysChanged
 from models import SCOPES, ApiKey, db, find_active_key, utcnow
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
@@ -157,6 +159,7 @@ def roll_key(key, grace):
             raise ValueError("The key was rolled or revoked meanwhile; reload and try again.")
         securitylog.record(key.user_id, "key.rolled",
                            f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)")
+    keycache.announce_change()
     return secret
 
 
@@ -171,15 +174,24 @@ def revoke_key(key, leaked=False):
             if ApiKey.update(revoked_at=key.revoked_at).where((ApiKey.id == key.id) & first).execute():
                 securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
                                    f"{key.name} (id {key.id}, {key.display_prefix}...)")
+        keycache.announce_change()
 
 
 def authenticate(secret, source="the X-API-Key header"):
-    """Return the active ApiKey for a secret, or raise ApiKeyError."""
+    """Return the active ApiKey for a secret, read from the database, or raise ApiKeyError."""
+    return found_key(find_active_key(secret_hash(secret, source)))
+
+
+def secret_hash(secret, source):
+    """Return the hash of a well-formed secret, None for a malformed one; raise ApiKeyError for none."""
     secret = (secret or "").strip()
     if not secret:
         raise ApiKeyError("missing_api_key", f"This endpoint needs an API key in {source}.")
     well_formed = KEY_PATTERN.fullmatch(secret) and not checksum_fails(secret)
-    key = find_active_key(hash_key(secret)) if well_formed else None
+    return hash_key(secret) if well_formed else None
+
+
+def found_key(key):
     if key is None:
         raise ApiKeyError("invalid_api_key", "The API key is malformed, unknown or revoked.")
     return key
@@ -193,10 +205,20 @@ def require_scope(key, scope):
 
 def admit(secret, scope, source="the X-API-Key header"):
     """Authenticate a secret, check its scope, then count it against its key's allowance; the key
-    goes on g.api_key. A key without the scope is not counted."""
-    g.api_key = authenticate(secret, source)
+    goes on g.api_key. A key without the scope is not counted. The key may come from the worker's
+    cache (keycache.py); where the count must confirm it, a stale one is read again, uncounted."""
+    key_hash = secret_hash(secret, source)
+    key, generation = keycache.find(key_hash) if key_hash else (None, None)
+    g.api_key = found_key(key)
     require_scope(g.api_key, scope)
-    ratelimit.count_request(g.api_key)
+    try:
+        ratelimit.count_request(g.api_key, generation)
+    except KeysChanged:
+        # Read after the generation that refused the count: a change announced before this request
+        # arrived is in it, so the count needs no second confirmation.
+        g.api_key = found_key(keycache.reload(key_hash))
+        require_scope(g.api_key, scope)
+        ratelimit.count_request(g.api_key)
     return g.api_key
 
 

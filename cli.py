@@ -11,25 +11,28 @@ from flask.cli import AppGroup
 import accounts
 import auth
 import securitylog
+from keycache import ChangeNotAnnounced
 from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
 
 
-class SentenceOnDatabaseError:
-    """A command (or every command of a group) whose database cannot be reached or written ends
-    with a sentence, not a traceback."""
+class SentenceOnServiceError:
+    """A command (or every command of a group) whose database cannot be reached or written, or
+    whose key change cannot be announced to the servers, ends with a sentence, not a traceback."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except DATABASE_ERRORS as error:
             raise click.ClickException(f"The database cannot be used right now: {error}") from None
+        except ChangeNotAnnounced as error:
+            raise click.ClickException(error.description) from None
 
 
-class CommandGroup(SentenceOnDatabaseError, AppGroup):
+class CommandGroup(SentenceOnServiceError, AppGroup):
     pass
 
 
-class Command(SentenceOnDatabaseError, click.Command):
+class Command(SentenceOnServiceError, click.Command):
     pass
 
 

@@ -3,6 +3,7 @@ reaches into limits (MemoryStorage's private sweep, RedisStorage's client and ke
 tests/test_limitstorage.py fails loudly if a new version moves what it relies on."""
 
 import math
+import secrets
 import threading
 import time
 
@@ -98,57 +99,97 @@ def open_storage(url):
     return storage_from_string(url, wrap_exceptions=True)
 
 
+class KeysChanged(Exception):
+    """An API key changed (revoked, rolled, deleted) since the caller read the key it counts for:
+    nothing was counted, and the caller must read the key again."""
+
+
 class RedisWindows:
     """Counts requests in their windows on Redis, and reads when each window ends, in one round
     trip for every request waiting at that moment: limits' RedisStorage takes two round trips per
     request (its incr script, then a TTL), and redis-py spends ~130 us of a worker's time on each
     call, so with 50 busy connections the requests waiting together share one script call. Each
     key is still counted atomically, in the order the requests came. The keys are limits' own
-    (prefixed_key), so its get, incr and clear see the same windows."""
+    (prefixed_key), so its get, incr and clear see the same windows.
 
-    # For each key: PTTL < 0 is a new window (or, should one ever exist, a window without an
-    # expiry), whose expiry is set here; an existing window keeps its end.
+    The same call reads the key generation: a random token that every change to an API key
+    replaces (announce_key_change). A window counted for a key read under another generation is
+    not counted, so a process that caches keys learns that one may be stale before it serves it,
+    at no extra round trip (keycache.py)."""
+
+    # ARGV[1] is a fresh token, for a generation that does not exist yet (a new or emptied Redis),
+    # or '' when no generation is kept (Redis Cluster: its key would live in another slot). Then
+    # for each window: its length in ms and the generation its key was read under ('' for any).
+    # PTTL < 0 is a new window (or, should one ever exist, a window without an expiry), whose
+    # expiry is set here; an existing window keeps its end.
     SCRIPT = """
-local replies = {}
-for i, key in ipairs(KEYS) do
-    local count = redis.call('incrby', key, 1)
-    local ttl = redis.call('pttl', key)
-    if ttl < 0 then
-        redis.call('pexpire', key, ARGV[i])
-        ttl = tonumber(ARGV[i])
+local first, generation = 1, ''
+if ARGV[1] ~= '' then
+    first = 2
+    generation = redis.call('get', KEYS[1])
+    if not generation then
+        generation = ARGV[1]
+        redis.call('set', KEYS[1], generation)
     end
-    replies[2 * i - 1] = count
-    replies[2 * i] = ttl
+end
+local replies = {generation}
+for i = first, #KEYS do
+    local window = i - first + 1
+    local expected = ARGV[2 * window + 1]
+    local count, ttl = -1, 0
+    if expected == '' or expected == generation then
+        count = redis.call('incrby', KEYS[i], 1)
+        ttl = redis.call('pttl', KEYS[i])
+        if ttl < 0 then
+            redis.call('pexpire', KEYS[i], ARGV[2 * window])
+            ttl = tonumber(ARGV[2 * window])
+        end
+    end
+    replies[2 * window] = count
+    replies[2 * window + 1] = ttl
 end
 return replies
 """
     # Redis runs one script at a time: a bounded batch keeps each call to a fraction of a ms.
     MAX_BATCH = 256
+    GENERATION_KEY = "api-keys-generation"
 
     def __init__(self, storage):
         self.storage = storage
         self.script = storage.get_connection().register_script(self.SCRIPT)
-        # Redis Cluster refuses a script whose keys live in different slots.
+        # Redis Cluster refuses a script whose keys live in different slots: one window a call there,
+        # and no generation.
         self.cluster = isinstance(storage, RedisClusterStorage)
+        self.generation_key = None if self.cluster else storage.prefixed_key(self.GENERATION_KEY)
+        # The generation of the latest reply: a key read now is at least as new as it. Until the
+        # first reply, one that no reply matches, so keys read meanwhile are confirmed by a new read.
+        self.generation = "none seen yet"
         self.waiting = []
         self.sender = None
 
-    def hit(self, key, expiry):
-        """Count one request in key's window; return (count, epoch seconds when the window ends)."""
-        window = (self.storage.prefixed_key(key), int(expiry * 1000))
+    def hit(self, key, expiry, generation=None):
+        """Count one request in key's window; return (count, epoch seconds when the window ends).
+        With a generation: raise KeysChanged, counting nothing, unless it is still the current one."""
+        window = (self.storage.prefixed_key(key), int(expiry * 1000), generation or "")
         if self.cluster or not greenlets_share_thread():
-            return self.count([window])[0]
+            return self.outcome(self.count([window])[0])
         if self.sender is None:
             # Nothing in flight: this request makes the call itself, sparing the switch to a sender
             # (~70 us); requests arriving meanwhile wait for a sender started after it.
             self.sender = gevent.getcurrent()
             try:
-                return self.count([window])[0]
+                return self.outcome(self.count([window])[0])
             finally:
                 self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
         result = AsyncResult()
         self.waiting.append((window, result))
-        return result.get()
+        return self.outcome(result.get())
+
+    @staticmethod
+    def outcome(counted):
+        if counted[0] < 0:
+            raise KeysChanged()
+        return counted
 
     def send_waiting(self):
         while self.waiting:
@@ -174,12 +215,33 @@ return replies
         self.sender = None
 
     def count(self, windows):
+        keys = [key for key, _, _ in windows]
+        args = [secrets.token_hex(8) if self.generation_key else ""]
+        for _, ms, generation in windows:
+            args += (ms, generation)
         try:
-            replies = self.script(keys=[key for key, _ in windows], args=[ms for _, ms in windows])
+            replies = self.script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
         except self.storage.base_exceptions as error:
             raise StorageError(error) from error
         now = time.time()
-        return [(replies[i], now + replies[i + 1] / 1000) for i in range(0, len(replies), 2)]
+        generation = replies[0]
+        self.generation = generation.decode() if isinstance(generation, bytes) else generation
+        return [(replies[i], now + replies[i + 1] / 1000) for i in range(1, len(replies), 2)]
+
+    def announce_key_change(self):
+        """Give the key generation a new value, after a change to a key is committed: every process
+        then reads again the keys it cached. Raise StorageError when Redis cannot be told."""
+        token = secrets.token_hex(8)
+        try:
+            self.storage.get_connection().set(self.generation_key, token)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+        self.generation = token
+
+
+def redis_windows(storage):
+    """Return RedisWindows for a Redis storage, else None."""
+    return RedisWindows(storage) if isinstance(storage, RedisStorage) else None
 
 
 def window_counter(storage):

@@ -52,6 +52,11 @@ def utc_from_epoch(epoch):
     return datetime.datetime.fromtimestamp(epoch, datetime.UTC).replace(tzinfo=None)
 
 
+def epoch_of(moment):
+    """Return a naive UTC datetime as epoch seconds."""
+    return moment.replace(tzinfo=datetime.UTC).timestamp()
+
+
 def iso_ms(moment):
     """Return a naive UTC datetime as ISO 8601 with milliseconds and Z."""
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
@@ -222,7 +227,8 @@ class Statements:
 
 def find_active_key(key_hash):
     """Return the ApiKey whose secret, or whose previous secret within its grace period, has this
-    hash, unless it is revoked or expired (only the fields a request needs); else None."""
+    hash, unless it is revoked or expired (only the fields a request needs, and usable_until: the
+    epoch second from which this secret stops opening the key, or inf); else None."""
     row = db.execute_sql(db.statements.find_active_key, (key_hash, key_hash)).fetchone()
     if row is None:
         return None
@@ -231,11 +237,17 @@ def find_active_key(key_hash):
     expires_at = ApiKey.expires_at.python_value(expires_at)
     if expires_at is not None and expires_at <= now:
         return None
-    if current_hash != key_hash and not ApiKey.previous_expires_at.python_value(previous_until) > now:
-        return None
+    ends = [expires_at] if expires_at is not None else []
+    if current_hash != key_hash:
+        previous_until = ApiKey.previous_expires_at.python_value(previous_until)
+        if not previous_until > now:
+            return None
+        ends.append(previous_until)
     # __no_default__ skips computing defaults for the fields the query did not fetch.
-    return ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
-                  rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes)
+    key = ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
+                 rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes)
+    key.usable_until = epoch_of(min(ends)) if ends else math.inf
+    return key
 
 
 def secret_is_active(key_hash):

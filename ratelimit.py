@@ -15,7 +15,7 @@ from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
 import metrics
-from limitstorage import open_storage, window_counter
+from limitstorage import open_storage, redis_windows, window_counter
 from models import ApiKey, db
 
 log = logging.getLogger(__name__)
@@ -82,16 +82,22 @@ class Limiter:
 
     def __init__(self, storage, tiers, public_rate):
         self.storage = storage
-        self.count_hit = window_counter(storage)
+        # On Redis, the counter also carries the key generation that keycache.py relies on.
+        self.windows = redis_windows(storage)
+        self.count_hit = self.windows.hit if self.windows else window_counter(storage)
         self.tiers = tiers
         self.public_rate = public_rate
 
-    def hit(self, item, identity, policy, report=True):
+    def hit(self, item, identity, policy, report=True, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
-        With report, the state goes on g.rate_limit and so into the response headers."""
+        With report, the state goes on g.rate_limit and so into the response headers. With a key
+        generation (Redis only), raise KeysChanged, counting nothing, once it is no longer current."""
         window_key = item.key_for(identity)
         try:
-            count, reset = self.count_hit(window_key, item.get_expiry())
+            if generation is None:
+                count, reset = self.count_hit(window_key, item.get_expiry())
+            else:
+                count, reset = self.windows.hit(window_key, item.get_expiry(), generation)
         except StorageError as error:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None
@@ -155,14 +161,15 @@ def tier_names():
     return current_app.extensions["ratelimit"].tiers.keys()
 
 
-def count_request(key):
-    """Count a request against the key's allowance and its usage; raise RateLimitExceeded when over."""
+def count_request(key, generation=None):
+    """Count a request against the key's allowance and its usage; raise RateLimitExceeded when over,
+    or KeysChanged when the key generation it was read under is not the current one."""
     limiter = current_app.extensions["ratelimit"]
     item = limiter.tiers.get(key.rate_limit_tier)
     if item is None:
         log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, key.rate_limit_tier)
         raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-    state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier)
+    state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier, generation=generation)
     current_app.extensions["usage"].add(key.id)
     return state
 

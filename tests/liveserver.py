@@ -2,6 +2,7 @@
 free port, and run the real CLI against its database."""
 
 import contextlib
+import itertools
 import os
 import re
 import shlex
@@ -20,6 +21,10 @@ import services
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+PASSWORD = "tangerine submarine 42"
+SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
+addresses = (f"10.9.{n // 250}.{n % 250 + 1}" for n in itertools.count())
+usernames = (f"user{n}" for n in itertools.count())
 
 
 def free_port():
@@ -152,3 +157,46 @@ def wait_for(predicate, seconds=10):
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.1)
+
+
+class Browser:
+    """A requests session with its own client address, that fills in the CSRF token."""
+
+    def __init__(self, server, address=None):
+        self.base = server.base
+        self.http = requests.Session()
+        self.http.headers["X-Forwarded-For"] = address or next(addresses)
+
+    def get(self, path, **options):
+        return self.http.get(self.base + path, allow_redirects=False, timeout=30, **options)
+
+    def post(self, path, data=None, form_page=None, **options):
+        token = re.search(r'name="csrf_token" value="([^"]+)"', self.get(form_page or path).text)[1]
+        return self.http.post(self.base + path, data={**(data or {}), "csrf_token": token},
+                              allow_redirects=False, timeout=30, **options)
+
+    def signup(self, username=None, password=PASSWORD):
+        username = username or next(usernames)
+        response = self.post("/signup", {"username": username, "email": f"{username}@example.com",
+                                         "password": password})
+        assert response.status_code == 302, response.text
+        self.username = username
+        return self
+
+    def login(self, username, password=PASSWORD, next_path=None):
+        query = f"?next={next_path}" if next_path is not None else ""
+        return self.post(f"/login{query}", {"username": username, "password": password}, form_page="/login")
+
+    def logged_in(self):
+        return self.get("/settings/profile").status_code == 200
+
+    def create_key(self, name="key"):
+        return self.post("/settings/security/keys", {"name": name, "type": "production"},
+                         form_page="/settings/security")
+
+    def copy(self):
+        twin = Browser.__new__(Browser)
+        twin.base, twin.http = self.base, requests.Session()
+        twin.http.headers.update(self.http.headers)
+        twin.http.cookies.update(self.http.cookies)
+        return twin

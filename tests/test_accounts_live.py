@@ -5,7 +5,6 @@ passwords, file modes, the access log and proxy headers. Each browser has its ow
 
 import base64
 import concurrent.futures
-import itertools
 import re
 import sqlite3
 import stat
@@ -17,12 +16,8 @@ import pytest
 import requests
 import websocket
 
-from liveserver import Server, cli, free_port, run_cli, service_env, serving, start_procfile
-
-PASSWORD = "tangerine submarine 42"
-SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
-addresses = (f"10.9.{n // 250}.{n % 250 + 1}" for n in itertools.count())
-usernames = (f"user{n}" for n in itertools.count())
+from liveserver import PASSWORD, SECRET_PATTERN, Browser, Server, cli, free_port, run_cli, service_env, serving, usernames
+from liveserver import start_procfile
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -34,49 +29,6 @@ def env(request, tmp_path_factory):
 def server(env, tmp_path_factory):
     with serving(tmp_path_factory.mktemp("accounts-log"), env) as server:
         yield server
-
-
-class Browser:
-    """A requests session with its own client address, that fills in the CSRF token."""
-
-    def __init__(self, server, address=None):
-        self.base = server.base
-        self.http = requests.Session()
-        self.http.headers["X-Forwarded-For"] = address or next(addresses)
-
-    def get(self, path, **options):
-        return self.http.get(self.base + path, allow_redirects=False, timeout=30, **options)
-
-    def post(self, path, data=None, form_page=None, **options):
-        token = re.search(r'name="csrf_token" value="([^"]+)"', self.get(form_page or path).text)[1]
-        return self.http.post(self.base + path, data={**(data or {}), "csrf_token": token},
-                              allow_redirects=False, timeout=30, **options)
-
-    def signup(self, username=None, password=PASSWORD):
-        username = username or next(usernames)
-        response = self.post("/signup", {"username": username, "email": f"{username}@example.com",
-                                         "password": password})
-        assert response.status_code == 302, response.text
-        self.username = username
-        return self
-
-    def login(self, username, password=PASSWORD, next_path=None):
-        query = f"?next={next_path}" if next_path is not None else ""
-        return self.post(f"/login{query}", {"username": username, "password": password}, form_page="/login")
-
-    def logged_in(self):
-        return self.get("/settings/profile").status_code == 200
-
-    def create_key(self, name="key"):
-        return self.post("/settings/security/keys", {"name": name, "type": "production"},
-                         form_page="/settings/security")
-
-    def copy(self):
-        twin = Browser.__new__(Browser)
-        twin.base, twin.http = self.base, requests.Session()
-        twin.http.headers.update(self.http.headers)
-        twin.http.cookies.update(self.http.cookies)
-        return twin
 
 
 def cookie_payload(value):

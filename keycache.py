@@ -1,0 +1,162 @@
+"""The API keys a worker has looked up, kept in memory so that a keyed request costs no database
+round trip, and the signal that tells the worker when a kept key may be stale: a revoked, rolled
+or deleted key still fails from the very next request, on every process.
+
+- SQLite: the connection's `PRAGMA data_version` (moves when another connection commits: the CLI,
+  another worker) and its `total_changes` (moves when this one writes), read before each lookup.
+- PostgreSQL with Redis limits: the key generation in Redis, a token that every change to a key
+  replaces after it commits. The script that counts the request reads it in the same round trip
+  and counts nothing when the key was read under another generation (limitstorage.RedisWindows).
+- PostgreSQL with limits in memory: nothing cheap tells one process of another's change, so
+  every request reads its key from the database, as before.
+
+A kept key is also read again after MAX_AGE seconds, which bounds what a change made outside the
+service (an UPDATE by hand, a CLI run without RATELIMIT_STORAGE_URL) can leave stale."""
+
+import collections
+import logging
+import time
+
+from flask import current_app
+from limits.errors import StorageError
+from peewee import SqliteDatabase
+
+from models import db, find_active_key
+from ratelimit import LimitStorageUnavailable
+
+log = logging.getLogger(__name__)
+
+SIZE = 10_000
+MAX_AGE = 10.0
+
+Entry = collections.namedtuple("Entry", "key generation usable_until read_at")
+
+
+class ChangeNotAnnounced(LimitStorageUnavailable):
+    """A key change is committed, but Redis could not be told of it (HTTP 503)."""
+
+    description = (f"The change is saved, but the rate-limit storage could not be told of it; other servers may "
+                   f"accept the key as it was for up to {MAX_AGE:.0f} seconds.")
+
+
+class SqliteGeneration:
+    """The generation of what this process's SQLite connection can see: it moves on every commit,
+    another connection's or its own. Read before a lookup, so a key is never newer than its tag."""
+
+    confirmed_by_count = False
+
+    def __init__(self, database):
+        self.database = database
+
+    def current(self):
+        connection = self.database.connection()
+        version = connection.execute("PRAGMA data_version").fetchone()[0]
+        # The connection itself, because data_version counts per connection (threads, outside gevent,
+        # each have their own).
+        return connection, version, connection.total_changes
+
+    def announce(self):
+        """Nothing to tell: every connection sees the commit through its own counters."""
+
+
+class RedisGeneration:
+    """The key generation kept in Redis beside the rate-limit windows. The latest one seen is the
+    tag of a key read now; the count confirms it (count_request's generation)."""
+
+    confirmed_by_count = True
+
+    def __init__(self, windows):
+        self.windows = windows
+
+    def current(self):
+        return self.windows.generation
+
+    def announce(self):
+        try:
+            self.windows.announce_key_change()
+        except StorageError as error:
+            log.error("A key change is committed, but Redis could not be told: %s", error.storage_error)
+            raise ChangeNotAnnounced() from None
+
+
+class KeyCache:
+    """Active keys by the hash of their secret, at most `size` (the oldest read leaves first), each
+    trusted while the generation it was read under is current, for at most `max_age` seconds."""
+
+    def __init__(self, generation, size=SIZE, max_age=MAX_AGE):
+        self.generation = generation
+        self.size = size
+        self.max_age = max_age
+        self.entries = {}
+
+    def find(self, key_hash):
+        """Return (the active ApiKey for this hash or None, the generation the count must confirm,
+        or None when nothing needs confirming)."""
+        generation = self.generation.current()
+        entry = self.entries.get(key_hash)
+        now = time.time()
+        if (entry is not None and entry.generation == generation and now < entry.usable_until
+                and now - entry.read_at < self.max_age):
+            return entry.key, self.confirmed(entry.generation)
+        return self.read(key_hash, generation, now)
+
+    def reload(self, key_hash):
+        """Read the key again after the count found its generation stale; return the ApiKey or None."""
+        return self.read(key_hash, self.generation.current(), time.time())[0]
+
+    def read(self, key_hash, generation, now):
+        key = find_active_key(key_hash)
+        if key is None:
+            self.entries.pop(key_hash, None)
+            return None, None
+        if key_hash not in self.entries and len(self.entries) >= self.size:
+            self.entries.pop(next(iter(self.entries)), None)
+        self.entries[key_hash] = Entry(key, generation, key.usable_until, now)
+        return key, self.confirmed(generation)
+
+    def confirmed(self, generation):
+        return generation if self.generation.confirmed_by_count else None
+
+    def announce_change(self):
+        """Tell every process that a key changed; call after the change is committed."""
+        self.entries.clear()
+        self.generation.announce()
+
+
+class Uncached:
+    """Every lookup from the database: where no signal of another process's change is cheap."""
+
+    def find(self, key_hash):
+        return find_active_key(key_hash), None
+
+    def reload(self, key_hash):
+        return find_active_key(key_hash)
+
+    def announce_change(self):
+        """Nothing is kept, so nothing can be stale."""
+
+
+def init_app(app):
+    """Choose the cache for this database and limit storage (see the module's docstring)."""
+    windows = app.extensions["ratelimit"].windows
+    if isinstance(db.obj, SqliteDatabase):
+        cache = KeyCache(SqliteGeneration(db.obj))
+    elif windows is not None and windows.generation_key is not None:
+        cache = KeyCache(RedisGeneration(windows))
+    else:
+        cache = Uncached()
+    app.extensions["keys"] = cache
+
+
+def find(key_hash):
+    """Return (the active ApiKey with this secret hash or None, the generation to confirm or None)."""
+    return current_app.extensions["keys"].find(key_hash)
+
+
+def reload(key_hash):
+    return current_app.extensions["keys"].reload(key_hash)
+
+
+def announce_change():
+    """After a key's revocation, roll or deletion is committed: no process serves its old state."""
+    current_app.extensions["keys"].announce_change()

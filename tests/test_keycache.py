@@ -1,0 +1,236 @@
+"""The worker's cache of API keys: its bound, and each signal that a kept key may be stale (SQLite's
+counters, the key generation in Redis, a key's own expiry, the maximum age)."""
+
+import sqlite3
+import time
+from urllib.parse import urlparse
+
+import pytest
+import redis
+from limits import RateLimitItemPerHour
+from limits.storage import storage_from_string
+
+import accounts
+import auth
+import keycache
+import limitstorage
+import models
+import ratelimit
+import services
+from app import create_app
+
+
+@pytest.fixture
+def lookups(monkeypatch):
+    """The hashes the cache reads from the database, in order."""
+    read = []
+    find = keycache.find_active_key
+
+    def counting_find(key_hash):
+        read.append(key_hash)
+        return find(key_hash)
+
+    monkeypatch.setattr(keycache, "find_active_key", counting_find)
+    return read
+
+
+def new_key(user, **options):
+    key, secret = auth.issue_key(user, "cached", "production", **options)
+    return key, auth.hash_key(secret)
+
+
+@pytest.fixture
+def sqlite_app(tmp_path):
+    app = create_app({"DATABASE_URL": f"sqlite:///{tmp_path}/cache.db", "RATELIMIT_STORAGE_URL": "memory://",
+                      "RATE_LIMIT_TIERS": "free=100/minute", "TESTING": True})
+    with app.app_context():
+        yield app
+    app.extensions["usage"].close()
+
+
+@pytest.fixture
+def sqlite_user(sqlite_app):
+    return accounts.create_user("kim", "kim@example.com", "correct horse battery")
+
+
+def test_each_database_and_storage_gets_its_signal(tmp_path):
+    sqlite = create_app({"DATABASE_URL": f"sqlite:///{tmp_path}/a.db", "RATELIMIT_STORAGE_URL": "memory://"})
+    assert isinstance(sqlite.extensions["keys"].generation, keycache.SqliteGeneration)
+    postgres_url = services.postgres_url()
+    postgres_redis = create_app({"DATABASE_URL": postgres_url, "RATELIMIT_STORAGE_URL": services.redis_url()})
+    assert isinstance(postgres_redis.extensions["keys"].generation, keycache.RedisGeneration)
+    postgres_memory = create_app({"DATABASE_URL": postgres_url, "RATELIMIT_STORAGE_URL": "memory://"})
+    assert isinstance(postgres_memory.extensions["keys"], keycache.Uncached)
+
+
+def test_a_kept_key_costs_no_lookup_until_the_database_changes(sqlite_app, sqlite_user, lookups):
+    key, key_hash = new_key(sqlite_user)
+    assert keycache.find(key_hash)[0].id == key.id
+    assert keycache.find(key_hash)[0].id == key.id
+    assert keycache.find(key_hash) == (keycache.find(key_hash)[0], None)
+    assert lookups == [key_hash]
+
+
+def test_another_connection_s_commit_is_seen_at_the_next_lookup(sqlite_app, sqlite_user, lookups):
+    # As the CLI or another worker would: its own connection to the same file.
+    key, key_hash = new_key(sqlite_user)
+    assert keycache.find(key_hash)[0] is not None
+    path = urlparse(sqlite_app.config["DATABASE_URL"]).path[1:]
+    with sqlite3.connect(path) as other:
+        other.execute("UPDATE api_keys SET revoked_at = '2026-01-01 00:00:00' WHERE id = ?", (key.id,))
+    assert keycache.find(key_hash) == (None, None)
+    assert lookups == [key_hash, key_hash]
+
+
+def test_this_connection_s_own_write_is_seen_at_the_next_lookup(sqlite_app, sqlite_user, lookups):
+    key, key_hash = new_key(sqlite_user)
+    assert keycache.find(key_hash)[0] is not None
+    models.ApiKey.update(revoked_at=models.utcnow()).where(models.ApiKey.id == key.id).execute()
+    assert keycache.find(key_hash) == (None, None)
+
+
+def test_a_revocation_empties_the_cache(sqlite_app, sqlite_user):
+    key, key_hash = new_key(sqlite_user)
+    assert keycache.find(key_hash)[0] is not None
+    auth.revoke_key(key)
+    assert sqlite_app.extensions["keys"].entries == {}
+    assert keycache.find(key_hash) == (None, None)
+
+
+def test_a_kept_key_expires_on_time_without_a_change(sqlite_app, sqlite_user, lookups):
+    key, key_hash = new_key(sqlite_user, expires_in=1)
+    assert keycache.find(key_hash)[0] is not None
+    time.sleep(1.05)
+    assert keycache.find(key_hash) == (None, None)
+
+
+def test_a_rolled_out_secret_is_kept_until_its_grace_period_ends(sqlite_app, sqlite_user):
+    key, old_hash = new_key(sqlite_user)
+    new_secret = auth.roll_key(key, grace=1)
+    assert keycache.find(old_hash)[0].id == key.id
+    assert keycache.find(auth.hash_key(new_secret))[0].id == key.id
+    entry = sqlite_app.extensions["keys"].entries[old_hash]
+    assert entry.usable_until - time.time() <= 1
+    time.sleep(1.05)
+    assert keycache.find(old_hash) == (None, None)
+    assert keycache.find(auth.hash_key(new_secret))[0].id == key.id
+
+
+def test_a_kept_key_is_read_again_after_the_maximum_age(sqlite_app, sqlite_user, lookups, monkeypatch):
+    _, key_hash = new_key(sqlite_user)
+    keycache.find(key_hash)
+    now = time.time()
+    monkeypatch.setattr(keycache.time, "time", lambda: now + keycache.MAX_AGE + 1)
+    keycache.find(key_hash)
+    assert lookups == [key_hash, key_hash]
+
+
+def test_the_cache_holds_at_most_its_size_and_lets_the_oldest_go(sqlite_app, sqlite_user, lookups):
+    cache = sqlite_app.extensions["keys"]
+    cache.size = 3
+    hashes = [new_key(sqlite_user)[1] for _ in range(4)]
+    for key_hash in hashes:
+        keycache.find(key_hash)
+    assert list(cache.entries) == hashes[1:]
+    keycache.find(hashes[3])
+    assert len(lookups) == 4
+
+
+def test_unknown_secrets_are_not_kept(sqlite_app, lookups):
+    for number in range(5):
+        assert keycache.find(auth.hash_key(f"sk_live_{number}")) == (None, None)
+    assert sqlite_app.extensions["keys"].entries == {}
+
+
+# The key generation in Redis.
+
+@pytest.fixture
+def windows():
+    services.redis_url()
+    storage = storage_from_string(services.REDIS_URL, wrap_exceptions=True)
+    return limitstorage.RedisWindows(storage)
+
+
+def test_a_count_under_the_current_generation_counts(windows):
+    windows.hit("w", 60)
+    assert windows.hit("w", 60, windows.generation)[0] == 2
+
+
+def test_a_count_under_another_generation_counts_nothing(windows):
+    windows.hit("w", 60)
+    stale = windows.generation
+    windows.announce_key_change()
+    with pytest.raises(limitstorage.KeysChanged):
+        windows.hit("w", 60, stale)
+    assert windows.hit("w", 60)[0] == 2  # only the first and this one were counted
+    assert windows.generation != stale
+
+
+def test_another_process_s_announcement_reaches_the_next_count(windows):
+    windows.hit("w", 60)
+    seen = windows.generation
+    other = limitstorage.RedisWindows(storage_from_string(services.REDIS_URL, wrap_exceptions=True))
+    other.announce_key_change()
+    with pytest.raises(limitstorage.KeysChanged):
+        windows.hit("w", 60, seen)
+    assert windows.generation == other.generation
+
+
+def test_a_generation_lost_with_redis_s_data_comes_back_as_a_new_one(windows):
+    # A flushed or restarted Redis must not hand out a generation a process saw before.
+    windows.hit("w", 60)
+    first = windows.generation
+    redis.Redis.from_url(services.REDIS_URL).flushdb()
+    with pytest.raises(limitstorage.KeysChanged):
+        windows.hit("w", 60, first)
+    assert windows.generation not in ("", first)
+
+
+def test_no_generation_is_assumed_before_the_first_reply(windows):
+    with pytest.raises(limitstorage.KeysChanged):
+        windows.hit("w", 60, windows.generation)
+
+
+def test_windows_of_other_identities_count_whatever_the_generation(windows):
+    limiter = ratelimit.Limiter(windows.storage, {}, None)
+    limiter.windows.announce_key_change()
+    assert limiter.hit(RateLimitItemPerHour(5), "ip:1.2.3.4", "public", report=False).remaining == 4
+
+
+@pytest.fixture
+def redis_app():
+    app = create_app({"DATABASE_URL": services.postgres_url(), "RATELIMIT_STORAGE_URL": services.redis_url(),
+                      "RATE_LIMIT_TIERS": "free=100/minute", "TESTING": True})
+    with app.app_context():
+        yield app
+    app.extensions["usage"].close()
+
+
+def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):
+    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    key, secret = auth.issue_key(user, "cached", "production")
+    client = redis_app.test_client()
+    headers = {"X-API-Key": secret}
+    assert client.get("/api/v1/protected/test", headers=headers).status_code == 200
+    assert client.get("/api/v1/protected/test", headers=headers).headers["X-RateLimit-Remaining"] == "98"
+    reads = len(lookups)
+    # Another instance revokes: its own cache and windows, the same database and Redis.
+    other = limitstorage.RedisWindows(redis_app.extensions["ratelimit"].storage)
+    models.ApiKey.update(revoked_at=models.utcnow()).where(models.ApiKey.id == key.id).execute()
+    other.announce_key_change()
+    response = client.get("/api/v1/protected/test", headers=headers)
+    assert response.status_code == 401
+    assert len(lookups) == reads + 1
+    limiter = redis_app.extensions["ratelimit"]
+    assert limiter.storage.get(limiter.tiers["free"].key_for(f"key:{key.id}")) == 2  # the 401 was not counted
+
+
+def test_an_announcement_that_cannot_reach_redis_is_a_sentence(redis_app, monkeypatch):
+    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    key, _ = auth.issue_key(user, "cached", "production")
+    windows = redis_app.extensions["ratelimit"].windows
+    monkeypatch.setattr(windows.storage, "get_connection",
+                        lambda: redis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=1))
+    with pytest.raises(keycache.ChangeNotAnnounced):
+        auth.revoke_key(key)
+    assert models.ApiKey.get_by_id(key.id).revoked_at is not None

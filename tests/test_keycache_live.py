@@ -1,0 +1,152 @@
+"""Revocation against the workers' key caches, on real servers: two instances on PostgreSQL and
+Redis, each holding a key in its cache, and a key revoked, rolled or expired through the other
+instance or the CLI fails on the very next request; the same on one SQLite process with the CLI
+revoking from outside."""
+
+import datetime
+import sqlite3
+import time
+
+import psycopg
+import pytest
+import requests
+
+import auth
+import services
+from liveserver import PASSWORD, SECRET_PATTERN, Browser, cli, service_env, serving
+
+ROUNDS = 50
+
+
+def status(server, secret):
+    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=10)
+    return response.status_code
+
+
+def hold(server, secret):
+    """Have the server keep the key in its cache under the newest generation it knows: the first
+    request may learn of a newer one (an earlier round's change) and so tag the key as older."""
+    assert status(server, secret) == 200
+    assert status(server, secret) == 200
+
+
+def insert_keys(connection, mark, username, count, expires_at=None):
+    """Make `count` keys for the user straight in the database (the web application would refuse as
+    many) through a DB-API connection whose parameter mark is `mark`; return [(id, secret)]."""
+    user_id = connection.execute(f"SELECT id FROM users WHERE username = {mark}", (username,)).fetchone()[0]
+    keys = []
+    for number in range(count):
+        secret = auth.generate_secret("production")
+        key_id = connection.execute(
+            "INSERT INTO api_keys (user_id, name, key_type, rate_limit_tier, display_prefix, key_hash, created_at, "
+            f"total_requests, expires_at) VALUES ({mark}, {mark}, 'production', 'free', {mark}, {mark}, {mark}, 0, "
+            f"{mark}) RETURNING id",
+            (user_id, f"cached {number}", secret[:12], auth.hash_key(secret), utcnow(), expires_at)).fetchone()[0]
+        keys.append((key_id, secret))
+    return keys
+
+
+def utcnow():
+    return datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(a, b, env, browser): two instances of one worker each (so that the worker that answers holds
+    the key it cached) on one PostgreSQL database and one Redis; browser is signed up on a."""
+    tmp_path = tmp_path_factory.mktemp("keycache")
+    env = service_env(tmp_path, "postgresql", RATELIMIT_STORAGE_URL=services.redis_url(), WEB_CONCURRENCY="1",
+                      TRUSTED_PROXIES="1", MAX_KEYS_PER_USER="1000")
+    with serving(tmp_path_factory.mktemp("a"), env) as a, serving(tmp_path_factory.mktemp("b"), env) as b:
+        browser = Browser(a).signup()
+        yield a, b, env, browser
+
+
+def postgres_keys(env, username, count, expires_at=None):
+    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
+        return insert_keys(connection, "%s", username, count, expires_at)
+
+
+def test_a_key_revoked_on_one_instance_fails_at_once_on_the_other(pair):
+    a, b, env, browser = pair
+    for key_id, secret in postgres_keys(env, browser.username, ROUNDS):
+        hold(b, secret)
+        response = requests.post(a.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10)
+        assert response.status_code == 200
+        assert status(b, secret) == 401
+        assert status(a, secret) == 401
+
+
+def test_a_key_revoked_in_the_web_application_fails_at_once_on_the_other_instance(pair):
+    a, b, env, browser = pair
+    for key_id, secret in postgres_keys(env, browser.username, ROUNDS):
+        hold(b, secret)
+        response = browser.post(f"/settings/security/keys/{key_id}/revoke", form_page="/settings/security")
+        assert response.status_code == 302
+        assert status(b, secret) == 401
+
+
+def test_a_key_revoked_through_the_cli_fails_at_once_on_both_instances(pair):
+    a, b, env, browser = pair
+    for key_id, secret in postgres_keys(env, browser.username, ROUNDS):
+        hold(a, secret)
+        hold(b, secret)
+        cli(env, "keys", "revoke", str(key_id))
+        assert status(b, secret) == 401
+        assert status(a, secret) == 401
+
+
+def test_a_secret_rolled_out_without_grace_fails_at_once_on_the_other_instance(pair):
+    a, b, env, browser = pair
+    for key_id, secret in postgres_keys(env, browser.username, ROUNDS):
+        hold(b, secret)
+        response = browser.post(f"/settings/security/keys/{key_id}/roll", {"grace": "0"},
+                                form_page="/settings/security")
+        assert response.status_code == 302
+        assert status(b, secret) == 401
+        new_secret = SECRET_PATTERN.search(browser.get("/settings/security").text)[1]
+        assert status(b, new_secret) == 200
+
+
+def test_a_secret_rolled_out_through_the_cli_fails_at_once(pair):
+    a, b, env, browser = pair
+    for key_id, secret in postgres_keys(env, browser.username, 10):
+        hold(a, secret)
+        hold(b, secret)
+        new_secret = cli(env, "keys", "roll", str(key_id), "--grace", "0").strip().splitlines()[-1]
+        assert status(b, secret) == 401 and status(a, secret) == 401
+        assert status(b, new_secret) == 200
+
+
+def test_keys_expire_on_time_on_both_instances(pair):
+    a, b, env, browser = pair
+    expires_at = utcnow() + datetime.timedelta(seconds=3)
+    keys = postgres_keys(env, browser.username, ROUNDS, expires_at)
+    for _, secret in keys:
+        hold(a, secret)
+        hold(b, secret)
+    time.sleep(max(0.0, (expires_at - utcnow()).total_seconds()))
+    assert [status(server, secret) for _, secret in keys for server in (a, b)] == [401] * 2 * ROUNDS
+
+
+def test_a_deleted_account_s_keys_fail_at_once_on_the_other_instance(pair):
+    a, b, env, _ = pair
+    owner = Browser(a).signup()
+    keys = postgres_keys(env, owner.username, 5)
+    for _, secret in keys:
+        hold(b, secret)
+    response = owner.post("/settings/profile/delete", {"password": PASSWORD}, form_page="/settings/profile")
+    assert response.status_code == 302
+    assert [status(b, secret) for _, secret in keys] == [401] * 5
+
+
+def test_one_sqlite_process_sees_the_cli_s_revocations_at_once(tmp_path):
+    env = service_env(tmp_path, WEB_CONCURRENCY="1")
+    cli(env, "users", "create", "dana", "--email", "dana@example.com", "--password-stdin", stdin="a long password\n")
+    with serving(tmp_path, env) as server:
+        with sqlite3.connect(env["DATABASE_URL"].removeprefix("sqlite:///")) as connection:
+            keys = insert_keys(connection, "?", "dana", ROUNDS)
+        for key_id, secret in keys:
+            hold(server, secret)
+            cli(env, "keys", "revoke", str(key_id))
+            assert status(server, secret) == 401
