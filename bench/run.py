@@ -12,6 +12,8 @@ one gevent worker pinned to core 1, the load generators on core 0. Prints markdo
     python bench/run.py logins          # GET /api/v1/status while 20 users log in
     python bench/run.py redis           # protected/test with Redis limits ÷ memory limits
     python bench/run.py redis --against ../before  # and the other checkout's Redis path beside it
+    python bench/run.py scale           # protected/test on PostgreSQL + Redis ÷ SQLite + memory, and x bare
+    python bench/run.py scale --against ../before  # and both configurations of the other checkout
 """
 
 import argparse
@@ -48,6 +50,8 @@ TICK_SECONDS = 10
 SAMPLE_SOCKETS = 100
 ECHO_CLIENTS, ECHO_SECONDS = 50, 10
 REDIS_URL = "redis://127.0.0.1:6379/14"  # its own database, emptied at the start
+POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+POSTGRES_DATABASE = "apiservice_bench"  # made afresh at the start
 CLIENT_PROCESSES = 2  # sockets --all: the readers, all on the client core
 ALL_SOCKETS = False  # --all: sockets measures every socket instead of the 100 opened last
 AGAINST = None  # --against: another checkout measured beside this one (rest, echo)
@@ -235,6 +239,68 @@ def bench_redis(workdir):
         p99 = " / ".join(f"{run['p99']:.1f}" for run in runs)
         print(f"| {name} | {rps} | {p99} | {' / '.join(f'{ratio:.2f}' for ratio in ratios)} "
               f"| {sum(run['non_2xx'] for run in runs)} |")
+
+
+def bench_scale(workdir):
+    """protected/test, 1 key: the documented scale-out (PostgreSQL + Redis), PostgreSQL with limits in
+    memory (no key cache there) and the default (SQLite + memory), one worker each, with bare Flask,
+    interleaved with the order rotated each round."""
+    import psycopg
+    import redis
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {POSTGRES_DATABASE} WITH (FORCE)")
+        connection.execute(f"CREATE DATABASE {POSTGRES_DATABASE}")
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    sqlite_env = service_env(workdir)
+    postgres_env = dict(sqlite_env, DATABASE_URL=POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + POSTGRES_DATABASE)
+    secrets = {"sqlite": seed_keys(sqlite_env, 1)[0], "postgresql": seed_keys(postgres_env, 1)[0]}
+    configurations = {
+        "SQLite + memory://": ("sqlite", sqlite_env),
+        "PostgreSQL + redis://": ("postgresql", dict(postgres_env, RATELIMIT_STORAGE_URL=REDIS_URL)),
+        "PostgreSQL + memory://": ("postgresql", postgres_env),
+    }
+    servers = {"bare Flask `GET /bare`": (Server("bare:app", sqlite_env, chdir=ROOT / "bench",
+                                                 config=ROOT / "bench" / "bare.conf.py"), "/bare", None)}
+    checkouts = [(ROOT, "")] + ([(AGAINST, f" of {AGAINST.name}")] if AGAINST else [])
+    for chdir, suffix in checkouts:
+        for name, (database, env) in configurations.items():
+            server = Server("app:app", env, chdir=chdir, config=chdir / "gunicorn.conf.py")
+            servers[name + suffix] = (server, "/api/v1/protected/test", secrets[database])
+    try:
+        results = {name: [] for name in servers}
+        for repetition in range(REPETITIONS + 1):  # the first round warms up
+            names = list(servers)
+            for name in names[repetition % len(names):] + names[:repetition % len(names)]:
+                server, path, secret = servers[name]
+                result = wrk(server.base + path, headers=[f"X-API-Key: {secret}"] if secret else [])
+                if repetition:
+                    results[name].append(result)
+    finally:
+        for server, _, _ in servers.values():
+            server.stop()
+
+    print(f"\nprotected/test, 1 key, by configuration: wrk -t2 -c{WRK_CONNECTIONS} -d{WRK_SECONDS}s, "
+          f"{REPETITIONS} rounds after a warm-up, the order rotated each round\n")
+    print("| configuration | req/s, each round | p99 ms, each round | x bare | ÷ SQLite + memory | "
+          "p99 ÷ SQLite + memory | non-2xx |")
+    print("|---|---|---|---|---|---|---|")
+    bare = results["bare Flask `GET /bare`"]
+    for name, runs in results.items():
+        suffix = name[name.index(" of "):] if " of " in name else ""
+        sqlite = results["SQLite + memory://" + suffix]
+        print(f"| {name} | {each(runs, 'rps', '{:,.0f}')} | {each(runs, 'p99', '{:.1f}')} "
+              f"| {ratios(runs, bare, 'rps')} | {ratios(runs, sqlite, 'rps')} | {ratios(runs, sqlite, 'p99')} "
+              f"| {sum(run['non_2xx'] for run in runs)} |")
+
+
+def each(runs, field, layout):
+    return " / ".join(layout.format(run[field]) for run in runs)
+
+
+def ratios(runs, others, field):
+    """Each round's figure ÷ the other's in the same round."""
+    return " / ".join(f"{run[field] / other[field]:.2f}" for run, other in zip(runs, others))
 
 
 def rest_order(names, repetition):
@@ -794,13 +860,13 @@ async def measure_logins(server):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parts = {"rest": bench_rest, "sockets": bench_sockets, "stalled": bench_stalled, "echo": bench_echo,
-             "cycles": bench_cycles, "logins": bench_logins, "redis": bench_redis}
+             "cycles": bench_cycles, "logins": bench_logins, "redis": bench_redis, "scale": bench_scale}
     # Checked here: argparse 3.11 checks an empty nargs="*" against choices and refuses it.
     parser.add_argument("parts", nargs="*", help=f"any of {', '.join(parts)} (default: all)")
     parser.add_argument("--all", action="store_true",
                         help="sockets: read every socket with several client processes, not only the last 100")
     parser.add_argument("--against", type=Path, metavar="DIR",
-                        help="rest, echo, redis: also measure the service in DIR, a checkout of another revision "
+                        help="rest, echo, redis, scale: also measure the service in DIR, a checkout of another revision "
                              "(git worktree add DIR REV), interleaved with this one")
     args = parser.parse_args()
     chosen = args.parts or list(parts)
