@@ -18,10 +18,11 @@ import logging
 import time
 
 from flask import current_app
+from gevent.event import AsyncResult
 from limits.errors import StorageError
 from peewee import SqliteDatabase
 
-from models import db, find_active_key
+from models import db, find_active_key, greenlets_share_thread
 from ratelimit import LimitStorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ SIZE = 10_000
 MAX_AGE = 10.0
 
 Entry = collections.namedtuple("Entry", "key generation usable_until read_at")
+READ_FAILED = object()
 
 
 class ChangeNotAnnounced(LimitStorageUnavailable):
@@ -81,13 +83,18 @@ class RedisGeneration:
 
 class KeyCache:
     """Active keys by the hash of their secret, at most `size` (the oldest read leaves first), each
-    trusted while the generation it was read under is current, for at most `max_age` seconds."""
+    trusted while the generation it was read under is current, for at most `max_age` seconds.
+
+    Under gevent, requests that miss the same key under the same generation wait for the one read
+    already under way: when a busy key's entry ages out, every request in flight misses it at
+    once, and 50 reads queued on PostgreSQL's pool of 10 connections put 100-200 ms into the p99."""
 
     def __init__(self, generation, size=SIZE, max_age=MAX_AGE):
         self.generation = generation
         self.size = size
         self.max_age = max_age
         self.entries = {}
+        self.reading = {} if greenlets_share_thread() else None
 
     def find(self, key_hash):
         """Return (the active ApiKey for this hash or None, the generation the count must confirm,
@@ -105,7 +112,7 @@ class KeyCache:
         return self.read(key_hash, self.generation.current(), time.time())[0]
 
     def read(self, key_hash, generation, now):
-        key = find_active_key(key_hash)
+        key = self.read_once(key_hash, generation)
         if key is None:
             self.entries.pop(key_hash, None)
             return None, None
@@ -113,6 +120,24 @@ class KeyCache:
             self.entries.pop(next(iter(self.entries)), None)
         self.entries[key_hash] = Entry(key, generation, key.usable_until, now)
         return key, self.confirmed(generation)
+
+    def read_once(self, key_hash, generation):
+        """find_active_key, shared with the requests that ask for the same read while it is under way."""
+        if self.reading is None:
+            return find_active_key(key_hash)
+        flight = (key_hash, generation)
+        if flight in self.reading:
+            key = self.reading[flight].get()
+            # A read that failed is tried again by each waiter, so each gets its own error.
+            return find_active_key(key_hash) if key is READ_FAILED else key
+        self.reading[flight] = result = AsyncResult()
+        key = READ_FAILED
+        try:
+            key = find_active_key(key_hash)
+            return key
+        finally:
+            del self.reading[flight]
+            result.set(key)
 
     def confirmed(self, generation):
         return generation if self.generation.confirmed_by_count else None

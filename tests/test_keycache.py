@@ -1,10 +1,12 @@
 """The worker's cache of API keys: its bound, and each signal that a kept key may be stale (SQLite's
 counters, the key generation in Redis, a key's own expiry, the maximum age)."""
 
+import math
 import sqlite3
 import time
 from urllib.parse import urlparse
 
+import gevent
 import pytest
 import redis
 from limits import RateLimitItemPerHour
@@ -234,3 +236,52 @@ def test_an_announcement_that_cannot_reach_redis_is_a_sentence(redis_app, monkey
     with pytest.raises(keycache.ChangeNotAnnounced):
         auth.revoke_key(key)
     assert models.ApiKey.get_by_id(key.id).revoked_at is not None
+
+
+class FixedGeneration:
+    confirmed_by_count = True
+
+    def current(self):
+        return "g1"
+
+
+@pytest.fixture
+def slow_reads(monkeypatch):
+    """Reads that take 10 ms under gevent, as PostgreSQL's would; the hashes read, in order."""
+    monkeypatch.setattr(keycache, "greenlets_share_thread", lambda: True)
+    read, failing = [], []
+
+    def find(key_hash):
+        read.append(key_hash)
+        gevent.sleep(0.01)
+        if failing:
+            raise failing.pop()
+        key = models.ApiKey(id=1, name="shared")
+        key.usable_until = math.inf
+        return key
+
+    monkeypatch.setattr(keycache, "find_active_key", find)
+    return read, failing
+
+
+def test_requests_missing_the_same_key_at_once_share_one_read(slow_reads):
+    read, _ = slow_reads
+    cache = keycache.KeyCache(FixedGeneration())
+    finds = [gevent.spawn(cache.find, "h") for _ in range(50)]
+    gevent.joinall(finds, raise_error=True)
+    assert read == ["h"]
+    assert {find.value[0].id for find in finds} == {1}
+    assert {find.value[1] for find in finds} == {"g1"}
+    assert cache.reading == {}
+
+
+def test_a_failed_shared_read_is_tried_again_by_each_waiter(slow_reads):
+    read, failing = slow_reads
+    failing.append(models.OperationalError("the database went away"))
+    cache = keycache.KeyCache(FixedGeneration())
+    finds = [gevent.spawn(cache.find, "h") for _ in range(5)]
+    gevent.joinall(finds)
+    assert isinstance(finds[0].exception, models.OperationalError)
+    assert [find.value[0].id for find in finds[1:]] == [1] * 4
+    assert len(read) == 5
+    assert cache.reading == {}
