@@ -165,7 +165,8 @@ def roll_key(key, grace):
 
 def revoke_key(key, leaked=False):
     """Mark the key revoked, its current and previous secrets alike; they fail from the very next
-    request on. leaked: revoked through POST /api/v1/keys/revoke by whoever held the secret."""
+    request on. leaked: revoked through POST /api/v1/keys/revoke by whoever held the secret. A key
+    already revoked is announced again, so repeating a revocation whose announcement failed helps."""
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         with db.atomic():
@@ -174,7 +175,7 @@ def revoke_key(key, leaked=False):
             if ApiKey.update(revoked_at=key.revoked_at).where((ApiKey.id == key.id) & first).execute():
                 securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
                                    f"{key.name} (id {key.id}, {key.display_prefix}...)")
-        keycache.announce_change()
+    keycache.announce_change()
 
 
 def authenticate(secret, source="the X-API-Key header"):
@@ -210,12 +211,15 @@ def admit(secret, scope, source="the X-API-Key header"):
     key_hash = secret_hash(secret, source)
     key, generation = keycache.find(key_hash) if key_hash else (None, None)
     g.api_key = found_key(key)
-    require_scope(g.api_key, scope)
     try:
+        require_scope(g.api_key, scope)
         ratelimit.count_request(g.api_key, generation)
-    except KeysChanged:
-        # Read after the generation that refused the count: a change announced before this request
-        # arrived is in it, so the count needs no second confirmation.
+    except (KeysChanged, InsufficientScope) as refusal:
+        if isinstance(refusal, InsufficientScope) and generation is None:
+            raise
+        # A kept key not yet confirmed is read again before it is refused (a revoked key is a 401,
+        # not a 403) or counted. This read comes after any change announced before the request
+        # arrived, so the count needs no second confirmation.
         g.api_key = found_key(keycache.reload(key_hash))
         require_scope(g.api_key, scope)
         ratelimit.count_request(g.api_key)

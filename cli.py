@@ -10,6 +10,7 @@ from flask.cli import AppGroup
 
 import accounts
 import auth
+import keycache
 import securitylog
 from keycache import ChangeNotAnnounced
 from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
@@ -125,11 +126,20 @@ def roll_key_command(key_id, grace):
         secret = auth.roll_key(key, seconds)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
+    warn_if_servers_may_not_hear()
     previous_until = ApiKey.get_by_id(key_id).previous_expires_at
     until = f"until {display_time(previous_until)}" if previous_until else "no longer"
     click.echo(f"Rolled key {key_id} ({key.name!r}); the previous secret works {until}.")
     click.echo("Copy the new secret now; it is not stored and cannot be shown again:")
     click.echo(secret)
+
+
+def warn_if_servers_may_not_hear():
+    """On PostgreSQL without Redis here, this command could not tell servers that use Redis."""
+    if isinstance(current_app.extensions["keys"], keycache.Uncached):
+        click.echo("Note: RATELIMIT_STORAGE_URL is not Redis here. Servers that keep keys in memory (PostgreSQL "
+                   "with Redis) learn of this change only when run with theirs; otherwise within 10 seconds.",
+                   err=True)
 
 
 def find_key(key_id):
@@ -144,11 +154,10 @@ def find_key(key_id):
 def revoke_key_command(key_id):
     """Revoke a key; it fails from the next request on."""
     key = find_key(key_id)
-    if key.revoked_at:
-        click.echo(f"Key {key_id} was already revoked.")
-        return
+    already = key.revoked_at is not None
     auth.revoke_key(key)
-    click.echo(f"Revoked key {key_id} ({key.name!r}).")
+    click.echo(f"Key {key_id} was already revoked." if already else f"Revoked key {key_id} ({key.name!r}).")
+    warn_if_servers_may_not_hear()
 
 
 # What looks like one of this service's secrets, standing on its own in a file.

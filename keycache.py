@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SIZE = 10_000
 MAX_AGE = 10.0
+ANNOUNCE_ATTEMPTS = 3
 
 Entry = collections.namedtuple("Entry", "key generation usable_until read_at")
 READ_FAILED = object()
@@ -74,15 +75,17 @@ class RedisGeneration:
         return self.windows.generation
 
     def announce(self):
-        try:
-            self.windows.announce_key_change()
-        except StorageError as error:
-            log.error("A key change is committed, but Redis could not be told: %s", error.storage_error)
-            raise ChangeNotAnnounced() from None
+        for _ in range(ANNOUNCE_ATTEMPTS):
+            try:
+                return self.windows.announce_key_change()
+            except StorageError as error:
+                failure = error
+        log.error("A key change is committed, but Redis could not be told: %s", failure.storage_error)
+        raise ChangeNotAnnounced()
 
 
 class KeyCache:
-    """Active keys by the hash of their secret, at most `size` (the oldest read leaves first), each
+    """Active keys by the hash of their secret, at most `size` (the one kept longest leaves first), each
     trusted while the generation it was read under is current, for at most `max_age` seconds.
 
     Under gevent, requests that miss the same key under the same generation wait for the one read
@@ -117,7 +120,10 @@ class KeyCache:
             self.entries.pop(key_hash, None)
             return None, None
         if key_hash not in self.entries and len(self.entries) >= self.size:
-            self.entries.pop(next(iter(self.entries)), None)
+            try:
+                self.entries.pop(next(iter(self.entries), None), None)
+            except RuntimeError:
+                pass  # another thread (outside gevent) changed the entries meanwhile
         self.entries[key_hash] = Entry(key, generation, key.usable_until, now)
         return key, self.confirmed(generation)
 

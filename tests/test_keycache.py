@@ -285,3 +285,51 @@ def test_a_failed_shared_read_is_tried_again_by_each_waiter(slow_reads):
     assert [find.value[0].id for find in finds[1:]] == [1] * 4
     assert len(read) == 5
     assert cache.reading == {}
+
+
+def test_a_revoked_key_kept_in_the_cache_is_a_401_not_a_403(redis_app):
+    # The key lacks user:read; once revoked elsewhere it must be refused as revoked, not as short of a scope.
+    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    key, secret = auth.issue_key(user, "narrow", "production", scopes=["test:read"])
+    client = redis_app.test_client()
+    for _ in range(2):
+        assert client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code == 200
+    assert client.get("/api/v1/user/me", headers={"X-API-Key": secret}).status_code == 403
+    models.ApiKey.update(revoked_at=models.utcnow()).where(models.ApiKey.id == key.id).execute()
+    limitstorage.RedisWindows(redis_app.extensions["ratelimit"].storage).announce_key_change()
+    response = client.get("/api/v1/user/me", headers={"X-API-Key": secret})
+    assert response.status_code == 401
+    assert response.get_json()["error"]["code"] == "invalid_api_key"
+
+
+def test_revoking_a_revoked_key_announces_again(redis_app):
+    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    key, _ = auth.issue_key(user, "twice", "production")
+    windows = redis_app.extensions["ratelimit"].windows
+    auth.revoke_key(key)
+    first = windows.generation
+    auth.revoke_key(models.ApiKey.get_by_id(key.id))
+    assert windows.generation != first
+    assert redis.Redis.from_url(services.REDIS_URL).get(windows.generation_key).decode() == windows.generation
+
+
+def test_an_announcement_is_tried_again_before_it_fails(redis_app, monkeypatch):
+    windows = redis_app.extensions["ratelimit"].windows
+    announce, failures = windows.announce_key_change, [limitstorage.StorageError(OSError("timeout"))] * 2
+
+    def flaky():
+        if failures:
+            raise failures.pop()
+        announce()
+
+    monkeypatch.setattr(windows, "announce_key_change", flaky)
+    keycache.announce_change()
+    assert failures == []
+
+
+def test_the_cli_says_when_servers_that_use_redis_may_not_hear_of_a_change(app, runner, api_key):
+    key_id = models.ApiKey.get(models.ApiKey.key_hash == auth.hash_key(api_key)).id
+    result = runner.invoke(args=["keys", "revoke", str(key_id)])
+    assert result.exit_code == 0
+    postgres = not app.config["DATABASE_URL"].startswith("sqlite")
+    assert ("RATELIMIT_STORAGE_URL is not Redis here" in result.stderr) == postgres
