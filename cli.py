@@ -12,7 +12,6 @@ import accounts
 import auth
 import keycache
 import securitylog
-from keycache import ChangeNotAnnounced
 from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
 
 
@@ -25,7 +24,7 @@ class SentenceOnServiceError:
             return super().invoke(ctx)
         except DATABASE_ERRORS as error:
             raise click.ClickException(f"The database cannot be used right now: {error}") from None
-        except ChangeNotAnnounced as error:
+        except keycache.ChangeNotAnnounced as error:
             raise click.ClickException(error.description) from None
 
 

@@ -44,7 +44,7 @@ class ChangeNotAnnounced(LimitStorageUnavailable):
 
 class SqliteGeneration:
     """The generation of what this process's SQLite connection can see: it moves on every commit,
-    another connection's or its own. Read before a lookup, so a key is never newer than its tag."""
+    another connection's or its own. Read before a lookup, so a key is never older than its tag."""
 
     confirmed_by_count = False
 
