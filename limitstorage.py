@@ -244,10 +244,12 @@ def redis_windows(storage):
     return RedisWindows(storage) if isinstance(storage, RedisStorage) else None
 
 
-def window_counter(storage):
-    """Return the storage's hit(key, expiry) -> (count, window end): one round trip on Redis."""
-    if isinstance(storage, RedisStorage):
-        return RedisWindows(storage).hit
+def window_counter(storage, windows=None):
+    """Return the storage's hit(key, expiry) -> (count, window end): one round trip on Redis
+    (through `windows`, the storage's RedisWindows, when the caller already made it)."""
+    windows = windows or redis_windows(storage)
+    if windows is not None:
+        return windows.hit
     if isinstance(storage, SweptMemoryStorage):
         return storage.hit
 

@@ -84,7 +84,7 @@ class Limiter:
         self.storage = storage
         # On Redis, the counter also carries the key generation that keycache.py relies on.
         self.windows = redis_windows(storage)
-        self.count_hit = self.windows.hit if self.windows else window_counter(storage)
+        self.count_hit = window_counter(storage, self.windows)
         self.tiers = tiers
         self.public_rate = public_rate
 
