@@ -53,6 +53,10 @@ class SweptMemoryStorage(MemoryStorage):
             self.timer.daemon = True
             self.timer.start()
 
+    def close(self):
+        """Cancel a scheduled sweep, so the storage leaves no thread behind (tests make many)."""
+        self.timer.cancel()
+
     def _MemoryStorage__expire_events(self):
         """Drop expired windows a slice of keys at a time, letting requests run in between:
         limits walks every key in one go, which held the worker for 20 ms at 100,000 keys. Only

@@ -114,6 +114,10 @@ class Limiter:
             )
         return state
 
+    def close(self):
+        """Stop the storage's background work, where it has any."""
+        if hasattr(self.storage, "close"):
+            self.storage.close()
 
     def give_back(self, item, identity):
         """Take back one counted request of identity's current window, if it still has one."""

@@ -52,6 +52,7 @@ def app(database_url):
     with app.app_context():
         yield app
     app.extensions["usage"].close()
+    app.extensions["ratelimit"].close()
 
 
 @pytest.fixture

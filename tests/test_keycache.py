@@ -19,6 +19,7 @@ import limitstorage
 import models
 import ratelimit
 import services
+from clock import fake_time
 from app import create_app
 
 
@@ -121,8 +122,7 @@ def test_a_rolled_out_secret_is_kept_until_its_grace_period_ends(sqlite_app, sql
 def test_a_kept_key_is_read_again_after_the_maximum_age(sqlite_app, sqlite_user, lookups, monkeypatch):
     _, key_hash = new_key(sqlite_user)
     keycache.find(key_hash)
-    now = time.time()
-    monkeypatch.setattr(keycache.time, "time", lambda: now + keycache.MAX_AGE + 1)
+    fake_time(monkeypatch, "keycache", start=time.time() + keycache.MAX_AGE + 1)
     keycache.find(key_hash)
     assert lookups == [key_hash, key_hash]
 

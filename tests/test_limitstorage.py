@@ -15,12 +15,12 @@ from limits.storage import MemoryStorage, storage_from_string
 import limitstorage
 import ratelimit
 import services
+from clock import fake_time
 
 
-class FakeClock:
-    def __init__(self, monkeypatch, start=1_000_000.0):
-        self.now = start
-        monkeypatch.setattr("limits.storage.memory.time.time", lambda: self.now)
+def FakeClock(monkeypatch):
+    # limits' memory storage and the adapter over it read the same clock.
+    return fake_time(monkeypatch, "limits.storage.memory", "limitstorage")
 
 
 def test_limits_still_has_what_the_memory_adapter_overrides():
@@ -60,14 +60,14 @@ def test_memory_storage_sweeps_in_slices_and_keeps_live_windows(monkeypatch):
     clock.now += 1
     for i in range(10):
         storage.incr(f"new{i}", 60)
-    yields, sweeper, real_sleep = [], threading.get_ident(), limitstorage.time.sleep
+    yields, sweeper = [], threading.get_ident()
 
     def sleep(seconds):
-        if threading.get_ident() != sweeper:
-            return real_sleep(seconds)
-        yields.append(seconds)
+        # Only this thread's: another test's sweep timer may still run in this module.
+        if threading.get_ident() == sweeper:
+            yields.append(seconds)
 
-    monkeypatch.setattr(limitstorage.time, "sleep", sleep)
+    monkeypatch.setattr(clock, "sleep", sleep, raising=False)
     storage._MemoryStorage__expire_events()
     assert yields == [0, 0, 0]  # 5,010 keys in slices of 2,000
     assert sorted(storage.storage) == [f"new{i}" for i in range(10)]
@@ -121,14 +121,17 @@ def test_a_keyed_request_costs_one_redis_round_trip(redis_storage, monkeypatch):
     item = RateLimitItemPerHour(100)
     limiter.hit(item, "warm", "free", report=False)  # loads the script
     commands = []
-    connection_class = redis_storage.get_connection().connection_pool.connection_class
-    send = connection_class.send_command
+    # The pool's one idle connection, which the next call takes: this client's alone is counted.
+    pool = redis_storage.get_connection().connection_pool
+    connection = pool.get_connection()
+    pool.release(connection)
+    send = connection.send_command
 
-    def counting_send(self, *args, **kwargs):
+    def counting_send(*args, **kwargs):
         commands.append(args[0])
-        return send(self, *args, **kwargs)
+        return send(*args, **kwargs)
 
-    monkeypatch.setattr(connection_class, "send_command", counting_send)
+    monkeypatch.setattr(connection, "send_command", counting_send)
     state = limiter.hit(item, "w", "free", report=False)
     assert commands == ["EVALSHA"]
     assert state.remaining == 99 and 3599 <= state.reset - time.time() <= 3600

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import auth
 import models
 import ratelimit
+from clock import FakeTime
 from contract import DOCUMENT
 
 # The app fixture is only read from in these tests, so sharing it across examples is safe.
@@ -108,7 +109,7 @@ def test_rate_limit_headers_parse_back_to_the_state(app, policy, limit, data, wi
     remaining = data.draw(st.integers(min_value=0, max_value=limit))
     reset = now + data.draw(st.floats(min_value=0, max_value=window))
     state = ratelimit.RateLimitState(policy, limit, remaining, reset, window)
-    with app.test_request_context(), mock.patch("ratelimit.time.time", return_value=now):
+    with app.test_request_context(), mock.patch.object(ratelimit, "time", FakeTime(now)):
         g.rate_limit = state
         headers = ratelimit.add_rate_limit_headers(app.response_class()).headers
 
@@ -125,7 +126,7 @@ def test_rate_limit_headers_parse_back_to_the_state(app, policy, limit, data, wi
 
 @given(st.floats(min_value=0, max_value=4_102_444_799.999, allow_nan=False))
 def test_now_strings_truncate_to_the_millisecond(now):
-    with mock.patch("time.time", return_value=now):
+    with mock.patch.object(models, "time", FakeTime(now)):
         iso, display = models.now_strings()
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", iso)
     shown = datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()

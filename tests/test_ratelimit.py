@@ -7,6 +7,7 @@ from limits import RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPe
 
 import ratelimit
 import usage
+from clock import fake_time
 from models import ApiKey, UsageHour, db, start_of_hour, utcnow
 
 
@@ -25,11 +26,8 @@ def test_parse_tiers_rejects(spec):
         ratelimit.parse_tiers(spec)
 
 
-class FakeClock:
-    def __init__(self, monkeypatch, start=1_000_000.0):
-        self.now = start
-        monkeypatch.setattr("limits.storage.memory.time.time", lambda: self.now)
-        monkeypatch.setattr("ratelimit.time.time", lambda: self.now)
+def FakeClock(monkeypatch):
+    return fake_time(monkeypatch, "limits.storage.memory", "limitstorage", "ratelimit")
 
 
 def test_fixed_window_starts_with_first_request_and_resets(app, monkeypatch):
