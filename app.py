@@ -1,5 +1,6 @@
 """The service: configuration, the app factory, error rendering and `python app.py`."""
 
+import io
 import logging
 import os
 import re
@@ -7,8 +8,8 @@ import secrets
 import sys
 from pathlib import Path
 
-from flask import Flask, json, render_template, request
-from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
+from flask import Flask, current_app, json, render_template, request
+from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntityTooLarge, ServiceUnavailable
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import accounts
@@ -45,16 +46,17 @@ def load_config(environ=os.environ):
         "PORT": int(environ.get("PORT") or 5000),
         "WS_SEND_TIMEOUT": seconds(environ, "WS_SEND_TIMEOUT", 30),
         "MAX_KEYS_PER_USER": count(environ, "MAX_KEYS_PER_USER", 20),
+        "MAX_BODY_BYTES": count(environ, "MAX_BODY_BYTES", 65536, minimum=1024),
         "LOG_FORMAT": logs.log_format(environ),
         "METRICS_TOKEN": metrics_token(environ),
     }
 
 
-def count(environ, name, default):
-    """A whole number of at least 1 from the environment, or a sentence saying what is wrong."""
+def count(environ, name, default, minimum=1):
+    """A whole number of at least minimum from the environment, or a sentence saying what is wrong."""
     text = environ.get(name) or str(default)
-    if not re.fullmatch(r"\s*[0-9]+\s*", text) or int(text) < 1:
-        raise ValueError(f"{name} must be a whole number of at least 1, not {text!r}.")
+    if not re.fullmatch(r"\s*[0-9]{1,18}\s*", text) or int(text) < minimum:
+        raise ValueError(f"{name} must be a whole number of at least {minimum}, not {text!r}.")
     return int(text)
 
 
@@ -113,10 +115,15 @@ def create_app(overrides=None):
     if overrides:
         app.config.update(overrides)
     app.json.sort_keys = False
+    # Werkzeug's own bounds, for bodies read after refuse_large_bodies: a form or file part past
+    # them is a 413 too, and never spooled to a temporary file (that starts at 500 KB).
+    app.config["MAX_CONTENT_LENGTH"] = app.config["MAX_FORM_MEMORY_SIZE"] = app.config["MAX_BODY_BYTES"]
     configure_logging(app.config["LOG_FORMAT"])
     if app.config["DATABASE_URL"].startswith(f"sqlite:///{INSTANCE}"):
         make_instance_folder()
 
+    # First of every hook: nothing (the CSRF check's form parsing included) reads a body before it.
+    app.before_request(refuse_large_bodies)
     models.init_app(app)
     ratelimit.init_app(app)
     keycache.init_app(app)
@@ -169,6 +176,40 @@ def add_response_headers(response):
     return response
 
 
+class PayloadTooLarge(RequestEntityTooLarge):
+    """A request body larger than MAX_BODY_BYTES (HTTP 413)."""
+
+    error_code = "payload_too_large"
+
+
+def refuse_large_bodies():
+    """Refuse a body larger than MAX_BODY_BYTES before it is read: a declared one at once, a chunked
+    one once that many bytes came (they are kept for the view, in memory)."""
+    limit = current_app.config["MAX_BODY_BYTES"]
+    environ = request.environ
+    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        # Werkzeug would stop reading at the limit without a word, and the form would be cut short.
+        body = read_at_most(environ["wsgi.input"], limit + 1)
+        if len(body) > limit:
+            raise PayloadTooLarge(body_limit_sentence(limit))
+        environ["wsgi.input"] = io.BytesIO(body)
+    elif (request.content_length or 0) > limit:
+        raise PayloadTooLarge(body_limit_sentence(limit))
+
+
+def read_at_most(stream, size):
+    """Up to size bytes of a stream, fewer only where it ends."""
+    pieces, left = [], size
+    while left > 0 and (piece := stream.read(min(left, 16384))):
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
+
+
+def body_limit_sentence(limit):
+    return f"The request body is larger than the {limit} bytes this service accepts."
+
+
 def render_http_error(error):
     """Render any HTTP error as {"error": {"code", "message"}}, keeping its status and headers; a
     browser (a client that prefers HTML) gets templates/error.html anywhere outside the API."""
@@ -183,7 +224,7 @@ def render_http_error(error):
     return response
 
 
-ERROR_CODES = {500: "internal_error"}
+ERROR_CODES = {413: "payload_too_large", 500: "internal_error"}
 
 
 def prefers_html():

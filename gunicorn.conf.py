@@ -184,8 +184,12 @@ def with_request_id(handle_error):
 
 
 def post_request(worker, req, environ, resp):
-    """Let the worker's other connections run before this one's next request."""
+    """Let the worker's other connections run before this one's next request; close the connection
+    of a body refused as too large instead of reading the rest of it."""
     logs.end_request()
+    if resp is not None and resp.status_code == 413:
+        # gunicorn would otherwise read and discard the whole body before the next request.
+        req.must_close = True
     # gevent reads without yielding when data is already waiting, so a keep-alive client that
     # always has its next request ready (or pipelines them) would otherwise hold the worker
     # alone: with 50 busy connections, p99 was 0.9 s for a bare Flask endpoint, 33 ms with this.

@@ -1,0 +1,139 @@
+"""MAX_BODY_BYTES: a larger body, declared or sent in chunks, is refused with 413 before it is read,
+as JSON under /api/v1/ and as the HTML error page for browsers elsewhere; a body within the limit
+still works. Unit tests with Flask's client, then the live server: two workers, raw sockets."""
+
+import io
+import json
+import socket
+import time
+
+import pytest
+
+from app import load_config
+from liveserver import service_env, serving
+
+BROWSER = {"Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.8"}
+LIMIT = 65536
+
+
+def chunked(body):
+    """Flask's client sends input_stream as it is: the environ of a chunked request, as gunicorn
+    makes it, says the stream ends by itself."""
+    return {"input_stream": io.BytesIO(body),
+            "environ_overrides": {"HTTP_TRANSFER_ENCODING": "chunked", "wsgi.input_terminated": True}}
+
+
+def test_the_limit_is_read_and_validated_at_start():
+    assert load_config({})["MAX_BODY_BYTES"] == LIMIT
+    assert load_config({"MAX_BODY_BYTES": "1048576"})["MAX_BODY_BYTES"] == 1048576
+    for bad in ("0", "1023", "64k", "-1", "1e6"):
+        with pytest.raises(ValueError, match="MAX_BODY_BYTES must be a whole number of at least 1024"):
+            load_config({"MAX_BODY_BYTES": bad})
+
+
+@pytest.mark.parametrize("sending", ["declared", "chunked"])
+def test_a_large_api_body_is_a_json_413(client, api_key, sending):
+    body = b"x" * (LIMIT + 1)
+    options = {"data": body} if sending == "declared" else chunked(body)
+    response = client.post("/api/v1/keys/revoke", headers={"X-API-Key": api_key}, **options)
+    assert response.status_code == 413
+    assert response.json == {"error": {"code": "payload_too_large",
+                                       "message": f"The request body is larger than the {LIMIT} bytes this service "
+                                                  "accepts."}}
+    # Refused before the key was looked at: it still works.
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": api_key}).status_code == 200
+
+
+@pytest.mark.parametrize("sending", ["declared", "chunked"])
+def test_a_large_form_is_a_413_page_for_a_browser(client, sending):
+    body = b"username=a&password=" + b"p" * LIMIT
+    options = {"data": body} if sending == "declared" else chunked(body)
+    response = client.post("/login", headers=BROWSER, content_type="application/x-www-form-urlencoded", **options)
+    assert response.status_code == 413
+    assert response.content_type == "text/html; charset=utf-8"
+    assert f"larger than the {LIMIT} bytes" in response.get_data(as_text=True)
+
+
+def test_a_chunked_body_within_the_limit_reaches_the_form(client, user):
+    body = b"username=alice&password=correct+horse+battery"
+    response = client.post("/login", content_type="application/x-www-form-urlencoded", **chunked(body))
+    assert response.status_code == 302
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("bodies")
+    with serving(tmp_path, service_env(tmp_path, WEB_CONCURRENCY="2")) as server:
+        yield server
+
+
+def connect(server):
+    host, port = server.base.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.settimeout(10)
+    return sock
+
+
+def read_until_closed(sock):
+    """Everything the server sends until it closes the connection (a timeout fails the test)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+MULTIPART_HEAD = (b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\n"
+                  b"Content-Type: application/octet-stream\r\n\r\n")
+
+
+@pytest.mark.parametrize("path, accept, expected", [
+    ("/login", "text/html", b"Content-Type: text/html"),
+    ("/api/v1/keys/revoke", "application/json", b'"code":"payload_too_large"'),
+])
+def test_live_a_declared_300_mb_body_is_refused_before_it_is_sent(server, path, accept, expected):
+    sock = connect(server)
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nContent-Length: 300000000\r\n"
+            "Content-Type: multipart/form-data; boundary=b\r\n\r\n").encode()
+    started = time.monotonic()
+    sock.sendall(head + MULTIPART_HEAD + b"\0" * 4096)
+    # The answer comes after a few kilobytes of the 300 MB, and the connection closes instead of
+    # the server reading (and discarding, or spooling) the rest.
+    answer = read_until_closed(sock)
+    assert time.monotonic() - started < 5
+    assert answer.startswith(b"HTTP/1.1 413 ") and expected in answer
+    sock.close()
+
+
+def test_live_a_chunked_stream_is_refused_once_past_the_limit(server):
+    sock = connect(server)
+    sock.sendall(b"POST /api/v1/keys/revoke HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    piece, sent = b"y" * 8192, 0
+    sock.setblocking(False)
+    answer = b""
+    deadline = time.monotonic() + 10
+    while not answer.startswith(b"HTTP/1.1 413 ") and time.monotonic() < deadline:
+        try:
+            sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            sent += len(piece)
+        except BlockingIOError:
+            time.sleep(0.01)
+        try:
+            answer += sock.recv(65536)
+        except BlockingIOError:
+            pass
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1].split(b"}}", 1)[0] + b"}}")
+    assert body["error"]["code"] == "payload_too_large"
+    # The worker read the limit and stopped; what else went out waits in socket buffers.
+    assert sent < 64 * 1024 * 1024
+    sock.close()
+
+
+def test_live_a_body_within_the_limit_is_served_and_the_workers_carry_on(server):
+    sock = connect(server)
+    body = b"z" * 1000
+    sock.sendall(b"POST /api/v1/keys/revoke HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + body)
+    answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    sock.close()
+    assert "Traceback" not in server.output()
