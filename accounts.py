@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 from peewee import IntegrityError, PostgresqlDatabase, fn
-from werkzeug.exceptions import ServiceUnavailable
+from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
 import keycache
@@ -53,6 +53,12 @@ class AccountTaken(ValueError):
 
 class WrongPassword(ValueError):
     """The password given to confirm a change is not the account's."""
+
+
+class AccountGone(Unauthorized):
+    """The account was deleted while a change to it was under way (HTTP 401)."""
+
+    description = "This account no longer exists."
 
 
 class HashingBusy(ServiceUnavailable):
@@ -193,6 +199,7 @@ def change_password(user, current_password, new_password):
     check_new_password(new_password)
     user.password_hash = hash_password(new_password)
     with db.atomic():
+        lock_user(user)
         User.update(password_hash=user.password_hash).where(User.id == user.id).execute()
         Session.delete().where(Session.user == user.id).execute()
         securitylog.record(user.id, "user.password_changed")
@@ -216,9 +223,13 @@ def active_key_count(user):
 
 
 def lock_user(user):
-    """Hold the user's row until the transaction ends, so two requests cannot both pass a cap."""
+    """Hold the user's row until the transaction ends, so two requests cannot both pass a cap; raise
+    AccountGone when the account was deleted since it was read (its rows could not be added to)."""
+    row = User.select(User.id).where(User.id == user.id)
     if isinstance(db.obj, PostgresqlDatabase):
-        User.select(User.id).where(User.id == user.id).for_update().execute()
+        row = row.for_update()
+    if row.first() is None:
+        raise AccountGone()
 
 
 # Sessions: the cookie (signed by Flask) carries a random token; the database keeps its hash.
@@ -233,17 +244,19 @@ def start_session(user):
     password must not outlive the change). Idle sessions are pruned."""
     token = secrets.token_urlsafe(32)
     with db.atomic():
-        lock_user(user)
+        try:
+            lock_user(user)
+        except AccountGone:
+            return None
         current = User.select(User.password_hash).where(User.id == user.id).scalar()
         if current != user.password_hash:
             return None
         Session.delete().where(Session.last_seen_at < idle_cutoff()).execute()
         Session.create(token_hash=token_hash(token), user=user)
         securitylog.record(user.id, "user.login")
-        # Log-ins are not limited when they succeed: keep what each adds (a session, an event) bounded.
+        # Log-ins are not limited when they succeed: keep the sessions they add bounded (the security
+        # log bounds itself).
         keep_newest(Session, Session.user == user.id, Session.last_seen_at, Session.token_hash, MAX_SESSIONS)
-        keep_newest(SecurityEvent, SecurityEvent.user == user.id, SecurityEvent.created_at, SecurityEvent.id,
-                    securitylog.KEPT)
     return token
 
 
@@ -278,6 +291,7 @@ def end_session(session):
 
 def end_all_sessions(user):
     with db.atomic():
+        lock_user(user)
         Session.delete().where(Session.user == user.id).execute()
         securitylog.record(user.id, "user.sessions_revoked")
 

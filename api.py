@@ -53,7 +53,8 @@ def protected_test():
 @api.get("/user/me")
 @require_api_key("user:read")
 def user_me():
-    user = User.get_by_id(g.api_key.user_id)
+    # The account may have been deleted since the key was admitted: then the key is gone too.
+    user = auth.found_key(User.get_or_none(User.id == g.api_key.user_id))
     return {
         "user_id": user.id,
         "username": user.username,
@@ -67,9 +68,12 @@ def user_me():
 @require_api_key("usage:read")
 def usage_stats():
     key, window = g.api_key, g.rate_limit
+    total = usage.total_requests(key)
+    if total is None:
+        auth.found_key(None)  # deleted with its account since it was admitted
     return {
         "api_key_name": key.name,
-        "total_requests": usage.total_requests(key),
+        "total_requests": total,
         "rate_limit_tier": key.rate_limit_tier,
         "requests_remaining": window.remaining,
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
@@ -80,10 +84,14 @@ def usage_stats():
 @ip_rate_limited
 def revoke_leaked_key():
     """Revoke the key in X-API-Key: whoever holds a secret, its owner or whoever found it in public,
-    may kill it."""
+    may kill it. A rolled-out secret still in its grace period ends only itself: its holder was to
+    lose access at the end of the grace, not to end the owner's new secret."""
     key = auth.authenticate(request.headers.get("X-API-Key"))
+    if key.opened_by_previous_secret():
+        auth.revoke_previous_secret(key)
+        return {"revoked": True, "api_key_name": key.name, "secret": "previous"}
     auth.revoke_key(key, leaked=True)
-    return {"revoked": True, "api_key_name": key.name}
+    return {"revoked": True, "api_key_name": key.name, "secret": "current"}
 
 
 @api.get("/openapi.json")

@@ -16,7 +16,7 @@ import keycache
 import ratelimit
 import securitylog
 from limitstorage import KeysChanged
-from models import SCOPES, ApiKey, db, find_active_key, utcnow
+from models import SCOPES, ApiKey, db, display_time, find_active_key, utcnow
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
 KEY_ALPHABET = string.ascii_letters + string.digits
@@ -37,6 +37,14 @@ MAX_KEY_NAME_LENGTH = 100
 
 class KeyCapReached(ValueError):
     """The user already holds MAX_KEYS_PER_USER active keys."""
+
+
+class RollConflict(ValueError):
+    """A roll of a key that changed since the caller read it (HTTP 409 in the web application)."""
+
+
+class GraceRunning(RollConflict):
+    """A roll that would end a previous secret's grace period without saying so."""
 
 
 class InsufficientScope(Forbidden):
@@ -141,12 +149,22 @@ def checksum_fails(secret):
     return len(secret) == CHECKSUMMED_LENGTH and checksum(secret[:-CHECKSUM_LENGTH]) != secret[-CHECKSUM_LENGTH:]
 
 
-def roll_key(key, grace):
+def roll_key(key, grace, end_previous=False, current=None):
     """Give the key a new secret; the current one keeps working for grace seconds (0: not at all).
-    The key keeps its id, and with it its allowance, usage, scopes and expiry; return the secret."""
+    The key keeps its id, and with it its allowance, usage, scopes and expiry; return the secret.
+    Raise RollConflict when current (the display prefix the caller saw) is not the key's any more or
+    the key changed since it was read; GraceRunning when a previous secret is still in its grace
+    period and end_previous does not confirm ending it."""
+    if current is not None and current != key.display_prefix:
+        raise RollConflict(f"The page showed the secret {current}... of {key.name!r}, but its secret is now "
+                           f"{key.display_prefix}...: it was rolled since. Reload and try again.")
+    now = utcnow()
+    if key.previous_key_hash and key.previous_expires_at and key.previous_expires_at > now and not end_previous:
+        raise GraceRunning(f"{key.name!r} still has a previous secret, {key.previous_display_prefix}..., which "
+                           f"works until {display_time(key.previous_expires_at)}; rolling again ends it now.")
     secret = generate_secret(key.key_type)
     keep_previous = grace > 0
-    until = utcnow() + datetime.timedelta(seconds=grace) if keep_previous else None
+    until = now + datetime.timedelta(seconds=grace) if keep_previous else None
     with db.atomic():
         rolled = ApiKey.update(
             key_hash=hash_key(secret),
@@ -154,9 +172,9 @@ def roll_key(key, grace):
             previous_key_hash=key.key_hash if keep_previous else None,
             previous_display_prefix=key.display_prefix if keep_previous else None,
             previous_expires_at=until,
-        ).where((ApiKey.id == key.id) & (ApiKey.key_hash == key.key_hash)).execute()
+        ).where((ApiKey.id == key.id) & (ApiKey.key_hash == key.key_hash) & ApiKey.revoked_at.is_null()).execute()
         if not rolled:
-            raise ValueError("The key was rolled or revoked meanwhile; reload and try again.")
+            raise RollConflict("The key was rolled or revoked meanwhile; reload and try again.")
         securitylog.record(key.user_id, "key.rolled",
                            f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)")
     keycache.announce_change()
@@ -175,6 +193,17 @@ def revoke_key(key, leaked=False):
             if ApiKey.update(revoked_at=key.revoked_at).where((ApiKey.id == key.id) & first).execute():
                 securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
                                    f"{key.name} (id {key.id}, {key.display_prefix}...)")
+    keycache.announce_change()
+
+
+def revoke_previous_secret(key):
+    """End the grace period of the key's previous (rolled-out) secret now; the key and its current
+    secret keep working. Whoever holds that secret may end it, never the key."""
+    with db.atomic():
+        ended = ApiKey.update(previous_key_hash=None, previous_display_prefix=None, previous_expires_at=None).where(
+            (ApiKey.id == key.id) & (ApiKey.previous_key_hash == key.presented_hash)).execute()
+        if ended:
+            securitylog.record(key.user_id, "key.previous_secret_revoked", f"{key.name} (id {key.id})")
     keycache.announce_change()
 
 

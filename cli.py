@@ -24,7 +24,7 @@ class SentenceOnServiceError:
             return super().invoke(ctx)
         except DATABASE_ERRORS as error:
             raise click.ClickException(f"The database cannot be used right now: {error}") from None
-        except keycache.ChangeNotAnnounced as error:
+        except (keycache.ChangeNotAnnounced, accounts.AccountGone) as error:
             raise click.ClickException(error.description) from None
 
 
@@ -114,7 +114,9 @@ def list_keys_command(username):
 @click.argument("key_id", type=int)
 @click.option("--grace", default="24h", show_default=True, metavar="DURATION",
               help="How long the current secret keeps working: 24h, 90m, 7d, or 0 for not at all.")
-def roll_key_command(key_id, grace):
+@click.option("--end-previous", is_flag=True,
+              help="Confirm ending a previous secret that is still in its grace period.")
+def roll_key_command(key_id, grace, end_previous):
     """Give a key a new secret, printed once, alone on the last line; it keeps its id, allowance and usage."""
     key = find_key(key_id)
     if key.revoked_at or key.is_expired():
@@ -122,7 +124,9 @@ def roll_key_command(key_id, grace):
         raise click.ClickException(f"Key {key_id} is {state}; it cannot be rolled.")
     try:
         seconds = auth.parse_duration(grace, allow_never=False)
-        secret = auth.roll_key(key, seconds)
+        secret = auth.roll_key(key, seconds, end_previous=end_previous)
+    except auth.GraceRunning as error:
+        raise click.ClickException(f"{error} Add --end-previous to confirm.") from None
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     warn_if_servers_may_not_hear()

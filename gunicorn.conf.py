@@ -187,7 +187,8 @@ def post_request(worker, req, environ, resp):
     """Let the worker's other connections run before this one's next request; close the connection
     of a body refused as too large instead of reading the rest of it."""
     logs.end_request()
-    if resp is not None and resp.status_code == 413:
+    # A WebSocket's response never started, so it has no status_code.
+    if getattr(resp, "status_code", None) == 413:
         # gunicorn would otherwise read and discard the whole body before the next request.
         req.must_close = True
     # gevent reads without yielding when data is already waiting, so a keep-alive client that

@@ -156,6 +156,10 @@ class ApiKey(BaseModel):
         """The key's scopes; every scope for a key made before scopes existed."""
         return self.scopes.split(",") if self.scopes else list(SCOPES)
 
+    def opened_by_previous_secret(self):
+        """True for a key found (find_active_key) by its rolled-out secret, still in its grace."""
+        return self.presented_hash != self.key_hash
+
     def is_expired(self, now=None):
         return self.expires_at is not None and self.expires_at <= (now or utcnow())
 
@@ -227,8 +231,8 @@ class Statements:
 
 def find_active_key(key_hash):
     """Return the ApiKey whose secret, or whose previous secret within its grace period, has this
-    hash, unless it is revoked or expired (only the fields a request needs, and usable_until: the
-    epoch second from which this secret stops opening the key, or inf); else None."""
+    hash, unless it is revoked or expired (only the fields a request needs, presented_hash, and
+    usable_until: the epoch second from which this secret stops opening the key, or inf); else None."""
     row = db.execute_sql(db.statements.find_active_key, (key_hash, key_hash)).fetchone()
     if row is None:
         return None
@@ -245,8 +249,10 @@ def find_active_key(key_hash):
         ends.append(previous_until)
     # __no_default__ skips computing defaults for the fields the query did not fetch.
     key = ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
-                 rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes)
+                 rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes,
+                 key_hash=current_hash)
     key.usable_until = epoch_of(min(ends)) if ends else math.inf
+    key.presented_hash = key_hash
     return key
 
 

@@ -38,6 +38,8 @@ LOGIN_SLOWDOWN_AFTER = RateLimitItemPerHour(20)
 LOGIN_SLOWDOWN_SECONDS = 1.0
 SIGNUPS_PER_IP = RateLimitItemPerHour(20)
 KEY_CREATIONS_PER_ACCOUNT = RateLimitItemPerHour(30)
+# Each roll writes a security event and, on Redis, makes every worker read its keys again.
+KEY_ROLLS_PER_ACCOUNT = RateLimitItemPerHour(30)
 
 RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
 RateLimitState.__doc__ = "One request's place in its window; reset is in epoch seconds."
@@ -257,6 +259,12 @@ def count_key_creation(user):
     """Count a key created in the web application; raise RateLimitExceeded when too many."""
     current_app.extensions["ratelimit"].hit(KEY_CREATIONS_PER_ACCOUNT, f"key-creations:{user.id}",
                                             "key-creation", report=False)
+
+
+def count_key_roll(user):
+    """Count a roll in the web application, refused ones too; raise RateLimitExceeded when too many."""
+    current_app.extensions["ratelimit"].hit(KEY_ROLLS_PER_ACCOUNT, f"key-rolls:{user.id}", "key-roll",
+                                            report=False)
 
 
 def seconds_until(epoch):

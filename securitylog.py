@@ -10,9 +10,10 @@ from models import SecurityEvent, utcnow
 EVENTS = {
     "user.signup", "user.login", "user.login_failed", "user.logout", "user.password_changed",
     "user.sessions_revoked", "key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked",
+    "key.previous_secret_revoked",
 }
 SHOWN = 50
-# Events kept per account; older ones are pruned at each log-in.
+# Events kept per account; older ones are deleted as each new one is written.
 KEPT = 1000
 # Failed log-ins recorded per account and hour at most: others' guesses must not bury the log.
 FAILURES_RECORDED_PER_HOUR = 20
@@ -23,6 +24,20 @@ def record(user_id, event, detail=""):
     assert event in EVENTS, event
     address = request.remote_addr if has_request_context() else "cli"
     SecurityEvent.create(user=user_id, event=event, ip=(address or "-")[:64], detail=detail[:200])
+    forget_beyond_kept(user_id)
+
+
+def forget_beyond_kept(user_id):
+    """Delete the account's events older than its newest KEPT: one index walk of KEPT entries."""
+    newest_first = (SecurityEvent.select(SecurityEvent.created_at, SecurityEvent.id)
+                    .where(SecurityEvent.user == user_id)
+                    .order_by(SecurityEvent.created_at.desc(), SecurityEvent.id.desc()))
+    oldest_kept = newest_first.offset(KEPT - 1).first()
+    if oldest_kept is None:
+        return
+    older = (SecurityEvent.created_at < oldest_kept.created_at) | (
+        (SecurityEvent.created_at == oldest_kept.created_at) & (SecurityEvent.id < oldest_kept.id))
+    SecurityEvent.delete().where((SecurityEvent.user == user_id) & older).execute()
 
 
 def failures_this_hour(user_id):

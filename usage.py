@@ -38,11 +38,14 @@ class UsageCounter:
             self.flusher.start()
 
     def total(self, key_id):
-        """Return the key's lifetime count: what the database holds plus what is pending here."""
+        """Return the key's lifetime count: what the database holds plus what is pending here; None
+        when the key is no longer in the database."""
         with self.flush_lock:
             row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
+            if row is None:
+                return None
             with self.pending_lock:
-                return (row[0] if row else 0) + self.pending[key_id]
+                return row[0] + self.pending[key_id]
 
     def flush(self):
         """Write the pending counts in one transaction; on failure keep them for the next try."""
@@ -89,5 +92,5 @@ def init_app(app):
 
 
 def total_requests(key):
-    """Return the key's exact lifetime request count."""
+    """Return the key's exact lifetime request count, or None when the key was deleted."""
     return current_app.extensions["usage"].total(key.id)

@@ -80,6 +80,14 @@ def add_page_headers(response):
     return response
 
 
+@bp.errorhandler(accounts.AccountGone)
+def account_gone(error):
+    """The account was deleted (in another tab, say) while this request changed it."""
+    session.clear()
+    flash("That account no longer exists.")
+    return redirect(url_for("web.login"))
+
+
 def login_required(view):
     """Send a visitor who is not logged in to the login page, and back here afterwards."""
 
@@ -316,12 +324,24 @@ def roll_key(key_id):
     key = own_key(key_id)
     if key.revoked_at or key.is_expired():
         abort(404)
+    form = request.form
     try:
-        grace = auth.parse_duration(request.form.get("grace", "24h"), allow_never=False)
+        ratelimit.count_key_roll(g.user)
+        grace = auth.parse_duration(form.get("grace", "24h"), allow_never=False)
+        secret = auth.roll_key(key, grace, end_previous=form.get("end_previous") == "1", current=form.get("current"))
+    except ratelimit.RateLimitExceeded as error:
+        minutes = -(-error.retry_after // 60)
+        flash(f"Too many keys rolled in the last hour; try again in {minutes} minutes.", "error")
+        return render_security_tab(status=429)
+    except auth.GraceRunning as error:
+        flash(f"{error} Tick “End the previous secret now” to confirm.", "error")
+        return render_security_tab(status=409)
+    except auth.RollConflict as error:
+        flash(str(error), "error")
+        return render_security_tab(status=409)
     except ValueError as error:
         flash(str(error), "error")
         return render_security_tab(status=400)
-    secret = auth.roll_key(key, grace)
     accounts.keep_pending_secret(g.session, session["sid"],
                                  json.dumps({"name": key.name, "secret": secret, "rolled": True}))
     return redirect(url_for("web.settings_security"))

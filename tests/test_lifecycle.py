@@ -150,7 +150,7 @@ def test_whoever_holds_a_secret_can_revoke_it(client, user):
     _, secret = auth.issue_key(user, "Leaked", "production")
     response = client.post("/api/v1/keys/revoke", headers={"X-API-Key": secret})
     assert response.status_code == 200
-    assert response.json == {"revoked": True, "api_key_name": "Leaked"}
+    assert response.json == {"revoked": True, "api_key_name": "Leaked", "secret": "current"}
     assert response.headers["Cache-Control"] == "no-store"
     assert get(client, "/api/v1/protected/test", secret).status_code == 401
     again = client.post("/api/v1/keys/revoke", headers={"X-API-Key": secret})

@@ -75,7 +75,8 @@ def test_a_roll_through_the_cli_keeps_the_old_secret_for_its_grace_period(server
 def test_a_leaked_key_is_revoked_by_whoever_holds_it(server, env):
     secret = create(env)
     response = requests.post(server.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10)
-    assert response.status_code == 200 and response.json() == {"revoked": True, "api_key_name": "live key"}
+    assert response.status_code == 200
+    assert response.json() == {"revoked": True, "api_key_name": "live key", "secret": "current"}
     assert status(server, secret) == 401
 
 

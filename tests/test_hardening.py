@@ -1,0 +1,170 @@
+"""The third hardening pass with Flask's client, the CLI runner and the modules themselves, on SQLite
+and PostgreSQL: rolls limited and refused with a sentence on a race, a stale page or a running
+grace period; a rolled-out secret revokes only itself; the security log bounded at every write;
+no 500 when an account is deleted mid-request. Live counterparts: test_hardening_live.py."""
+
+import re
+
+import pytest
+from flask import g
+from limits import RateLimitItemPerHour
+
+import accounts
+import auth
+import ratelimit
+import securitylog
+from models import ApiKey, SecurityEvent, User
+
+
+def page(response):
+    return response.get_data(as_text=True)
+
+
+def flashed(response):
+    return re.findall(r'class="flash[^"]*"[^>]*>\s*([^<]+?)\s*<', page(response))
+
+
+def roll(client, key, **form):
+    g.pop("csrf_token", None)
+    return client.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "0", **form})
+
+
+def test_the_31st_roll_in_an_hour_is_refused_with_a_sentence(logged_in, user):
+    key, _ = auth.issue_key(user, "Rolled often", "production")
+    for _ in range(30):
+        assert roll(logged_in, key).status_code == 302
+    refused = roll(logged_in, key)
+    assert refused.status_code == 429
+    assert re.search(r"Too many keys rolled in the last hour; try again in \d+ minutes\.", page(refused))
+
+
+def test_refused_rolls_count_too(logged_in, user, monkeypatch):
+    monkeypatch.setattr(ratelimit, "KEY_ROLLS_PER_ACCOUNT", RateLimitItemPerHour(2))
+    key, _ = auth.issue_key(user, "Stale", "production")
+    assert roll(logged_in, key, current="sk_live_XXXX").status_code == 409
+    assert roll(logged_in, key, current="sk_live_YYYY").status_code == 409
+    assert roll(logged_in, key).status_code == 429
+
+
+def test_a_roll_from_a_page_showing_another_secret_is_refused(logged_in, user):
+    key, secret = auth.issue_key(user, "Twice", "production")
+    assert roll(logged_in, key, current=secret[:12]).status_code == 302
+    again = roll(logged_in, key, current=secret[:12])  # the same page, submitted again
+    assert again.status_code == 409
+    now = ApiKey.get_by_id(key.id).display_prefix
+    assert (f"The page showed the secret {secret[:12]}... of &#39;Twice&#39;, but its secret is now {now}...: it was "
+            "rolled since. Reload and try again.") in page(again)
+
+
+def test_the_roll_form_carries_the_current_prefix(logged_in, user):
+    key, secret = auth.issue_key(user, "Shown", "production")
+    html = page(logged_in.get("/settings/security"))
+    assert f'<input type="hidden" name="current" value="{secret[:12]}">' in html
+
+
+def test_a_roll_that_lost_a_race_is_a_conflict_not_a_500(user):
+    key, _ = auth.issue_key(user, "Raced", "production")
+    read_by_both = ApiKey.get_by_id(key.id)
+    auth.roll_key(read_by_both, 0)
+    with pytest.raises(auth.RollConflict, match="rolled or revoked meanwhile"):
+        auth.roll_key(read_by_both, 0)
+    auth.revoke_key(ApiKey.get_by_id(key.id))
+    with pytest.raises(auth.RollConflict, match="rolled or revoked meanwhile"):
+        auth.roll_key(ApiKey.get_by_id(key.id), 0)
+
+
+def test_a_roll_during_a_grace_period_needs_confirming(app, client, logged_in, user):
+    key, first = auth.issue_key(user, "Graced", "production", tier="pro")
+    assert roll(logged_in, key, grace="7d").status_code == 302
+    second_prefix = ApiKey.get_by_id(key.id).display_prefix
+    refused = roll(logged_in, key, current=second_prefix)
+    assert refused.status_code == 409
+    until = ApiKey.get_by_id(key.id).previous_expires_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert (f"&#39;Graced&#39; still has a previous secret, {first[:12]}..., which works until {until}; rolling "
+            "again ends it now. Tick “End the previous secret now” to confirm.") in page(refused)
+    assert 'name="end_previous" value="1"' in page(logged_in.get("/settings/security"))
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": first}).status_code == 200
+    assert roll(logged_in, key, current=second_prefix, end_previous="1").status_code == 302
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": first}).status_code == 401
+
+
+def test_the_cli_refuses_a_roll_during_a_grace_period_unless_told_to_end_it(runner, user):
+    key, first = auth.issue_key(user, "CLI graced", "production")
+    assert runner.invoke(args=["keys", "roll", str(key.id), "--grace", "7d"]).exit_code == 0
+    refused = runner.invoke(args=["keys", "roll", str(key.id)])
+    assert refused.exit_code == 1
+    assert f"still has a previous secret, {first[:12]}..., which works until" in refused.output
+    assert "Add --end-previous to confirm." in refused.output
+    confirmed = runner.invoke(args=["keys", "roll", str(key.id), "--end-previous"])
+    assert confirmed.exit_code == 0, confirmed.output
+    assert auth.authenticate(confirmed.output.strip().splitlines()[-1]).id == key.id
+    with pytest.raises(auth.ApiKeyError):
+        auth.authenticate(first)
+
+
+def test_a_rolled_out_secret_revokes_only_itself(client, user):
+    key, old = auth.issue_key(user, "Handed over", "production", tier="pro")
+    new = auth.roll_key(ApiKey.get_by_id(key.id), 3600)
+    response = client.post("/api/v1/keys/revoke", headers={"X-API-Key": old})
+    assert response.status_code == 200
+    assert response.json == {"revoked": True, "api_key_name": "Handed over", "secret": "previous"}
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": old}).status_code == 401
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": new}).status_code == 200
+    stored = ApiKey.get_by_id(key.id)
+    assert stored.revoked_at is None and stored.previous_key_hash is None
+    assert securitylog.recent(user.id)[0].event == "key.previous_secret_revoked"
+    current = client.post("/api/v1/keys/revoke", headers={"X-API-Key": new})
+    assert current.json == {"revoked": True, "api_key_name": "Handed over", "secret": "current"}
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": new}).status_code == 401
+
+
+def test_the_security_log_keeps_its_newest_events_at_every_write(user, monkeypatch):
+    monkeypatch.setattr(securitylog, "KEPT", 5)
+    key, _ = auth.issue_key(user, "Busy", "production")
+    for _ in range(8):
+        auth.roll_key(ApiKey.get_by_id(key.id), 0)
+        assert SecurityEvent.select().where(SecurityEvent.user == user.id).count() <= 5
+    events = securitylog.recent(user.id, limit=None)
+    assert [event.event for event in events] == ["key.rolled"] * 5
+    assert events[0].id == max(event.id for event in SecurityEvent.select())
+
+
+def delete_after_counting(monkeypatch, user):
+    """Delete the account right after a request was admitted and counted, before its view reads."""
+    count = ratelimit.count_request
+
+    def count_then_delete(key, generation=None):
+        state = count(key, generation)
+        with accounts.db.atomic():
+            ApiKey.delete().where(ApiKey.user == user.id).execute()
+            User.delete().where(User.id == user.id).execute()
+        return state
+
+    monkeypatch.setattr(auth.ratelimit, "count_request", count_then_delete)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/user/me", "/api/v1/usage/stats"])
+def test_an_account_deleted_mid_request_is_a_401_not_a_500(client, user, pro_key, monkeypatch, path):
+    delete_after_counting(monkeypatch, user)
+    response = client.get(path, headers={"X-API-Key": pro_key})
+    assert response.status_code == 401
+    assert response.json["error"]["code"] == "invalid_api_key"
+
+
+def test_an_account_deleted_while_its_page_creates_a_key_logs_the_browser_out(logged_in, user, monkeypatch):
+    def delete_account_first(user_then):
+        with accounts.db.atomic():
+            User.delete().where(User.id == user.id).execute()
+
+    monkeypatch.setattr(ratelimit, "count_key_creation", delete_account_first)
+    response = logged_in.post("/settings/security/keys", data={"name": "Late", "type": "production"})
+    assert response.status_code == 302 and response.headers["Location"] == "/login"
+    assert ApiKey.select().count() == 0
+
+
+def test_an_account_deleted_meanwhile_cannot_sign_out_everywhere_or_change_its_password(user):
+    User.delete().where(User.id == user.id).execute()
+    with pytest.raises(accounts.AccountGone):
+        accounts.end_all_sessions(user)
+    with pytest.raises(accounts.AccountGone):
+        accounts.change_password(user, "correct horse battery", "another long password")
