@@ -163,8 +163,11 @@ def revoke_key_command(key_id):
     warn_if_servers_may_not_hear()
 
 
-# What looks like one of this service's secrets, standing on its own in a file.
-SECRET_IN_TEXT = re.compile(r"(?<![A-Za-z0-9_])" + auth.KEY_PATTERN.pattern + r"(?![A-Za-z0-9])")
+# What looks like one of this service's secrets, standing on its own in a file: after a character
+# that is not a letter or digit, or after an escape that ends in one (JSON's \n, \t, \r, \u0022;
+# percent-encoding's %3D, %20), as keys stand in config files, logs and URLs.
+SECRET_IN_TEXT = re.compile(r"(?:(?<![A-Za-z0-9])|(?<=\\[ntrfbv])|(?<=\\u[0-9A-Fa-f]{4})|(?<=%[0-9A-Fa-f]{2}))"
+                            + auth.KEY_PATTERN.pattern + r"(?![A-Za-z0-9])")
 # Lines are read in pieces of at most this many characters, so a file without line breaks (a
 # binary, a minified bundle) is not read into memory whole.
 SCAN_PIECE = 1 << 20

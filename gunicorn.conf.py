@@ -58,6 +58,12 @@ class ServiceLogger(Logger):
         logs.prepare_handlers(self.error_log, LOG_FORMAT)
         logs.prepare_handlers(self.access_log, LOG_FORMAT)
 
+    def atoms(self, resp, req, environ, request_time):
+        """The text access line's fields, control characters escaped: a path holding %0a must not
+        write a second, forged line. gunicorn itself then escapes the double quotes."""
+        return {name: logs.escape_controls(value) if isinstance(value, str) else value
+                for name, value in super().atoms(resp, req, environ, request_time).items()}
+
     def access(self, resp, req, environ, request_time):
         if LOG_FORMAT != "json" or not self.access_log_enabled:
             return super().access(resp, req, environ, request_time)

@@ -19,6 +19,9 @@ SECRET = re.compile(r"(api_key=)[^&\s']*|((?i:sk_(?:live|test)_))[A-Za-z0-9]+|[A
 # under 1 in 10^14) but is a common request or trace id, which must stay readable.
 HEX_RUN = re.compile(r"[0-9A-Fa-f]+")
 
+# What could end a line or hide text in a terminal (C0, DEL, C1), and the backslash that escapes them.
+CONTROL_OR_BACKSLASH = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 REQUEST_ID_HEADER = "X-Request-ID"
 REQUEST_ID_ENVIRON = "service.request_id"
@@ -34,6 +37,16 @@ def redacted(match):
     if match[1] or match[2]:
         return (match[1] or match[2]) + "[redacted]"
     return match[0] if HEX_RUN.fullmatch(match[0]) else "[redacted]"
+
+
+def escape_controls(text):
+    """text with control characters as \\xHH and a backslash as \\\\: one line, readable, unambiguous."""
+    return CONTROL_OR_BACKSLASH.sub(escaped, text)
+
+
+def escaped(match):
+    character = match[0]
+    return "\\\\" if character == "\\" else f"\\x{ord(character):02x}"
 
 
 def log_format(environ):
@@ -77,9 +90,12 @@ def end_request():
 
 
 class RedactSecrets(logging.Filter):
-    """Replace API keys in a log record's message (and its traceback) with [redacted]."""
+    """Replace API keys in a log record's message (and its traceback) with [redacted], and escape
+    control characters in the values a message quotes (a request's path, say): one record, one line."""
 
     def filter(self, record):
+        if isinstance(record.args, tuple):
+            record.args = tuple(escape_controls(arg) if isinstance(arg, str) else arg for arg in record.args)
         record.msg = redact(record.getMessage())
         record.args = ()
         if record.exc_info:

@@ -3,6 +3,7 @@ headers."""
 
 import collections
 import functools
+import ipaddress
 import logging
 import math
 import re
@@ -186,10 +187,26 @@ def limit_client_ip():
     if limiter.public_rate is None:
         return
     try:
-        limiter.hit(limiter.public_rate, f"ip:{request.remote_addr}", PUBLIC_POLICY)
+        limiter.hit(limiter.public_rate, f"ip:{client_identity(request.remote_addr)}", PUBLIC_POLICY)
     except LimitStorageUnavailable:
         # Public endpoints stay up without the limit storage; only keyed traffic fails closed.
         pass
+
+
+@functools.lru_cache(maxsize=4096)
+def client_identity(address):
+    """The name per-IP limits give a client address: an IPv6 client's /64 (a subscriber's usual
+    share, whose 2^64 addresses would otherwise each get an allowance), an IPv4 client's address
+    (IPv4-mapped IPv6 included)."""
+    if not address or ":" not in address:
+        return address
+    try:
+        ip = ipaddress.IPv6Address(address)
+    except ValueError:
+        return address
+    if ip.ipv4_mapped:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((ip, 64), strict=False))
 
 
 def ip_rate_limited(view):
@@ -239,7 +256,7 @@ def slowdown_identity(username):
 
 
 def login_failure_windows(username):
-    ip = request.remote_addr
+    ip = client_identity(request.remote_addr)
     return [(LOGIN_FAILURES_PER_IP, f"login-ip:{ip}"),
             (LOGIN_FAILURES_PER_USERNAME_AND_IP, f"login-user-ip:{username_identity(username)}:{ip}")]
 
@@ -251,7 +268,7 @@ def username_identity(username):
 
 def count_signup():
     """Count a sign-up attempt per client IP; raise RateLimitExceeded when too many."""
-    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, f"signup-ip:{request.remote_addr}", "signup",
+    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, f"signup-ip:{client_identity(request.remote_addr)}", "signup",
                                             report=False)
 
 

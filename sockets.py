@@ -178,7 +178,7 @@ def admit_socket():
     # where they are still plain HTTP responses.
     if request.endpoint == "sockets.echo":
         ratelimit.limit_client_ip()
-        g.echo_slot = current_app.extensions["echo_slots"].take(request.remote_addr)
+        g.echo_slot = current_app.extensions["echo_slots"].take(ratelimit.client_identity(request.remote_addr))
     elif request.endpoint == "sockets.time_stream":
         secret = request.args.get("api_key")
         key = auth.authenticate(secret, "the api_key query parameter")

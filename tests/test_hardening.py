@@ -1,8 +1,10 @@
 """The third hardening pass with Flask's client, the CLI runner and the modules themselves, on SQLite
 and PostgreSQL: rolls limited and refused with a sentence on a race, a stale page or a running
 grace period; a rolled-out secret revokes only itself; the security log bounded at every write;
-no 500 when an account is deleted mid-request. Live counterparts: test_hardening_live.py."""
+no 500 when an account is deleted mid-request; log lines that cannot be forged; `keys scan` after
+escapes; IPv6 clients limited by their /64. Live counterparts: test_hardening_live.py."""
 
+import logging
 import re
 
 import pytest
@@ -11,6 +13,7 @@ from limits import RateLimitItemPerHour
 
 import accounts
 import auth
+import logs
 import ratelimit
 import securitylog
 from models import ApiKey, SecurityEvent, User
@@ -168,3 +171,40 @@ def test_an_account_deleted_meanwhile_cannot_sign_out_everywhere_or_change_its_p
         accounts.end_all_sessions(user)
     with pytest.raises(accounts.AccountGone):
         accounts.change_password(user, "correct horse battery", "another long password")
+
+
+def test_log_messages_escape_control_characters_in_what_they_quote():
+    path = '/a\n1.2.3.4 "GET /admin" 200\\'
+    record = logging.LogRecord("app", logging.ERROR, __file__, 1, "Unhandled error on %s %s", ("GET", path), None)
+    logs.RedactSecrets().filter(record)
+    assert record.getMessage() == 'Unhandled error on GET /a\\x0a1.2.3.4 "GET /admin" 200\\\\'
+    assert logs.escape_controls("tab\there\x1b[31m\x85") == "tab\\x09here\\x1b[31m\\x85"
+
+
+@pytest.mark.parametrize("before", ["\\n", "\\t", "\\r", '\\"', "\\u0022", "%3D", "%20", "_", "=", "'"])
+def test_keys_scan_finds_a_secret_after_any_escape(runner, user, tmp_path, before):
+    _, secret = auth.issue_key(user, "Escaped", "production")
+    path = tmp_path / "config.json"
+    path.write_text(f'{{"env": "KEY{before}{secret}"}}\n')
+    result = runner.invoke(args=["keys", "scan", str(path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"{path}:1: {secret[:12]}... checksum ok"]
+
+
+@pytest.mark.parametrize("address, identity", [
+    ("192.0.2.7", "192.0.2.7"),
+    ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+    ("2001:db8:1:2::9", "2001:db8:1:2::/64"),
+    ("::ffff:192.0.2.7", "192.0.2.7"),
+    ("not an address", "not an address"),
+])
+def test_per_ip_limits_name_an_ipv6_client_by_its_64(address, identity):
+    assert ratelimit.client_identity(address) == identity
+
+
+def test_addresses_of_one_ipv6_64_share_the_public_allowance(client):
+    # The fixture's PUBLIC_RATE_LIMIT is 5/minute.
+    for n in range(5):
+        assert client.get("/api/v1/status", environ_base={"REMOTE_ADDR": f"2001:db8:7:7::{n + 1}"}).status_code == 200
+    assert client.get("/api/v1/status", environ_base={"REMOTE_ADDR": "2001:db8:7:7:ffff::1"}).status_code == 429
+    assert client.get("/api/v1/status", environ_base={"REMOTE_ADDR": "2001:db8:7:8::1"}).status_code == 200
