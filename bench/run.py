@@ -16,6 +16,7 @@ with --json FILE, also writes every scenario's numbers there (bench/plot.py draw
     python bench/run.py scale           # protected/test on PostgreSQL + Redis ÷ SQLite + memory, and x bare
     python bench/run.py scale --against ../before  # and both configurations of the other checkout
     python bench/run.py rest echo --json docs/bench/results.json   # and the numbers as JSON
+    BENCH_REDIS_URL=redis://127.0.0.1:6379/13 python bench/run.py redis   # redis, scale: another Redis database
 """
 
 import argparse
@@ -51,7 +52,8 @@ SOCKET_COUNTS = (1000, 3000, 5000)
 TICK_SECONDS = 10
 SAMPLE_SOCKETS = 100
 ECHO_CLIENTS, ECHO_SECONDS = 50, 10
-REDIS_URL = "redis://127.0.0.1:6379/14"  # its own database, emptied at the start
+# Its own database, emptied at the start: choose another where several people share one Redis.
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 POSTGRES_DATABASE = "apiservice_bench"  # made afresh at the start
 CLIENT_PROCESSES = 2  # sockets --all: the readers, all on the client core
