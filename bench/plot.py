@@ -32,13 +32,19 @@ def stamp(figure, report, caption):
     figure.tight_layout(rect=(0, 0.04, 1, 0.95))
 
 
-def bars_with_runs(axis, names, runs, median, colours=None):
-    """Horizontal bars of each name's median, with each run as a dot on it."""
+def bars_with_runs(axis, names, runs, median, colours=None, notes=None):
+    """Horizontal bars of each name's median, with each run as a dot on it and notes[name], if
+    given, written right of the last dot."""
     positions = range(len(names))
     axis.barh(positions, [median(name) for name in names], color=colours or BAR)
     for position, name in zip(positions, names):
         values = runs(name)
         axis.plot(values, [position] * len(values), "o", color=RUN, markersize=3)
+        if notes:
+            axis.annotate(notes[name], (max(values), position), xytext=(5, 0), textcoords="offset points",
+                          va="center", fontsize=8)
+    widest = max(max(runs(name)) for name in names)
+    axis.set_xlim(0, widest * (1.55 if notes else 1.1))
     axis.set_yticks(list(positions), [label(name) for name in names], fontsize=8)
     axis.invert_yaxis()
     axis.grid(axis="x", alpha=0.3)
@@ -49,13 +55,10 @@ def plot_rest(part, report):
     bare = part["cases"][part["bare"]]["median"]["rps"]
     colours = [BASE if name == part["bare"] else BAR for name in names]
     figure, (speed, tail) = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
-    bars_with_runs(speed, names, lambda n: [run["rps"] for run in part["cases"][n]["runs"]],
-                   lambda n: part["cases"][n]["median"]["rps"], colours)
-    for position, name in enumerate(names):
-        rps = part["cases"][name]["median"]["rps"]
-        speed.annotate(f" {rps:,.0f} ({rps / bare:.2f} x bare)", (rps, position), va="center", fontsize=8)
+    medians = {name: part["cases"][name]["median"]["rps"] for name in names}
+    bars_with_runs(speed, names, lambda n: [run["rps"] for run in part["cases"][n]["runs"]], medians.get,
+                   colours, {name: f"{rps:,.0f} ({rps / bare:.2f} x bare)" for name, rps in medians.items()})
     speed.set_xlabel("requests/s (bar: median; dots: each run)")
-    speed.set_xlim(0, bare * 1.45)
     bars_with_runs(tail, names, lambda n: [run["p99"] for run in part["cases"][n]["runs"]],
                    lambda n: part["cases"][n]["median"]["p99"], colours)
     tail.set_xlabel("p99 latency, ms")
@@ -70,13 +73,11 @@ def plot_echo(part, report):
     bare = part["cases"][part["bare"]]["median"]["round_trips_per_s"]
     colours = [BASE if name == part["bare"] else BAR for name in names]
     figure, (speed, tail) = plt.subplots(1, 2, figsize=(11, 2.6), sharey=True)
+    medians = {name: part["cases"][name]["median"]["round_trips_per_s"] for name in names}
     bars_with_runs(speed, names, lambda n: [run["round_trips_per_s"] for run in part["cases"][n]["runs"]],
-                   lambda n: part["cases"][n]["median"]["round_trips_per_s"], colours)
-    for position, name in enumerate(names):
-        rate = part["cases"][name]["median"]["round_trips_per_s"]
-        speed.annotate(f" {rate:,.0f} ({rate / bare:.2f} x bare)", (rate, position), va="center", fontsize=8)
+                   medians.get, colours,
+                   {name: f"{rate:,.0f} ({rate / bare:.2f} x bare)" for name, rate in medians.items()})
     speed.set_xlabel("round trips/s (bar: median; dots: each run)")
-    speed.set_xlim(0, bare * 1.5)
     bars_with_runs(tail, names, lambda n: [run["p99_ms"] for run in part["cases"][n]["runs"]],
                    lambda n: part["cases"][n]["median"]["p99_ms"], colours)
     tail.set_xlabel("p99 round trip, ms")
@@ -89,16 +90,17 @@ def plot_sockets(part, report):
     rows = [row for row in part["rows"] if row["arrived_ms"]]
     counts = [row["sockets"] for row in rows]
     figure, (late, memory) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": (2, 1)})
-    for field, style in (("max", ":"), ("p99", "-"), ("p50", "--")):
+    for field, style in (("p99", "-"), ("p50", "--")):
         late.plot(counts, [row["arrived_ms"][field] for row in rows], style, marker="o", color=BAR,
-                  label=f"arrived, {field}")
-        late.plot(counts, [row["built_ms"][field] for row in rows], style, marker=".", color=BASE,
-                  label=f"message built, {field}")
+                  label=f"arrived at the client, {field}")
+    late.plot(counts, [row["built_ms"]["p99"] for row in rows], "-", marker=".", color=BASE,
+              label="message built by the server, p99")
     late.set_xlabel("time sockets open on the worker")
     late.set_ylabel("ms after the whole second")
     late.set_xticks(counts, [f"{count:,}" for count in counts])
     late.grid(alpha=0.3)
-    late.legend(fontsize=7, ncol=2)
+    late.set_ylim(bottom=0)
+    late.legend(fontsize=7, loc="upper left")
     memory.bar([f"{count:,}" for count in counts], [row["rss_per_socket_kib"] for row in rows], color=BAR)
     memory.set_ylabel("worker RSS per socket, KiB")
     for position, row in enumerate(rows):
@@ -106,8 +108,8 @@ def plot_sockets(part, report):
                         ha="center", va="bottom", fontsize=8)
     failures = sum(row["handshake_failures"] for row in rows)
     skipped = sum(row["skipped_seconds"] for row in rows)
-    stamp(figure, report, f"Time sockets: lateness of each tick, read on {part['read']}, "
-                          f"{part['tick_seconds']} s of ticks ({failures} failed handshakes, {skipped} skipped seconds)")
+    stamp(figure, report, f"Time sockets: lateness of each tick after its whole second, read on {part['read']}\n"
+                          f"{part['tick_seconds']} s of ticks; {failures} failed handshakes, {skipped} skipped seconds")
     return figure
 
 
@@ -120,12 +122,9 @@ def plot_ratios(part, report, groups, baseline, caption, what):
     figure, (speed, tail) = plt.subplots(1, 2, figsize=(11, 1.3 + 0.55 * len(names)), sharey=True)
     for axis, field, title in ((speed, "rps", "req/s"), (tail, "p99", "p99 latency")):
         ratios = {name: [run[field] / other[field] for run, other in zip(runs[name], base)] for name in names}
-        bars_with_runs(axis, names, ratios.get, lambda n: statistics.median(ratios[n]), colours)
+        bars_with_runs(axis, names, ratios.get, lambda n: statistics.median(ratios[n]), colours,
+                       {name: ", ".join(f"{ratio:.2f}" for ratio in values) for name, values in ratios.items()})
         axis.axvline(1, color=RUN, linewidth=0.8)
-        for position, name in enumerate(names):
-            axis.annotate(" " + ", ".join(f"{ratio:.2f}" for ratio in ratios[name]),
-                          (max(ratios[name]), position), va="center", fontsize=8)
-        axis.set_xlim(0, max(max(values) for values in ratios.values()) * 1.5)
         axis.set_xlabel(f"{title} ÷ {label(baseline)} in the same round")
     stamp(figure, report, f"{caption}\n{what}")
     return figure
@@ -150,8 +149,9 @@ def plot_redis(part, report):
 def plot_stalled(part, report):
     cases = list(part["cases"])
     figure, axis = plt.subplots(figsize=(11, 0.9 + 0.6 * len(cases)))
-    bars_with_runs(axis, cases, lambda c: [run["arrived_ms"]["p99"] for run in part["cases"][c]],
-                   lambda c: statistics.median(run["arrived_ms"]["p99"] for run in part["cases"][c]))
+    p99s = {case: [run["arrived_ms"]["p99"] for run in runs] for case, runs in part["cases"].items()}
+    bars_with_runs(axis, cases, p99s.get, lambda c: statistics.median(p99s[c]), notes={
+        case: " / ".join(f"{p99:.1f}" for p99 in values) + " ms" for case, values in p99s.items()})
     axis.set_xlabel("p99 lateness of arrival on the healthy sample, ms (bar: median; dots: runs)")
     stamp(figure, report, f"{part['sockets']:,} time sockets, {part['stalled_sockets']} of them stalled")
     return figure
