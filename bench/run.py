@@ -1,5 +1,6 @@
 """Benchmark, run by hand: the service and a bare Flask app under the same gunicorn settings,
-one gevent worker pinned to core 1, the load generators on core 0. Prints markdown tables.
+one gevent worker pinned to core 1, the load generators on core 0. Prints markdown tables;
+with --json FILE, also writes every scenario's numbers there (bench/plot.py draws them).
 
     pip install -r bench/requirements.txt && apt-get install wrk
     python bench/run.py                 # everything
@@ -14,6 +15,8 @@ one gevent worker pinned to core 1, the load generators on core 0. Prints markdo
     python bench/run.py redis --against ../before  # and the other checkout's Redis path beside it
     python bench/run.py scale           # protected/test on PostgreSQL + Redis ÷ SQLite + memory, and x bare
     python bench/run.py scale --against ../before  # and both configurations of the other checkout
+    python bench/run.py rest echo --json docs/bench/results.json   # and the numbers as JSON
+    BENCH_REDIS_URL=redis://127.0.0.1:6379/13 python bench/run.py redis   # redis, scale: another Redis database
 """
 
 import argparse
@@ -49,7 +52,8 @@ SOCKET_COUNTS = (1000, 3000, 5000)
 TICK_SECONDS = 10
 SAMPLE_SOCKETS = 100
 ECHO_CLIENTS, ECHO_SECONDS = 50, 10
-REDIS_URL = "redis://127.0.0.1:6379/14"  # its own database, emptied at the start
+# Its own database, emptied at the start: choose another where several people share one Redis.
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 POSTGRES_DATABASE = "apiservice_bench"  # made afresh at the start
 CLIENT_PROCESSES = 2  # sockets --all: the readers, all on the client core
@@ -203,6 +207,8 @@ def bench_rest(workdir):
         theirs = results[f"`GET /api/v1/protected/test`, 1 key, of {AGAINST.name}"]
         print("protected/test, 1 key, this checkout ÷ " + AGAINST.name + ", each run: "
               + ", ".join(f"{a['rps'] / b['rps']:.2f}" for a, b in zip(ours, theirs)))
+    return {"bare": "bare Flask `GET /bare`", "worker_rss_mib": round(rss / 1024),
+            "cases": {name: {"runs": runs, "median": medians[name]} for name, runs in results.items()}}
 
 
 def bench_redis(workdir):
@@ -239,6 +245,7 @@ def bench_redis(workdir):
         p99 = " / ".join(f"{run['p99']:.1f}" for run in runs)
         print(f"| {name} | {rps} | {p99} | {' / '.join(f'{ratio:.2f}' for ratio in ratios)} "
               f"| {sum(run['non_2xx'] for run in runs)} |")
+    return {"baseline": "memory://", "storages": results}
 
 
 def bench_scale(workdir):
@@ -292,6 +299,7 @@ def bench_scale(workdir):
         print(f"| {name} | {each(runs, 'rps', '{:,.0f}')} | {each(runs, 'p99', '{:.1f}')} "
               f"| {ratios(runs, bare, 'rps')} | {ratios(runs, sqlite, 'rps')} | {ratios(runs, sqlite, 'p99')} "
               f"| {sum(run['non_2xx'] for run in runs)} |")
+    return {"bare": "bare Flask `GET /bare`", "baseline": "SQLite + memory://", "configurations": results}
 
 
 def each(runs, field, layout):
@@ -327,14 +335,16 @@ def bench_sockets(workdir):
     print("| sockets | handshake failures | skipped seconds (sample) | built p50 / p99 / max ms "
           "| arrived p50 / p99 / max ms | RSS per socket KiB |")
     print("|---|---|---|---|---|---|")
+    rows = []
     for count in SOCKET_COUNTS:
         server = Server("app:app", env)
         try:
             before = server.rss_kib()
-            row = asyncio.run(measure_ticks(server, secrets, count, before))
+            rows.append(asyncio.run(measure_ticks(server, secrets, count, before)))
         finally:
             server.stop()
-        print(row)
+        print(tick_row(count, rows[-1]))
+    return {"read": f"the {SAMPLE_SOCKETS} sockets opened last", "tick_seconds": TICK_SECONDS, "rows": rows}
 
 
 def bench_all_sockets(env, secrets):
@@ -344,14 +354,16 @@ def bench_all_sockets(env, secrets):
     print("| sockets | handshake failures | skipped seconds | built p50 / p99 / max ms "
           "| arrived p50 / p99 / max ms | client CPU, % of its core | RSS per socket KiB |")
     print("|---|---|---|---|---|---|---|")
+    rows = []
     for count in SOCKET_COUNTS:
         server = Server("app:app", env)
         try:
             before = server.rss_kib()
-            row = read_every_socket(server, secrets, count, before)
+            rows.append(read_every_socket(server, secrets, count, before))
         finally:
             server.stop()
-        print(row)
+        print(tick_row(count, rows[-1]))
+    return {"read": "every socket", "tick_seconds": TICK_SECONDS, "rows": rows}
 
 
 def read_every_socket(server, secrets, count, rss_before):
@@ -378,8 +390,9 @@ def read_every_socket(server, secrets, count, rss_before):
     skipped = sum(report["skipped"] for report in reports)
     cpu = sum(report["cpu_seconds"] for report in reports) / max(report["wall_seconds"] for report in reports)
     per_socket = (rss_open - rss_before) / max(1, count - failures)
-    return (f"| {count:,} | {failures} | {skipped} | {percentiles(built)} | {percentiles(arrived)} "
-            f"| {100 * cpu:.0f} | {per_socket:.1f} |")
+    return {"sockets": count, "handshake_failures": failures, "skipped_seconds": skipped,
+            "built_ms": percentiles(built), "arrived_ms": percentiles(arrived),
+            "client_cpu_percent": round(100 * cpu), "rss_per_socket_kib": round(per_socket, 1)}
 
 
 # Linux's SO_TIMESTAMPNS (and SCM_TIMESTAMPNS): the kernel stamps each packet as it arrives, so a
@@ -537,14 +550,17 @@ def bench_stalled(workdir):
     print("| stalled sockets | handshake failures | skipped seconds (sample) | built p50 / p99 / max ms "
           "| arrived p50 / p99 / max ms | RSS per socket KiB |")
     print("|---|---|---|---|---|---|")
+    results = {case: [] for case in STALLED_CASES}
     for _ in range(STALLED_RUNS):
         for case, (stalled, flood) in STALLED_CASES.items():
             server = Server("app:app", env)
             try:
-                row = asyncio.run(measure_ticks(server, secrets, count, server.rss_kib(), stalled, flood))
+                results[case].append(asyncio.run(measure_ticks(server, secrets, count, server.rss_kib(),
+                                                               stalled, flood)))
             finally:
                 server.stop()
-            print(f"| {case} " + row.split(" ", 2)[2])
+            print(tick_row(case, results[case][-1]))
+    return {"sockets": count, "stalled_sockets": STALLED_SOCKETS, "cases": results}
 
 
 async def flood_pings(writer):
@@ -619,8 +635,9 @@ async def measure_ticks(server, secrets, count, rss_before, stalled=0, flood=Fal
                 arrived_ms.append((arrived - second) * 1000)
         skipped += len(window - seen)
     per_socket = (rss_open - rss_before) / max(1, len(holders) + len(sample))
-    return (f"| {count:,} | {len(failures)} | {skipped} | {percentiles(sorted(built_ms))} "
-            f"| {percentiles(sorted(arrived_ms))} | {per_socket:.1f} |")
+    return {"sockets": count, "handshake_failures": len(failures), "skipped_seconds": skipped,
+            "built_ms": percentiles(sorted(built_ms)), "arrived_ms": percentiles(sorted(arrived_ms)),
+            "rss_per_socket_kib": round(per_socket, 1)}
 
 
 def epoch(text, layout):
@@ -628,10 +645,21 @@ def epoch(text, layout):
 
 
 def percentiles(values):
+    """p50, p99 and max of sorted values, or None for none."""
     if not values:
-        return "-"
+        return None
     pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
-    return f"{pick(0.5):.1f} / {pick(0.99):.1f} / {values[-1]:.1f}"
+    return {"p50": round(pick(0.5), 1), "p99": round(pick(0.99), 1), "max": round(values[-1], 1)}
+
+
+def tick_row(first_cell, row):
+    """One markdown row of a time-socket table."""
+    def layout(spread):
+        return "-" if spread is None else f"{spread['p50']:.1f} / {spread['p99']:.1f} / {spread['max']:.1f}"
+    cpu = f" {row['client_cpu_percent']} |" if "client_cpu_percent" in row else ""
+    cell = f"{first_cell:,}" if isinstance(first_cell, int) else first_cell
+    return (f"| {cell} | {row['handshake_failures']} | {row['skipped_seconds']} | {layout(row['built_ms'])} "
+            f"| {layout(row['arrived_ms'])} |{cpu} {row['rss_per_socket_kib']:.1f} |")
 
 
 class EchoClient(asyncio.Protocol):
@@ -748,6 +776,10 @@ def bench_echo(workdir):
     print("|---|---|---|---|---|")
     for name, (rate, p50, p99) in medians.items():
         print(f"| {name} | {rate:,.0f} | {rate / ceiling:.2f} | {p50:.2f} | {p99:.2f} |")
+    fields = ("round_trips_per_s", "p50_ms", "p99_ms")
+    return {"bare": "bare flask-sock echo `/echo`", "clients": ECHO_CLIENTS,
+            "cases": {name: {"runs": [dict(zip(fields, summary(latencies))) for latencies in runs],
+                             "median": dict(zip(fields, medians[name]))} for name, runs in results.items()}}
 
 
 def bench_cycles(workdir):
@@ -781,6 +813,7 @@ def bench_cycles(workdir):
         server.stop()
     print(f"\n1,000 connect/disconnect cycles: worker RSS {before} -> {after} KiB "
           f"({after - before:+d} KiB); server answering: {still_open == 200}")
+    return {"cycles": 1000, "rss_before_kib": before, "rss_after_kib": after, "answering": still_open == 200}
 
 
 LOGIN_USERS, LOGINS_EACH, STATUS_CONNECTIONS, LOGIN_RUNS = 20, 3, 10, 3
@@ -788,8 +821,11 @@ LOGIN_USERS, LOGINS_EACH, STATUS_CONNECTIONS, LOGIN_RUNS = 20, 3, 10, 3
 
 def bench_logins(workdir):
     """p99 of GET /api/v1/status on 10 keep-alive connections while 20 users log in 3 times each
-    at once (scrypt at the service's cost), against the p99 of as long a stretch without them."""
-    env = service_env(workdir)
+    at once (scrypt at the service's cost), against the p99 of as long a stretch without them.
+    Each user logs in from its own address (X-Forwarded-For, believed with TRUSTED_PROXIES=1),
+    since the service allows 20 log-ins a minute per address; at most 20 wait for a hash at once,
+    below the 32 beyond which a log-in is refused with 503."""
+    env = dict(service_env(workdir), TRUSTED_PROXIES="1")
     os.environ.update(env)
     import accounts
     from app import create_app
@@ -801,6 +837,7 @@ def bench_logins(workdir):
           f"log in {LOGINS_EACH} times each at once; {LOGIN_RUNS} runs\n")
     print("| run | log-ins took s | status p50 / p99 ms alone | status p50 / p99 ms during log-ins | p99 ratio |")
     print("|---|---|---|---|---|")
+    runs = []
     for run in range(1, LOGIN_RUNS + 1):
         server = Server("app:app", env)
         try:
@@ -809,6 +846,9 @@ def bench_logins(workdir):
             server.stop()
         print(f"| {run} | {took:.1f} | {alone[0]:.1f} / {alone[1]:.1f} | {during[0]:.1f} / {during[1]:.1f} "
               f"| {during[1] / alone[1]:.2f} |")
+        runs.append({"logins_took_s": round(took, 1), "alone_ms": {"p50": alone[0], "p99": alone[1]},
+                     "during_ms": {"p50": during[0], "p99": during[1]}})
+    return {"users": LOGIN_USERS, "logins_each": LOGINS_EACH, "connections": STATUS_CONNECTIONS, "runs": runs}
 
 
 async def measure_logins(server):
@@ -828,12 +868,13 @@ async def measure_logins(server):
             samples.append((started, time.perf_counter() - started))
         writer.close()
 
-    def log_in(username):
+    def log_in(user):
         with requests.Session() as browser:
+            browser.headers["X-Forwarded-For"] = f"10.77.0.{user + 1}"
             page = browser.get(server.base + "/login").text
             token = re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
             response = browser.post(server.base + "/login", allow_redirects=False, timeout=300,
-                                    data={"username": username, "password": "bench login password",
+                                    data={"username": f"login{user}", "password": "bench login password",
                                           "csrf_token": token})
             assert response.status_code == 302, response.status_code
 
@@ -843,8 +884,8 @@ async def measure_logins(server):
     await asyncio.sleep(5)
     alone_to = during_from = time.perf_counter()
     loop = asyncio.get_running_loop()
-    with concurrent.futures.ThreadPoolExecutor(LOGIN_USERS * LOGINS_EACH) as pool:
-        await asyncio.gather(*(loop.run_in_executor(pool, log_in, f"login{n % LOGIN_USERS}")
+    with concurrent.futures.ThreadPoolExecutor(LOGIN_USERS) as pool:
+        await asyncio.gather(*(loop.run_in_executor(pool, log_in, n % LOGIN_USERS)
                                for n in range(LOGIN_USERS * LOGINS_EACH)))
     during_to = time.perf_counter()
     stop.set()
@@ -868,6 +909,8 @@ def main():
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="rest, echo, redis, scale: also measure the service in DIR, a checkout of another revision "
                              "(git worktree add DIR REV), interleaved with this one")
+    parser.add_argument("--json", type=Path, metavar="FILE",
+                        help="also write every scenario's numbers to FILE, as bench/plot.py reads them")
     args = parser.parse_args()
     chosen = args.parts or list(parts)
     global AGAINST, ALL_SOCKETS
@@ -880,9 +923,21 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     print(f"{datetime.date.today()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
           f"one gevent worker on core {SERVER_CORE}, clients on core {CLIENT_CORE}")
+    report = {"date": datetime.date.today().isoformat(),
+              "command": "python bench/run.py " + " ".join(sys.argv[1:]),
+              "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0],
+                          "server_core": SERVER_CORE, "client_core": CLIENT_CORE},
+              "settings": {"wrk_seconds": WRK_SECONDS, "wrk_connections": WRK_CONNECTIONS,
+                           "repetitions": REPETITIONS, "random_keys": RANDOM_KEYS,
+                           "socket_counts": list(SOCKET_COUNTS), "tick_seconds": TICK_SECONDS,
+                           "echo_clients": ECHO_CLIENTS, "echo_seconds": ECHO_SECONDS},
+              "parts": {}}
     for part in chosen:
         with tempfile.TemporaryDirectory(prefix=f"bench-{part}-") as workdir:
-            parts[part](Path(workdir))
+            report["parts"][part] = parts[part](Path(workdir))
+        if args.json:  # after each part, so a long run interrupted later keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

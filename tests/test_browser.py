@@ -1,7 +1,8 @@
 """A user's path through the web application in headless Chromium (Debian's, driven by Python
 Playwright) against the real gunicorn server: get a key, see it once, use it, revoke it; then the
-playground's REST calls, clock and echo. With UPDATE_SCREENSHOTS=1 the run saves the README's
-screenshots to docs/; otherwise to a temporary folder, so a test run leaves the checkout clean."""
+playground's REST calls, clock and echo. With UPDATE_SCREENSHOTS=1 the run saves the screenshots
+of docs/web-app-and-keys.md to docs/; otherwise to a temporary folder, so a test run leaves the
+checkout clean."""
 
 import os
 
