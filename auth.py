@@ -33,6 +33,9 @@ DURATION_PATTERN = re.compile(r"([0-9]{1,6})([smhd])")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 MAX_KEY_NAME_LENGTH = 100
+# Revoked and expired keys an account keeps (for its key table and usage); older ones are deleted,
+# with their usage rows, as new keys are made: creations are limited per hour, not in total.
+MAX_INACTIVE_KEYS_KEPT = 100
 
 
 class KeyCapReached(ValueError):
@@ -126,6 +129,8 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None):
             scopes=None if len(scopes) == len(SCOPES) else ",".join(scopes),
         )
         securitylog.record(user.id, "key.created", f"{key.name} (id {key.id}, {key.display_prefix}...)")
+        inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
+        accounts.keep_newest(ApiKey, (ApiKey.user == user.id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
 
 

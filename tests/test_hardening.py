@@ -208,3 +208,17 @@ def test_addresses_of_one_ipv6_64_share_the_public_allowance(client):
         assert client.get("/api/v1/status", environ_base={"REMOTE_ADDR": f"2001:db8:7:7::{n + 1}"}).status_code == 200
     assert client.get("/api/v1/status", environ_base={"REMOTE_ADDR": "2001:db8:7:7:ffff::1"}).status_code == 429
     assert client.get("/api/v1/status", environ_base={"REMOTE_ADDR": "2001:db8:7:8::1"}).status_code == 200
+
+
+def test_an_account_keeps_its_newest_inactive_keys_and_every_active_one(user, monkeypatch):
+    monkeypatch.setattr(auth, "MAX_INACTIVE_KEYS_KEPT", 3)
+    active, _ = auth.issue_key(user, "Kept", "production")
+    revoked = []
+    for n in range(5):
+        key, _ = auth.issue_key(user, f"Gone {n}", "production")
+        auth.revoke_key(key)
+        revoked.append(key.id)
+    auth.issue_key(user, "Newest", "production")
+    remaining = {key.id for key in ApiKey.select().where(ApiKey.user == user.id)}
+    assert active.id in remaining and revoked[-3:] == [key_id for key_id in revoked if key_id in remaining]
+    assert len(remaining) == 5
