@@ -199,7 +199,7 @@ def test_the_typescript_types_compile_with_a_client_that_uses_them(tmp_path):
         services.unavailable("Node.js and npm are not installed")
     tools = TYPESCRIPT / "node_modules" / ".bin"
     if not (tools / "openapi-typescript").exists():
-        services.unavailable(f"the TypeScript tools are not installed (`npm ci --prefix {TYPESCRIPT.relative_to(ROOT)}`)")
+        services.unavailable("the TypeScript tools are not installed (npm ci --prefix tests/typescript)")
     generated = subprocess.run([str(tools / "openapi-typescript"), str(ROOT / "openapi.json"), "-o",
                                 str(tmp_path / "api.ts")], capture_output=True, text=True, timeout=120)
     assert generated.returncode == 0, generated.stdout + generated.stderr
