@@ -16,6 +16,7 @@ import accounts
 import api
 import auth
 import cli
+import cors
 import health
 import keycache
 import logs
@@ -49,6 +50,7 @@ def load_config(environ=os.environ):
         "MAX_BODY_BYTES": count(environ, "MAX_BODY_BYTES", 65536, minimum=1024),
         "LOG_FORMAT": logs.log_format(environ),
         "METRICS_TOKEN": metrics_token(environ),
+        "CORS_ORIGINS": cors.allowed_origins(environ),
     }
 
 
@@ -129,6 +131,7 @@ def create_app(overrides=None):
     keycache.init_app(app)
     usage.init_app(app)
     app.register_blueprint(api.api)
+    cors.init_app(app)
     health.init_app(app)
     metrics.init_app(app)
     app.after_request(add_response_headers)

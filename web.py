@@ -13,6 +13,7 @@ from flask_wtf.csrf import CSRFProtect
 import accounts
 import auth
 import ratelimit
+import reference
 import securitylog
 from models import SCOPES, ApiKey, UsageHour, start_of_hour, utcnow
 
@@ -131,6 +132,11 @@ def local_path(target):
 @bp.get("/")
 def landing():
     return render_template("landing.html", endpoints=ENDPOINTS)
+
+
+@bp.get("/docs")
+def docs():
+    return render_template("docs.html", page=reference.PAGE)
 
 
 @bp.route("/signup", methods=("GET", "POST"))

@@ -136,9 +136,11 @@ def start_procfile(tmp_path, env):
 def serving(tmp_path, env):
     """The Procfile's server for a module's tests; afterwards its log must hold no traceback."""
     server = start_procfile(tmp_path, env)
-    yield server
-    output = server.output()
-    server.stop()
+    try:
+        yield server
+    finally:
+        output = server.output()
+        server.stop()
     assert "Traceback" not in output
 
 

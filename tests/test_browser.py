@@ -10,6 +10,7 @@ import pytest
 import requests
 
 import services
+from contract import DOCUMENT
 from liveserver import ROOT, service_env, start_procfile
 
 try:
@@ -168,7 +169,7 @@ def test_every_page_fits_a_phone(browser, server, screenshots):
     try:
         page.goto("/playground")
         expect(page.get_by_text("Log in first: that page belongs to your account.")).to_be_visible()
-        for path in ("/", "/signup", "/login", "/no-such-page"):
+        for path in ("/", "/signup", "/login", "/no-such-page", "/docs"):
             page.goto(path)
             assert fits(page, PHONE["width"]), path
         username = "a_rather_long_username_x"
@@ -192,6 +193,24 @@ def test_every_page_fits_a_phone(browser, server, screenshots):
         assert fits(page, PHONE["width"]), "playground"
     finally:
         context.close()
+
+
+def test_the_api_reference_shows_every_endpoint_of_openapi_json(page):
+    page.goto("/")
+    page.get_by_role("link", name="API reference").click()
+    expect(page.get_by_role("heading", name="API reference", level=1)).to_be_visible()
+    operations = [(method.upper(), path, operation) for path, item in DOCUMENT["paths"].items()
+                  for method, operation in item.items()]
+    expect(page.locator("article.operation")).to_have_count(len(operations))
+    contents = page.get_by_role("navigation", name="On this page")
+    for method, path, operation in operations:
+        article = page.locator(f'article.operation[data-method="{method}"][data-path="{path}"]')
+        expect(article.get_by_role("heading", level=3)).to_have_text(f"{method} {path}")
+        expect(article.locator(".summary")).to_have_text(operation["summary"])
+        statuses = article.locator('td[data-label="Status"]')
+        expect(statuses).to_have_text(list(operation["responses"]))
+        contents.get_by_role("link", name=f"{method} {path}").click()
+        expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
 
 
 def test_change_the_password_and_delete_the_account(page, server):
