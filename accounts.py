@@ -225,10 +225,13 @@ def active_key_count(user):
 def lock_user(user):
     """Hold the user's row until the transaction ends, so two requests cannot both pass a cap; raise
     AccountGone when the account was deleted since it was read (its rows could not be added to)."""
-    row = User.select(User.id).where(User.id == user.id)
     if isinstance(db.obj, PostgresqlDatabase):
-        row = row.for_update()
-    if row.first() is None:
+        found = User.select(User.id).where(User.id == user.id).for_update().first() is not None
+    else:
+        # On SQLite a write first: a transaction that reads first cannot write once another worker
+        # has committed (database is locked, at once), while a first write waits its turn.
+        found = User.update(created_at=User.created_at).where(User.id == user.id).execute() > 0
+    if not found:
         raise AccountGone()
 
 

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 from flask import Blueprint, g, request
+from werkzeug.exceptions import ServiceUnavailable
 
 import auth
 import models
@@ -14,6 +15,7 @@ from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
 
 VERSION = "1.0.0"
+REVOKE_ATTEMPTS = 3
 OPENAPI = json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())
 
 api = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -86,12 +88,17 @@ def revoke_leaked_key():
     """Revoke the key in X-API-Key: whoever holds a secret, its owner or whoever found it in public,
     may kill it. A rolled-out secret still in its grace period ends only itself: its holder was to
     lose access at the end of the grace, not to end the owner's new secret."""
-    key = auth.authenticate(request.headers.get("X-API-Key"))
-    if key.opened_by_previous_secret():
-        auth.revoke_previous_secret(key)
-        return {"revoked": True, "api_key_name": key.name, "secret": "previous"}
-    auth.revoke_key(key, leaked=True)
-    return {"revoked": True, "api_key_name": key.name, "secret": "current"}
+    secret = request.headers.get("X-API-Key")
+    # A roll or revocation between the lookup and the change makes the secret something else: look again.
+    for _ in range(REVOKE_ATTEMPTS):
+        key = auth.authenticate(secret)
+        if key.opened_by_previous_secret():
+            if auth.revoke_previous_secret(key):
+                return {"revoked": True, "api_key_name": key.name, "secret": "previous"}
+        elif auth.revoke_key(key, leaked=True):
+            return {"revoked": True, "api_key_name": key.name, "secret": "current"}
+    # Each lost race was a real change (the 30 rolls an hour bound them): rare enough to ask again.
+    raise ServiceUnavailable("The key changed while it was being revoked; try again.")
 
 
 @api.get("/openapi.json")

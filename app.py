@@ -6,10 +6,12 @@ import os
 import re
 import secrets
 import sys
+import time
 from pathlib import Path
 
 from flask import Flask, current_app, json, render_template, request
-from werkzeug.exceptions import HTTPException, InternalServerError, RequestEntityTooLarge, ServiceUnavailable
+from werkzeug.exceptions import (BadRequest, HTTPException, InternalServerError, RequestEntityTooLarge,
+                                 ServiceUnavailable)
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import accounts
@@ -150,9 +152,26 @@ def create_app(overrides=None):
 
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:
-        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)
+        app.wsgi_app = ProxyFix(CheckedClientAddress(app.wsgi_app), x_for=proxies, x_proto=proxies)
     app.wsgi_app = logs.RequestIds(metrics.RequestMetrics(app.wsgi_app))
     return app
+
+
+class CheckedClientAddress:
+    """WSGI middleware, inside ProxyFix: the client address a proxy forwarded is whatever the client
+    wrote when it reached the server directly. Keep it only when it is an IP address (written
+    plainly, without a port or brackets); else the peer's address stands. The per-IP limits, the
+    logs and the security log then only ever see addresses."""
+
+    def __init__(self, wsgi_app):
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ, start_response):
+        original = environ.get("werkzeug.proxy_fix.orig", {}).get("REMOTE_ADDR")
+        if environ.get("REMOTE_ADDR") != original:
+            address = ratelimit.parse_address(environ.get("REMOTE_ADDR"))
+            environ["REMOTE_ADDR"] = str(address) if address is not None else original
+        return self.wsgi_app(environ, start_response)
 
 
 def configure_logging(log_format):
@@ -187,12 +206,15 @@ class PayloadTooLarge(RequestEntityTooLarge):
 
 def refuse_large_bodies():
     """Refuse a body larger than MAX_BODY_BYTES before it is read: a declared one at once, a chunked
-    one once that many bytes came (they are kept for the view, in memory)."""
+    one once that many bytes came (they are kept for the view, in memory). Only a POST's chunked
+    body is read: no other view takes one, and the server closes the connection after it."""
     limit = current_app.config["MAX_BODY_BYTES"]
     environ = request.environ
     if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+        if request.method != "POST":
+            return
         # Werkzeug would stop reading at the limit without a word, and the form would be cut short.
-        body = read_at_most(environ["wsgi.input"], limit + 1)
+        body = read_chunked(environ["wsgi.input"], limit + 1)
         if len(body) > limit:
             raise PayloadTooLarge(body_limit_sentence(limit))
         environ["wsgi.input"] = io.BytesIO(body)
@@ -200,12 +222,20 @@ def refuse_large_bodies():
         raise PayloadTooLarge(body_limit_sentence(limit))
 
 
-def read_at_most(stream, size):
-    """Up to size bytes of a stream, fewer only where it ends."""
+def read_chunked(stream, size):
+    """Up to size bytes of a chunked body, fewer only where it ends; BadRequest when the server
+    cannot parse it (gunicorn's and gevent's parsers raise errors of their own, with no common
+    class but Exception)."""
     pieces, left = [], size
-    while left > 0 and (piece := stream.read(min(left, 16384))):
-        pieces.append(piece)
-        left -= len(piece)
+    try:
+        while left > 0 and (piece := stream.read(min(left, 4096))):
+            pieces.append(piece)
+            left -= len(piece)
+            # A body of one-byte chunks costs the parser far more than its size: let others run.
+            time.sleep(0)
+    except Exception as error:
+        log.info("A chunked request body could not be read: %s", error)
+        raise BadRequest("The chunked request body is malformed or was cut short.") from None
     return b"".join(pieces)
 
 

@@ -186,30 +186,42 @@ def roll_key(key, grace, end_previous=False, current=None):
     return secret
 
 
-def revoke_key(key, leaked=False):
+def revoke_key(key, leaked=False, again=False):
     """Mark the key revoked, its current and previous secrets alike; they fail from the very next
-    request on. leaked: revoked through POST /api/v1/keys/revoke by whoever held the secret. A key
-    already revoked is announced again, so repeating a revocation whose announcement failed helps."""
+    request on; return True when this call revoked it. leaked: revoked through POST
+    /api/v1/keys/revoke by whoever held the secret, which must still be the key's current one (a
+    roll may have made it the previous one meanwhile). again: announce a key already revoked once
+    more (the CLI: repeating a revocation whose announcement failed helps; the web application
+    does not, or a button could move every worker's key generation at will)."""
+    revoked = False
     if key.revoked_at is None:
         key.revoked_at = utcnow()
+        # Only the first of two revocations at once records one.
+        which = (ApiKey.id == key.id) & ApiKey.revoked_at.is_null()
+        if leaked:
+            which &= ApiKey.key_hash == key.presented_hash
         with db.atomic():
-            # Only the first of two revocations at once records one.
-            first = ApiKey.revoked_at.is_null()
-            if ApiKey.update(revoked_at=key.revoked_at).where((ApiKey.id == key.id) & first).execute():
+            revoked = bool(ApiKey.update(revoked_at=key.revoked_at).where(which).execute())
+            if revoked:
                 securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
                                    f"{key.name} (id {key.id}, {key.display_prefix}...)")
-    keycache.announce_change()
+    if revoked or again:
+        keycache.announce_change()
+    return revoked
 
 
 def revoke_previous_secret(key):
-    """End the grace period of the key's previous (rolled-out) secret now; the key and its current
-    secret keep working. Whoever holds that secret may end it, never the key."""
+    """End the grace period of the key's previous (rolled-out) secret now, the one presented; the key
+    and its current secret keep working. Whoever holds that secret may end it, never the key.
+    Return True when this call ended it."""
     with db.atomic():
-        ended = ApiKey.update(previous_key_hash=None, previous_display_prefix=None, previous_expires_at=None).where(
-            (ApiKey.id == key.id) & (ApiKey.previous_key_hash == key.presented_hash)).execute()
+        ended = bool(ApiKey.update(previous_key_hash=None, previous_display_prefix=None, previous_expires_at=None)
+                     .where((ApiKey.id == key.id) & (ApiKey.previous_key_hash == key.presented_hash)).execute())
         if ended:
             securitylog.record(key.user_id, "key.previous_secret_revoked", f"{key.name} (id {key.id})")
-    keycache.announce_change()
+    if ended:
+        keycache.announce_change()
+    return ended
 
 
 def authenticate(secret, source="the X-API-Key header"):

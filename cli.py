@@ -1,5 +1,6 @@
 """The operator's command line (`flask --app app ...`): users and API keys."""
 
+import codecs
 import re
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from flask.cli import AppGroup
 import accounts
 import auth
 import keycache
+import logs
 import securitylog
 from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
 
@@ -158,16 +160,15 @@ def revoke_key_command(key_id):
     """Revoke a key; it fails from the next request on."""
     key = find_key(key_id)
     already = key.revoked_at is not None
-    auth.revoke_key(key)
+    auth.revoke_key(key, again=True)
     click.echo(f"Key {key_id} was already revoked." if already else f"Revoked key {key_id} ({key.name!r}).")
     warn_if_servers_may_not_hear()
 
 
-# What looks like one of this service's secrets, standing on its own in a file: after a character
-# that is not a letter or digit, or after an escape that ends in one (JSON's \n, \t, \r, \u0022;
-# percent-encoding's %3D, %20), as keys stand in config files, logs and URLs.
-SECRET_IN_TEXT = re.compile(r"(?:(?<![A-Za-z0-9])|(?<=\\[ntrfbv])|(?<=\\u[0-9A-Fa-f]{4})|(?<=%[0-9A-Fa-f]{2}))"
-                            + auth.KEY_PATTERN.pattern + r"(?![A-Za-z0-9])")
+# What looks like one of this service's secrets, wherever it stands: escapes (JSON's \n, \u0022,
+# C's \x3d, URL encoding's %3D, an ANSI colour) end in a letter or digit just before a key, so no
+# boundary is asked for before it; the checksum tells a key from a lookalike.
+SECRET_IN_TEXT = re.compile(auth.KEY_PATTERN.pattern)
 # Lines are read in pieces of at most this many characters, so a file without line breaks (a
 # binary, a minified bundle) is not read into memory whole.
 SCAN_PIECE = 1 << 20
@@ -182,7 +183,7 @@ def scan_command(paths):
     for path in files_under(paths):
         try:
             for number, secret in secrets_in(path):
-                valid = len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
+                valid = checksummed(secret)
                 click.echo(f"{path}:{number}: {secret[:auth.DISPLAY_PREFIX_LENGTH]}... "
                            f"checksum {'ok' if valid else 'bad'}")
                 found |= valid
@@ -205,9 +206,27 @@ def files_under(paths):
             yield path
 
 
+def checksummed(secret):
+    return len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
+
+
+def found_secret(text):
+    """A secret-like run of characters as reported: a valid key followed by letters or digits (an
+    escape such as %0A, or text glued to it) is that key."""
+    head = text[:auth.CHECKSUMMED_LENGTH]
+    return head if checksummed(head) else text
+
+
+def encoding_of(path):
+    """UTF-16 for a file that starts with its byte order mark (PowerShell writes those), else UTF-8."""
+    with path.open("rb") as file:
+        start = file.read(2)
+    return "utf-16" if start in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else "utf-8"
+
+
 def secrets_in(path):
     """(line number, text) of each secret-like string in the file."""
-    with path.open(encoding="utf-8", errors="replace") as lines:
+    with path.open(encoding=encoding_of(path), errors="replace") as lines:
         number, carry = 1, ""
         while piece := lines.readline(SCAN_PIECE):
             text = carry + piece
@@ -217,7 +236,7 @@ def secrets_in(path):
                     continue  # found in the previous piece
                 if cut and match.end() == len(text):
                     continue  # it may go on in the next piece, and is found there
-                yield number, match[0]
+                yield number, found_secret(match[0])
             # A piece cut inside a long line keeps its tail, so a secret across the cut is found.
             carry = text[-200:] if cut else ""
             number += piece.endswith("\n")
@@ -229,7 +248,9 @@ def audit_command(username):
     """Print an account's security log, newest first: ISO time, event, client IP, detail (tab-separated)."""
     user = find_user(username)
     for event in securitylog.recent(user.id, limit=None):
-        click.echo("\t".join((iso_seconds(event.created_at), event.event, event.ip, event.detail)))
+        # Rows written before client addresses were checked may hold whatever a client forwarded.
+        click.echo("\t".join((iso_seconds(event.created_at), event.event, logs.escape_controls(event.ip),
+                              logs.escape_controls(event.detail))))
 
 
 db_cli = CommandGroup("db", help="Manage the database.")

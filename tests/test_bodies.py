@@ -137,3 +137,24 @@ def test_live_a_body_within_the_limit_is_served_and_the_workers_carry_on(server)
     assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
     sock.close()
     assert "Traceback" not in server.output()
+
+
+@pytest.mark.parametrize("body", [b"zz\r\n", b"5\r\nab", b"3\r\nabcX\r\n0\r\n\r\n"])
+def test_live_a_malformed_chunked_body_is_a_400_not_a_500(server, body):
+    sock = connect(server)
+    sock.sendall(b"POST /api/v1/keys/revoke HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    if body == b"5\r\nab":
+        sock.shutdown(socket.SHUT_WR)  # cut short
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"The chunked request body is malformed or was cut short." in answer
+    sock.close()
+    assert "Traceback" not in server.output()
+
+
+def test_live_a_chunked_body_on_a_get_is_not_read_and_the_connection_closes(server):
+    sock = connect(server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1\r\nx\r\n" * 1000)
+    answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1") == 1
+    sock.close()

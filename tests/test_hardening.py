@@ -8,7 +8,7 @@ import logging
 import re
 
 import pytest
-from flask import g
+from flask import g, request
 from limits import RateLimitItemPerHour
 
 import accounts
@@ -16,6 +16,7 @@ import auth
 import logs
 import ratelimit
 import securitylog
+from app import create_app
 from models import ApiKey, SecurityEvent, User
 
 
@@ -181,7 +182,8 @@ def test_log_messages_escape_control_characters_in_what_they_quote():
     assert logs.escape_controls("tab\there\x1b[31m\x85") == "tab\\x09here\\x1b[31m\\x85"
 
 
-@pytest.mark.parametrize("before", ["\\n", "\\t", "\\r", '\\"', "\\u0022", "%3D", "%20", "_", "=", "'"])
+@pytest.mark.parametrize("before", ["\\n", "\\t", "\\r", '\\"', "\\u0022", "%3D", "%20", "_", "=", "'", "\\x3d", "\\047",
+                                    "%253D", "=3D", "\x1b[32m", "mask_"])
 def test_keys_scan_finds_a_secret_after_any_escape(runner, user, tmp_path, before):
     _, secret = auth.issue_key(user, "Escaped", "production")
     path = tmp_path / "config.json"
@@ -196,7 +198,6 @@ def test_keys_scan_finds_a_secret_after_any_escape(runner, user, tmp_path, befor
     ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
     ("2001:db8:1:2::9", "2001:db8:1:2::/64"),
     ("::ffff:192.0.2.7", "192.0.2.7"),
-    ("not an address", "not an address"),
 ])
 def test_per_ip_limits_name_an_ipv6_client_by_its_64(address, identity):
     assert ratelimit.client_identity(address) == identity
@@ -222,3 +223,79 @@ def test_an_account_keeps_its_newest_inactive_keys_and_every_active_one(user, mo
     remaining = {key.id for key in ApiKey.select().where(ApiKey.user == user.id)}
     assert active.id in remaining and revoked[-3:] == [key_id for key_id in revoked if key_id in remaining]
     assert len(remaining) == 5
+
+
+def test_revoking_with_a_secret_that_a_roll_made_previous_meanwhile_ends_only_that_secret(client, user, monkeypatch):
+    key, old = auth.issue_key(user, "Raced revoke", "production", tier="pro")
+    authenticate, rolled = auth.authenticate, []
+
+    def authenticate_then_roll(secret, *args):
+        found = authenticate(secret, *args)
+        if not rolled:  # the owner rolls between the lookup and the revocation
+            rolled.append(auth.roll_key(ApiKey.get_by_id(key.id), 3600))
+        return found
+
+    monkeypatch.setattr(auth, "authenticate", authenticate_then_roll)
+    response = client.post("/api/v1/keys/revoke", headers={"X-API-Key": old})
+    assert response.json == {"revoked": True, "api_key_name": "Raced revoke", "secret": "previous"}
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": rolled[0]}).status_code == 200
+
+
+def test_revoking_a_revoked_key_again_in_the_web_application_announces_nothing(logged_in, user, monkeypatch):
+    key, _ = auth.issue_key(user, "Twice revoked", "production")
+    announced = []
+    monkeypatch.setattr(auth.keycache, "announce_change", lambda: announced.append(1))
+    assert logged_in.post(f"/settings/security/keys/{key.id}/revoke").status_code == 302
+    assert logged_in.post(f"/settings/security/keys/{key.id}/revoke").status_code == 302
+    assert announced == [1]
+
+
+def test_the_cli_announces_a_revocation_again(runner, user, monkeypatch):
+    key, _ = auth.issue_key(user, "CLI twice", "production")
+    announced = []
+    monkeypatch.setattr(auth.keycache, "announce_change", lambda: announced.append(1))
+    runner.invoke(args=["keys", "revoke", str(key.id)])
+    assert "already revoked" in runner.invoke(args=["keys", "revoke", str(key.id)]).output
+    assert announced == [1, 1]
+
+
+@pytest.mark.parametrize("forwarded, seen", [
+    ("192.0.2.8", "192.0.2.8"),
+    ("192.0.2.8:4711", "192.0.2.8"),
+    ("[2001:db8::8]:4711", "2001:db8::8"),
+    ('9.9.9.9\tkey.revoked\t\x85FORGED', "127.0.0.1"),
+    ('a" 200 - "b', "127.0.0.1"),
+])
+def test_a_forwarded_client_address_is_kept_only_when_it_is_an_address(database_url, forwarded, seen):
+    app = create_app({"DATABASE_URL": database_url, "TRUSTED_PROXIES": 1, "TESTING": True})
+    app.add_url_rule("/whoami", "whoami", lambda: request.remote_addr)
+    try:
+        response = app.test_client().get("/whoami", headers={"X-Forwarded-For": forwarded})
+        assert response.get_data(as_text=True) == seen
+    finally:
+        app.extensions["usage"].close()
+        app.extensions["ratelimit"].close()
+
+
+@pytest.mark.parametrize("address, identity", [
+    ("192.0.2.7:4711", "192.0.2.7"),
+    ("[2001:db8:1:2::9]:4711", "2001:db8:1:2::/64"),
+    ("2002:c000:0204::1", "192.0.2.4"),
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "192.0.2.45"),
+    ("garbage", ratelimit.UNPARSABLE_ADDRESS),
+    ("other garbage", ratelimit.UNPARSABLE_ADDRESS),
+])
+def test_per_ip_limits_read_ports_brackets_and_tunnels(address, identity):
+    assert ratelimit.client_identity(address) == identity
+
+
+def test_keys_scan_reads_utf16_files_and_keys_glued_to_what_follows(runner, user, tmp_path):
+    _, secret = auth.issue_key(user, "PowerShell", "production")
+    exported = tmp_path / "env.txt"
+    exported.write_text(f"API_KEY={secret}\r\n", encoding="utf-16")  # with its byte order mark
+    glued = tmp_path / "glued.txt"
+    glued.write_text(f"token:{secret}ENDOFTOKEN\n")
+    result = runner.invoke(args=["keys", "scan", str(exported), str(glued)])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [f"{exported}:1: {secret[:12]}... checksum ok",
+                                          f"{glued}:1: {secret[:12]}... checksum ok"]

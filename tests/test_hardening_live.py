@@ -136,3 +136,18 @@ def test_live_ipv6_clients_share_their_64s_allowance(server):
     answers = [status_from(f"2001:db8:aa:{1 if server.shared_limits else 2}::{n + 1}") for n in range(allowance + 1)]
     assert [answer.status_code for answer in answers].count(429) >= 1
     assert status_from("2001:db8:bb:1::1").status_code == 200
+
+
+def test_live_accounts_writing_at_once_on_two_workers_are_not_refused(server):
+    # On SQLite, a transaction that read first failed at once ("database is locked", 503) when the
+    # other worker had committed meanwhile; writing first, it waits its turn.
+    browsers = [Browser(server).signup() for _ in range(4)]
+    tokens = {browser: csrf(browser) for browser in browsers}
+
+    def create(browser, n):
+        return browser.http.post(f"{browser.base}/settings/security/keys", timeout=30, allow_redirects=False,
+                                 data={"csrf_token": tokens[browser], "name": f"k{n}", "type": "production"}).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda job: create(*job), [(browser, n) for browser in browsers for n in range(8)]))
+    assert statuses == [302] * 32, statuses

@@ -302,13 +302,15 @@ def test_a_revoked_key_kept_in_the_cache_is_a_401_not_a_403(redis_app):
     assert response.get_json()["error"]["code"] == "invalid_api_key"
 
 
-def test_revoking_a_revoked_key_announces_again(redis_app):
+def test_revoking_a_revoked_key_again_announces_again(redis_app):
     user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
     key, _ = auth.issue_key(user, "twice", "production")
     windows = redis_app.extensions["ratelimit"].windows
     auth.revoke_key(key)
     first = windows.generation
     auth.revoke_key(models.ApiKey.get_by_id(key.id))
+    assert windows.generation == first
+    auth.revoke_key(models.ApiKey.get_by_id(key.id), again=True)
     assert windows.generation != first
     assert redis.Redis.from_url(services.REDIS_URL).get(windows.generation_key).decode() == windows.generation
 

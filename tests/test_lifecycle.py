@@ -345,10 +345,11 @@ def test_keys_scan_reads_long_lines_in_pieces_and_ignores_lookalikes(runner, use
     monkeypatch.setattr(cli, "SCAN_PIECE", 64)
     _, valid = auth.issue_key(user, "Found", "production")
     path = tmp_path / "bundle.min.js"
-    path.write_text("first line\n" + "x = 1; " * 30 + f'k="{valid}"; ' + "y = 2; " * 30 + f"mask_{valid[3:]}\n")
+    lookalikes = "sk_live_short; sk_test_" + "A" * 38 + "; "
+    path.write_text("first line\n" + "x = 1; " * 30 + f'k="{valid}"; ' + "y = 2; " * 30 + lookalikes + "\n")
     result = runner.invoke(args=["keys", "scan", str(path)])
     assert result.exit_code == 1
-    assert result.output.splitlines() == [f"{path}:2: {valid[:12]}... checksum ok"]
+    assert result.output.splitlines() == [f"{path}:2: {valid[:12]}... checksum ok", f"{path}:2: sk_test_AAAA... checksum bad"]
 
 
 def test_keys_scan_tells_an_unreadable_file_from_a_found_secret(runner, user):
