@@ -1,6 +1,8 @@
 """The web application's account protection: the Security tab's two-factor and passkey forms, the
 log-in's second step, and log-in with a passkey."""
 
+import datetime
+import functools
 import time
 
 from flask import Blueprint, abort, current_app, flash, g, redirect, render_template, request, session, url_for
@@ -11,6 +13,7 @@ import passkeys
 import ratelimit
 import twofactor
 import web
+from models import utcnow
 
 bp = Blueprint("protection", __name__)
 bp.before_request(web.load_logged_in_user)
@@ -18,6 +21,10 @@ bp.after_request(web.add_page_headers)
 bp.register_error_handler(accounts.AccountGone, web.account_gone)
 
 CEREMONY = "webauthn"  # the session cookie's key for the WebAuthn challenge's token
+# Adding a second factor (TOTP or a passkey) needs a log-in this recent: a stolen session cookie
+# must not become a passkey or an authenticator of the thief's, which would outlive a password
+# change (that ends every session) and could lock the owner out.
+RECENT_LOGIN = datetime.timedelta(minutes=15)
 # Each ceremony stores a challenge (for CHALLENGE_LIFE): bounded per client address.
 CEREMONIES_PER_IP = RateLimitItemPerMinute(30)
 
@@ -35,6 +42,22 @@ def protection_context():
                 "recovery_codes_left": twofactor.unused_recovery_codes(g.user)}
 
     return {"account_protection": account_protection}
+
+
+def recent_login_required(view):
+    """Send a session older than RECENT_LOGIN to log in again (JSON callers get a 403)."""
+
+    @functools.wraps(view)
+    def wrapped(**kwargs):
+        if utcnow() - g.session.created_at < RECENT_LOGIN:
+            return view(**kwargs)
+        message = "For your security, log in again to add a second factor: your log-in is older than 15 minutes."
+        if request.is_json:
+            return json_error(message, 403, "login_too_old")
+        flash(message, "error")
+        return redirect(url_for("web.login", next=url_for("web.settings_security")))
+
+    return wrapped
 
 
 def code_identity(user):
@@ -64,6 +87,7 @@ def check_code(user, code):
 
 @bp.route("/settings/security/2fa/setup", methods=("GET", "POST"))
 @web.login_required
+@recent_login_required
 def setup():
     try:
         secret = twofactor.start_setup(g.user)
@@ -80,6 +104,7 @@ def render_setup(secret, status=200):
 
 @bp.post("/settings/security/2fa/enable")
 @web.login_required
+@recent_login_required
 def enable():
     record = twofactor.record_for(g.user)
     secret = twofactor.unseal(record.sealed_secret) if record and record.enabled_at is None else None
@@ -137,6 +162,7 @@ def json_error(message, status=400, code="invalid_request"):
 
 @bp.post("/settings/security/passkeys/options")
 @web.login_required
+@recent_login_required
 def passkey_registration_options():
     try:
         count_ceremony()
@@ -148,6 +174,7 @@ def passkey_registration_options():
 
 @bp.post("/settings/security/passkeys")
 @web.login_required
+@recent_login_required
 def add_passkey():
     body = request.get_json(silent=True)
     if not isinstance(body, dict):

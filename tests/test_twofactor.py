@@ -13,6 +13,7 @@ import pytest
 import passkeys
 import securitylog
 import twofactor
+import webprotection
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
 
 PASSWORD = "correct horse battery"
@@ -226,3 +227,18 @@ def test_removing_a_passkey_ends_the_other_sessions(logged_in, app, user):
     assert is_logged_in(logged_in) and not is_logged_in(other)
     assert Session.select().count() == 1
     assert logged_in.post(f"/settings/security/passkeys/{passkey.id}/remove").status_code == 404
+
+
+def test_adding_a_second_factor_needs_a_recent_log_in(logged_in, user, monkeypatch):
+    """Attacker's review: a stolen session cookie must not add the thief's authenticator or passkey,
+    which would outlive the password change that ends the stolen session."""
+    Session.update(created_at=utcnow() - webprotection.RECENT_LOGIN).execute()
+    response = logged_in.post("/settings/security/2fa/setup")
+    assert response.status_code == 302 and response.headers["Location"].startswith("/login?next=")
+    assert logged_in.post("/settings/security/2fa/enable", data={"code": "123456"}).status_code == 302
+    response = logged_in.post("/settings/security/passkeys/options", json={})
+    assert response.status_code == 403 and response.json["error"]["code"] == "login_too_old"
+    assert logged_in.post("/settings/security/passkeys", json={"name": "x", "credential": "{}"}).status_code == 403
+    assert TwoFactor.select().count() == 0 and WebAuthnChallenge.select().count() == 0
+    log_in(logged_in)
+    assert logged_in.post("/settings/security/2fa/setup").status_code == 200
