@@ -12,6 +12,7 @@ import pyotp
 import segno
 from cryptography.fernet import Fernet, InvalidToken
 from flask import current_app
+from peewee import IntegrityError
 
 import accounts
 import securitylog
@@ -68,18 +69,20 @@ def is_enabled(user):
 
 def start_setup(user):
     """Make (or keep) the account's pending secret; return it. Raise ValueError when 2FA is on."""
-    with db.atomic():
-        record = record_for(user)
-        if record is not None and record.enabled_at is not None:
-            raise ValueError("Two-factor authentication is already on.")
-        if record is not None:
-            secret = unseal(record.sealed_secret)
-            if secret is not None:
-                return secret
-            record.delete_instance()
-        secret = pyotp.random_base32()
-        TwoFactor.create(user=user.id, sealed_secret=seal(secret))
-        return secret
+    record = record_for(user)
+    if record is not None and record.enabled_at is None and unseal(record.sealed_secret) is None:
+        record.delete_instance()  # sealed under a former SECRET_KEY: start afresh
+        record = None
+    if record is None:
+        try:
+            with db.atomic():
+                TwoFactor.create(user=user.id, sealed_secret=seal(pyotp.random_base32()))
+        except IntegrityError:
+            pass  # another request (a double click) made one first: show that one
+        record = TwoFactor.get(TwoFactor.user == user.id)
+    if record.enabled_at is not None:
+        raise ValueError("Two-factor authentication is already on.")
+    return unseal(record.sealed_secret)
 
 
 def provisioning_uri(user, secret):
@@ -222,6 +225,7 @@ def finish_pending_login(pending):
 
 def count_pending_failure(pending):
     """Count a wrong code against the pending log-in; end it after PENDING_LOGIN_FAILURES."""
-    PendingLogin.update(failures=PendingLogin.failures + 1).where(PendingLogin.token_hash == pending.token_hash).execute()
-    if pending.failures + 1 >= PENDING_LOGIN_FAILURES:
-        PendingLogin.delete().where(PendingLogin.token_hash == pending.token_hash).execute()
+    # Counted in the database: requests racing on one pending log-in each read the same count.
+    this = PendingLogin.token_hash == pending.token_hash
+    PendingLogin.update(failures=PendingLogin.failures + 1).where(this).execute()
+    PendingLogin.delete().where(this & (PendingLogin.failures >= PENDING_LOGIN_FAILURES)).execute()

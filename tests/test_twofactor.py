@@ -242,3 +242,24 @@ def test_adding_a_second_factor_needs_a_recent_log_in(logged_in, user, monkeypat
     assert TwoFactor.select().count() == 0 and WebAuthnChallenge.select().count() == 0
     log_in(logged_in)
     assert logged_in.post("/settings/security/2fa/setup").status_code == 200
+
+
+def test_wrong_codes_sent_at_once_still_end_the_pending_log_in(logged_in):
+    """Attacker's review: requests racing on one pending log-in each read failures=0; the count
+    must still reach the cap (it is counted in the database, not from what each request read)."""
+    enable(logged_in)
+    logged_in.post("/logout")
+    log_in(logged_in)
+    stale = PendingLogin.get()
+    for _ in range(twofactor.PENDING_LOGIN_FAILURES):
+        twofactor.count_pending_failure(stale)
+    assert PendingLogin.select().count() == 0
+
+
+def test_two_setups_at_once_show_one_secret(logged_in, user, monkeypatch):
+    """Attacker's review (a double click): both requests find no authenticator and both add one;
+    the second must show the first's secret, not fail on the duplicate row."""
+    first = twofactor.start_setup(user)
+    monkeypatch.setattr(twofactor, "record_for", lambda user: None)
+    assert twofactor.start_setup(user) == first
+    assert TwoFactor.select().count() == 1
