@@ -54,7 +54,7 @@ def relying_party(environ):
 
 
 def rp_id():
-    return current_app.config["WEBAUTHN_RP_ID"] or request.host.rsplit(":", 1)[0].strip("[]")
+    return current_app.config["WEBAUTHN_RP_ID"] or urlsplit(request.host_url).hostname
 
 
 def origin():

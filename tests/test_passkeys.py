@@ -8,6 +8,7 @@ import pyotp
 import pytest
 
 import accounts
+from app import load_config
 from models import Passkey
 from softauthenticator import USER_PRESENT, SoftAuthenticator
 
@@ -99,3 +100,14 @@ def test_every_new_endpoint_needs_the_csrf_token(app, logged_in):
                  "/settings/security/passkeys/options", "/settings/security/passkeys", "/login/2fa",
                  "/login/passkey/options", "/login/passkey", "/login/2fa/passkey/options", "/login/2fa/passkey"):
         assert logged_in.post(path, json={}, headers={"Accept": "application/json"}).status_code == 400, path
+
+
+def test_the_configured_relying_party_is_the_one_checked(app, client, user):
+    assert load_config({"WEBAUTHN_RP_ID": "example.com", "WEBAUTHN_ORIGIN": "https://example.com"})[
+        "WEBAUTHN_ORIGIN"] == "https://example.com"
+    app.config.update(WEBAUTHN_RP_ID="example.com", WEBAUTHN_ORIGIN="https://example.com")
+    soft = SoftAuthenticator()
+    Passkey.create(user=user.id, name="Soft", credential_id=soft.credential_id, public_key=soft.public_key())
+    assert client.post("/login/passkey/options").json["rpId"] == "example.com"
+    assert log_in_with(client, soft).status_code == 400  # made for http://localhost
+    assert log_in_with(client, soft, origin="https://example.com").status_code == 200
