@@ -9,7 +9,7 @@ import pytest
 
 import accounts
 from app import load_config
-from models import Passkey
+from models import Passkey, db
 from softauthenticator import USER_PRESENT, SoftAuthenticator
 
 PASSWORD = "correct horse battery"
@@ -111,3 +111,24 @@ def test_the_configured_relying_party_is_the_one_checked(app, client, user):
     assert client.post("/login/passkey/options").json["rpId"] == "example.com"
     assert log_in_with(client, soft).status_code == 400  # made for http://localhost
     assert log_in_with(client, soft, origin="https://example.com").status_code == 200
+
+
+def test_an_account_deleted_in_the_database_leaves_no_passkey_or_second_factor_to_the_next(
+        database_url, logged_in, user, authenticator):
+    """Attacker's review: SQLite gives a new account the id of the deleted newest one; a passkey or
+    an authenticator left behind by a deletion that bypassed the foreign keys (the sqlite3 shell's
+    way) must not open, or lock, the new account."""
+    if not database_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL always enforces the foreign keys, and never reuses an id")
+    logged_in.post("/settings/security/2fa/setup")
+    db.execute_sql("PRAGMA foreign_keys = OFF")
+    try:
+        db.execute_sql("DELETE FROM users WHERE id = ?", (user.id,))
+    finally:
+        db.execute_sql("PRAGMA foreign_keys = ON")
+    bob = accounts.create_user("bob", "bob@example.com", "another long password")
+    assert bob.id == user.id
+    client = logged_in.application.test_client()
+    assert log_in_with(client, authenticator).status_code == 400
+    assert client.post("/login", data={"username": "bob", "password": "another long password"}).headers[
+        "Location"] == "/settings/profile"
