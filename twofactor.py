@@ -94,13 +94,13 @@ def qr_svg(uri):
     return segno.make(uri, error="m").svg_inline(scale=4, dark="#000", light="#fff", title="QR code of the secret")
 
 
-def matching_step(secret, code, now=None):
+def matching_step(secret, code):
     """The time step (of those accepted around now) whose code this is, or None."""
     code = normalize(code)
     if not CODE_PATTERN.fullmatch(code):
         return None
     totp = pyotp.TOTP(secret, digits=DIGITS, interval=STEP_SECONDS)
-    current = totp.timecode(now or datetime.datetime.now(datetime.UTC))
+    current = totp.timecode(datetime.datetime.now(datetime.UTC))
     for offset in STEPS_ACCEPTED:
         if hmac.compare_digest(totp.generate_otp(current + offset), code):
             return current + offset

@@ -6,11 +6,11 @@ import re
 
 import pyotp
 import pytest
+from softauthenticator import USER_PRESENT, SoftAuthenticator
 
 import accounts
 from app import load_config
 from models import Passkey, db
-from softauthenticator import USER_PRESENT, SoftAuthenticator
 
 PASSWORD = "correct horse battery"
 
@@ -81,7 +81,8 @@ def test_another_accounts_passkey_cannot_be_the_second_factor(client, logged_in,
     logged_in.post("/logout")
     mallory = accounts.create_user("mallory", "mallory@example.com", "another long password")
     theirs = SoftAuthenticator()
-    Passkey.create(user=mallory.id, name="Mallory's", credential_id=theirs.credential_id, public_key=theirs.public_key())
+    Passkey.create(user=mallory.id, name="Mallory's", credential_id=theirs.credential_id,
+                   public_key=theirs.public_key())
     assert client.post("/login", data={"username": "alice", "password": PASSWORD}).headers["Location"] == "/login/2fa"
     assert log_in_with(client, theirs, "/login/2fa/passkey").status_code == 400
     assert not is_logged_in(client)

@@ -8,7 +8,6 @@ import re
 
 import pyotp
 import pytest
-
 from liveserver import service_env, start_procfile
 from test_browser import CHROMIUM, CHROMIUM_ARGS, require, sign_up
 

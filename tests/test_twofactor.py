@@ -101,7 +101,7 @@ def test_a_recovery_code_works_once(logged_in, user):
 
 
 def test_code_guesses_are_throttled_whatever_kind_of_code(logged_in):
-    secret, codes = enable(logged_in)
+    _, codes = enable(logged_in)
     logged_in.post("/logout")
     statuses = []
     for guess in ["111111", "AAAA-AAAA-AAAA-AAAA"] * 4:
@@ -148,7 +148,8 @@ def test_turning_it_off_needs_the_password_and_a_code(logged_in, user):
     secret, _ = enable(logged_in)
     code = code_at(secret, 1)
     assert logged_in.post("/settings/security/2fa/disable", data={"password": "wrong", "code": code}).status_code == 400
-    assert logged_in.post("/settings/security/2fa/disable", data={"password": PASSWORD, "code": "000000"}).status_code == 400
+    wrong_code = {"password": PASSWORD, "code": "000000"}
+    assert logged_in.post("/settings/security/2fa/disable", data=wrong_code).status_code == 400
     assert twofactor.is_enabled(user)
     response = logged_in.post("/settings/security/2fa/disable", data={"password": PASSWORD, "code": code})
     assert response.status_code == 302 and not twofactor.is_enabled(user)

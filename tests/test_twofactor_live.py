@@ -8,9 +8,8 @@ import time
 
 import pyotp
 import pytest
-
 import services
-from liveserver import PASSWORD, Browser, serving, service_env
+from liveserver import PASSWORD, Browser, service_env, serving
 
 STEP = 30
 secrets_seen = []
@@ -99,7 +98,8 @@ def test_one_code_sent_by_two_browsers_at_once_passes_once(server):
     for browser in browsers:
         assert browser.login(owner.username).headers["Location"] == "/login/2fa"
     code = code_at(secret, 1)
-    tokens = [re.search(r'name="csrf_token" value="([^"]+)"', browser.get("/login/2fa").text)[1] for browser in browsers]
+    tokens = [re.search(r'name="csrf_token" value="([^"]+)"', browser.get("/login/2fa").text)[1]
+              for browser in browsers]
 
     def send(pair):
         browser, token = pair
@@ -113,7 +113,7 @@ def test_one_code_sent_by_two_browsers_at_once_passes_once(server):
 
 def test_code_guesses_past_the_throttle_are_refused_without_locking_the_owner_out(server):
     owner = Browser(server).signup()
-    secret, codes = enable(owner)
+    secret, _ = enable(owner)
     log_out(owner)
     attacker = Browser(server)
     statuses = []
