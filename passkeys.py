@@ -31,6 +31,9 @@ MAX_NAME_LENGTH = 64
 # A credential JSON far beyond any authenticator's is refused before parsing.
 MAX_CREDENTIAL_CHARACTERS = 16_384
 REGISTER, LOGIN, SECOND_FACTOR = "register", "login", "2fa"
+# What a stored credential id looks like (base64url, as Passkey.credential_id holds it): anything
+# else is no passkey of ours and never reaches a query (PostgreSQL refuses NUL with an error).
+CREDENTIAL_ID = re.compile(r"[A-Za-z0-9_-]{1,1400}")
 
 
 class PasskeyRefused(ValueError):
@@ -111,7 +114,7 @@ def descriptor(passkey):
 
 def register(user, token, name, credential):
     """Verify a new credential and store it under name; return the Passkey."""
-    name = " ".join((name or "").split())
+    name = " ".join(name.split()) if isinstance(name, str) else ""
     accounts.refuse_control_characters(name, "A passkey's name")
     if not 1 <= len(name) <= MAX_NAME_LENGTH:
         raise ValueError(f"Give the passkey a name of 1 to {MAX_NAME_LENGTH} characters.")
@@ -164,7 +167,10 @@ def authenticate(token, purpose, credential, user=None):
         raise PasskeyRefused("The passkey request expired; try again.")
     try:
         parsed = json.loads(bounded(credential))
-        passkey = Passkey.get_or_none(Passkey.credential_id == str(parsed["rawId"]))
+        raw_id = parsed["rawId"]
+        passkey = None
+        if isinstance(raw_id, str) and CREDENTIAL_ID.fullmatch(raw_id):
+            passkey = Passkey.get_or_none(Passkey.credential_id == raw_id)
         if passkey is None or (user is not None and passkey.user_id != user.id):
             raise PasskeyRefused("That passkey is not registered here.")
         handle = (parsed.get("response") or {}).get("userHandle")

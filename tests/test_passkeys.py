@@ -133,3 +133,20 @@ def test_an_account_deleted_in_the_database_leaves_no_passkey_or_second_factor_t
     assert log_in_with(client, authenticator).status_code == 400
     assert client.post("/login", data={"username": "bob", "password": "another long password"}).headers[
         "Location"] == "/settings/profile"
+
+
+@pytest.mark.parametrize("raw_id", ["a\x00b", "x" * 2000, "é"])
+def test_a_credential_id_that_cannot_be_one_is_a_400(client, logged_in, authenticator, raw_id):
+    """Attacker's review: the id goes into a query; NUL made PostgreSQL fail with a 500."""
+    client.post("/login/passkey/options")
+    credential = authenticator.assertion(client.post("/login/passkey/options").json)
+    forged = credential.replace(authenticator.credential_id, raw_id.replace("\x00", "\\u0000"))
+    response = client.post("/login/passkey", json={"credential": forged})
+    assert response.status_code == 400 and response.json["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("name", [5, None, ["Laptop"], "", "a\x00b", "x" * 65])
+def test_a_passkey_name_that_cannot_be_one_is_a_400(logged_in, name):
+    logged_in.post("/settings/security/passkeys/options", json={})
+    response = logged_in.post("/settings/security/passkeys", json={"name": name, "credential": "{}"})
+    assert response.status_code == 400 and set(response.json["error"]) == {"code", "message"}
