@@ -19,7 +19,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 import keycache
 import securitylog
-from models import ApiKey, SecurityEvent, Session, User, db, greenlets_share_thread, release_connection, utcnow
+from models import PROTECTION_MODELS, ApiKey, SecurityEvent, Session, User, db, greenlets_share_thread, release_connection, utcnow
 
 USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
@@ -185,6 +185,9 @@ def create_user(username, email, password):
             # foreign keys enforced) must not reach this one if it got the same id.
             Session.delete().where(Session.user == user.id).execute()
             SecurityEvent.delete().where(SecurityEvent.user == user.id).execute()
+            # A passkey or an authenticator left behind would open, or lock, the new account.
+            for model in PROTECTION_MODELS:
+                model.delete().where(model.user == user.id).execute()
             securitylog.record(user.id, "user.signup")
             return user
     except IntegrityError:

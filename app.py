@@ -24,10 +24,12 @@ import keycache
 import logs
 import metrics
 import models
+import passkeys
 import ratelimit
 import sockets
 import usage
 import web
+import webprotection
 from models import DATABASE_ERRORS, User
 
 ROOT = Path(__file__).resolve().parent
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 def load_config(environ=os.environ):
     """Return every setting of the contract's configuration table, defaults filled in."""
+    webauthn_rp_id, webauthn_origin = passkeys.relying_party(environ)
     return {
         "DATABASE_URL": environ.get("DATABASE_URL") or f"sqlite:///{INSTANCE / 'service.db'}",
         "SECRET_KEY": environ.get("SECRET_KEY") or instance_secret_key(),
@@ -53,6 +56,9 @@ def load_config(environ=os.environ):
         "LOG_FORMAT": logs.log_format(environ),
         "METRICS_TOKEN": metrics_token(environ),
         "CORS_ORIGINS": cors.allowed_origins(environ),
+        # Passkeys: "" is the request's own host and origin.
+        "WEBAUTHN_RP_ID": webauthn_rp_id,
+        "WEBAUTHN_ORIGIN": webauthn_origin,
     }
 
 
@@ -139,6 +145,7 @@ def create_app(overrides=None):
     app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)
+    webprotection.init_app(app)
     # The API authenticates by key, never by the browser's cookie: no CSRF token to ask for.
     web.csrf.exempt(api.api)
     app.register_error_handler(HTTPException, render_http_error)

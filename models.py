@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 from peewee import (
     BigIntegerField,
+    BlobField,
     CharField,
     DatabaseProxy,
     DateTimeField,
@@ -176,6 +177,76 @@ class SecurityEvent(BaseModel):
         indexes = ((("user", "created_at"), False),)
 
 
+# Account protection (issue 29): two-factor log-in and passkeys; twofactor.py and passkeys.py own them.
+
+class TwoFactor(BaseModel):
+    """An account's TOTP authenticator: enabled once a code confirmed it (a pending setup has no
+    enabled_at). The secret is Fernet-encrypted with a key derived from SECRET_KEY."""
+
+    user = ForeignKeyField(User, primary_key=True, on_delete="CASCADE")
+    sealed_secret = TextField()
+    enabled_at = DateTimeField(null=True)
+    # The newest 30-second step whose code was accepted: no code of it or an earlier step passes again.
+    last_step = BigIntegerField(default=0)
+
+    class Meta:
+        table_name = "two_factor"
+
+
+class RecoveryCode(BaseModel):
+    user = ForeignKeyField(User, on_delete="CASCADE", index=True)
+    code_hash = CharField(max_length=64, unique=True)
+    used_at = DateTimeField(null=True)
+
+    class Meta:
+        table_name = "recovery_codes"
+
+
+class PendingLogin(BaseModel):
+    """A browser that gave the right password and still owes the second factor: its cookie holds
+    the token, the database the token's hash, for a few minutes."""
+
+    token_hash = CharField(primary_key=True, max_length=64)
+    user = ForeignKeyField(User, on_delete="CASCADE")
+    # The password hash the log-in was checked against: a password changed since ends the log-in.
+    password_hash = CharField()
+    expires_at = DateTimeField(index=True)
+    failures = IntegerField(default=0)
+
+    class Meta:
+        table_name = "pending_logins"
+
+
+class Passkey(BaseModel):
+    user = ForeignKeyField(User, on_delete="CASCADE", index=True)
+    name = CharField(max_length=64)
+    credential_id = CharField(max_length=1400, unique=True)  # base64url, as the browser sends it
+    public_key = BlobField()
+    sign_count = BigIntegerField(default=0)
+    created_at = DateTimeField(default=utcnow)
+    last_used_at = DateTimeField(null=True)
+
+    class Meta:
+        table_name = "passkeys"
+
+
+class WebAuthnChallenge(BaseModel):
+    """A WebAuthn ceremony under way: its challenge, used once, for a short while. The browser's
+    cookie holds the token; purpose says which ceremony (and user, where there is one) it is for."""
+
+    token_hash = CharField(primary_key=True, max_length=64)
+    purpose = CharField(max_length=16)
+    user = ForeignKeyField(User, null=True, on_delete="CASCADE")
+    challenge = BlobField()
+    expires_at = DateTimeField(index=True)
+
+    class Meta:
+        table_name = "webauthn_challenges"
+
+
+PROTECTION_MODELS = [TwoFactor, RecoveryCode, PendingLogin, Passkey, WebAuthnChallenge]
+
+
 class UsageHour(BaseModel):
     api_key = ForeignKeyField(ApiKey, backref="usage_hours", on_delete="CASCADE")
     hour = DateTimeField()
@@ -335,7 +406,8 @@ def init_app(app):
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
-    app.extensions["schema"] = schema.upgrade(database, [User, Session, ApiKey, UsageHour, SecurityEvent],
+    app.extensions["schema"] = schema.upgrade(database, [User, Session, ApiKey, UsageHour, SecurityEvent,
+                                                         *PROTECTION_MODELS],
                                               after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
 

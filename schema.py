@@ -25,8 +25,12 @@ def add_key_lifecycle(database, migrator):
     migrate(*(migrator.add_column("api_keys", name, field) for name, field in columns.items() if name not in have))
 
 
+def add_account_protection(database, migrator):
+    """Version 3: two-factor log-in and passkeys, new tables only (made from the models after the steps)."""
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
-STEPS = [add_key_lifecycle]
+STEPS = [add_key_lifecycle, add_account_protection]
 LATEST = len(STEPS) + 1
 
 

@@ -11,11 +11,14 @@ EVENTS = {
     "user.signup", "user.login", "user.login_failed", "user.logout", "user.password_changed",
     "user.sessions_revoked", "key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked",
     "key.previous_secret_revoked",
+    # Account protection (issue 29).
+    "user.2fa_enabled", "user.2fa_disabled", "user.2fa_failed", "user.recovery_code_used",
+    "user.passkey_added", "user.passkey_removed", "user.passkey_login",
 }
 SHOWN = 50
 # Events kept per account; older ones are deleted as each new one is written.
 KEPT = 1000
-# Failed log-ins recorded per account and hour at most: others' guesses must not bury the log.
+# Failed log-ins (and failed second factors) recorded per account and hour at most: others' guesses must not bury the log.
 FAILURES_RECORDED_PER_HOUR = 20
 
 
@@ -40,9 +43,9 @@ def forget_beyond_kept(user_id):
     SecurityEvent.delete().where((SecurityEvent.user == user_id) & older).execute()
 
 
-def failures_this_hour(user_id):
+def failures_this_hour(user_id, event="user.login_failed"):
     since = utcnow() - datetime.timedelta(hours=1)
-    return (SecurityEvent.select().where((SecurityEvent.user == user_id) & (SecurityEvent.event == "user.login_failed")
+    return (SecurityEvent.select().where((SecurityEvent.user == user_id) & (SecurityEvent.event == event)
                                          & (SecurityEvent.created_at >= since)).count())
 
 

@@ -15,6 +15,7 @@ import auth
 import ratelimit
 import reference
 import securitylog
+import twofactor
 from models import SCOPES, ApiKey, UsageHour, start_of_hour, utcnow
 
 bp = Blueprint("web", __name__)
@@ -176,12 +177,32 @@ def login():
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("login.html", error)
     user = accounts.user_for_login(username, password)
+    if user is not None and twofactor.is_enabled(user):
+        ratelimit.password_accepted(username)
+        return ask_second_factor(user, request.args.get("next"))
     if user is None or not log_in(user):
         ratelimit.password_refused(username)
         flash("The username or password is incorrect.", "error")
         return render_template("login.html"), 400
     ratelimit.password_accepted(username)
     return redirect(local_path(request.args.get("next")) or url_for("web.settings_profile"))
+
+
+# Two-factor log-in (issue 29): webprotection.py serves the second step.
+PENDING_LOGIN = "pending_login"  # the session cookie's key for the pending log-in's token
+LOGIN_NEXT = "login_next"
+
+
+def ask_second_factor(user, next_path):
+    """After the right password of an account with 2FA on: keep that in a pending log-in (a row
+    that lives a few minutes, not a flag in the cookie) and ask for the second factor."""
+    if g.get("session") is not None:
+        accounts.end_session(g.session)
+    session.clear()
+    session[PENDING_LOGIN] = twofactor.start_pending_login(user)
+    if local_path(next_path):
+        session[LOGIN_NEXT] = next_path
+    return redirect(url_for("protection.second_factor"))
 
 
 def too_many_attempts(template, error):

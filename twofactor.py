@@ -1,0 +1,231 @@
+"""Two-factor log-in: TOTP authenticators, recovery codes and the half-logged-in state between
+the password and the second factor."""
+
+import base64
+import datetime
+import hashlib
+import hmac
+import re
+import secrets
+
+import pyotp
+import segno
+from cryptography.fernet import Fernet, InvalidToken
+from flask import current_app
+from peewee import IntegrityError
+
+import accounts
+import securitylog
+from models import PendingLogin, RecoveryCode, TwoFactor, User, db, utcnow
+
+ISSUER = "API-key demo service"
+# RFC 6238 with the parameters every authenticator app assumes: SHA-1, 6 digits, 30 s.
+DIGITS = 6
+STEP_SECONDS = 30
+# Codes of the step before and after the current one pass too (clocks drift).
+STEPS_ACCEPTED = (-1, 0, 1)
+RECOVERY_CODES = 10
+# 16 base32 characters, 80 bits: too many to search from a copy of the database, so a fast hash
+# of them is as good as a slow one.
+RECOVERY_CODE_CHARACTERS = 16
+RECOVERY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+PENDING_LOGIN_LIFE = datetime.timedelta(minutes=5)
+# Wrong codes one pending log-in may take before the password must be given again (and counted
+# by its own throttle).
+PENDING_LOGIN_FAILURES = 5
+CODE_PATTERN = re.compile(r"[0-9]{6}")
+
+
+class WrongCode(ValueError):
+    """The code is not a current TOTP code of the account, nor one of its unused recovery codes."""
+
+
+def _fernet():
+    # Derived from SECRET_KEY, which the database does not hold: a copy of the database (a backup,
+    # a dump) cannot read the secrets, and every worker can without another setting.
+    key = hmac.new(current_app.config["SECRET_KEY"].encode(), b"totp secret", hashlib.sha256).digest()
+    return Fernet(base64.urlsafe_b64encode(key))
+
+
+def seal(secret):
+    return _fernet().encrypt(secret.encode()).decode()
+
+
+def unseal(sealed):
+    """The secret, or None when SECRET_KEY changed since it was sealed."""
+    try:
+        return _fernet().decrypt(sealed.encode()).decode()
+    except InvalidToken:
+        return None
+
+
+def record_for(user):
+    return TwoFactor.get_or_none(TwoFactor.user == user.id)
+
+
+def is_enabled(user):
+    return TwoFactor.select().where((TwoFactor.user == user.id) & TwoFactor.enabled_at.is_null(False)).exists()
+
+
+def start_setup(user):
+    """Make (or keep) the account's pending secret; return it. Raise ValueError when 2FA is on."""
+    record = record_for(user)
+    if record is not None and record.enabled_at is None and unseal(record.sealed_secret) is None:
+        record.delete_instance()  # sealed under a former SECRET_KEY: start afresh
+        record = None
+    if record is None:
+        try:
+            with db.atomic():
+                TwoFactor.create(user=user.id, sealed_secret=seal(pyotp.random_base32()))
+        except IntegrityError:
+            pass  # another request (a double click) made one first: show that one
+        record = TwoFactor.get(TwoFactor.user == user.id)
+    if record.enabled_at is not None:
+        raise ValueError("Two-factor authentication is already on.")
+    return unseal(record.sealed_secret)
+
+
+def provisioning_uri(user, secret):
+    return pyotp.TOTP(secret).provisioning_uri(name=user.username, issuer_name=ISSUER)
+
+
+def qr_svg(uri):
+    """The otpauth URI as an inline SVG QR code (no script, no external reference: the CSP holds)."""
+    return segno.make(uri, error="m").svg_inline(scale=4, dark="#000", light="#fff", title="QR code of the secret")
+
+
+def matching_step(secret, code):
+    """The time step (of those accepted around now) whose code this is, or None."""
+    code = normalize(code)
+    if not CODE_PATTERN.fullmatch(code):
+        return None
+    totp = pyotp.TOTP(secret, digits=DIGITS, interval=STEP_SECONDS)
+    current = totp.timecode(datetime.datetime.now(datetime.UTC))
+    for offset in STEPS_ACCEPTED:
+        if hmac.compare_digest(totp.generate_otp(current + offset), code):
+            return current + offset
+    return None
+
+
+def normalize(code):
+    return re.sub(r"[\s-]", "", code or "").upper()
+
+
+def use_totp(user, code):
+    """True when code is a TOTP code of the account newer than the last one accepted, which it then
+    becomes: a code is accepted once, by one request of any worker (compare-and-set on last_step)."""
+    record = record_for(user)
+    if record is None:
+        return False
+    secret = unseal(record.sealed_secret)
+    step = matching_step(secret, code) if secret else None
+    if step is None:
+        return False
+    return bool(TwoFactor.update(last_step=step)
+                .where((TwoFactor.user == user.id) & (TwoFactor.last_step < step)).execute())
+
+
+def enable(user, code):
+    """Turn 2FA on once code confirms the pending secret; return the recovery codes (shown once)."""
+    with db.atomic():
+        accounts.lock_user(user)
+        record = record_for(user)
+        if record is None or record.enabled_at is not None:
+            raise ValueError("Start the setup again: there is no authenticator waiting for a code.")
+        if not use_totp(user, code):
+            raise WrongCode("That code is not correct. Check the time on your device and try the next code.")
+        TwoFactor.update(enabled_at=utcnow()).where(TwoFactor.user == user.id).execute()
+        codes = new_recovery_codes(user)
+        securitylog.record(user.id, "user.2fa_enabled")
+    return codes
+
+
+def new_recovery_codes(user):
+    codes = [make_recovery_code() for _ in range(RECOVERY_CODES)]
+    RecoveryCode.delete().where(RecoveryCode.user == user.id).execute()
+    RecoveryCode.insert_many([{"user": user.id, "code_hash": recovery_hash(user.id, code)} for code in codes]).execute()
+    return codes
+
+
+def make_recovery_code():
+    text = "".join(secrets.choice(RECOVERY_ALPHABET) for _ in range(RECOVERY_CODE_CHARACTERS))
+    return "-".join(text[i:i + 4] for i in range(0, RECOVERY_CODE_CHARACTERS, 4))
+
+
+def recovery_hash(user_id, code):
+    # The account's id in the hash: the same code in two accounts has two hashes.
+    return hashlib.sha256(f"{user_id}:{normalize(code)}".encode()).hexdigest()
+
+
+def use_recovery_code(user, code):
+    """True when code is one of the account's unused recovery codes, which it then no longer is."""
+    if len(normalize(code)) != RECOVERY_CODE_CHARACTERS:
+        return False
+    used = (RecoveryCode.update(used_at=utcnow())
+            .where((RecoveryCode.user == user.id) & (RecoveryCode.code_hash == recovery_hash(user.id, code))
+                   & RecoveryCode.used_at.is_null())
+            .execute())
+    if used:
+        securitylog.record(user.id, "user.recovery_code_used")
+    return bool(used)
+
+
+def use_code(user, code):
+    """Check a second-factor code (TOTP or recovery code); raise WrongCode when it is neither."""
+    if not (use_totp(user, code) or use_recovery_code(user, code)):
+        if securitylog.failures_this_hour(user.id, "user.2fa_failed") < securitylog.FAILURES_RECORDED_PER_HOUR:
+            securitylog.record(user.id, "user.2fa_failed")
+        raise WrongCode("That code is not correct.")
+
+
+def unused_recovery_codes(user):
+    return RecoveryCode.select().where((RecoveryCode.user == user.id) & RecoveryCode.used_at.is_null()).count()
+
+
+def turn_off(user):
+    """Turn 2FA off (the caller checked the password and a code): the secret and the recovery
+    codes are deleted. The account's other sessions stay (SECURITY.md says why)."""
+    with db.atomic():
+        TwoFactor.delete().where(TwoFactor.user == user.id).execute()
+        RecoveryCode.delete().where(RecoveryCode.user == user.id).execute()
+        securitylog.record(user.id, "user.2fa_disabled")
+
+
+# The half-logged-in state: a row per browser between the password and the second factor.
+
+def start_pending_login(user):
+    """Remember that this user gave the right password; return the token for the cookie."""
+    token = secrets.token_urlsafe(32)
+    with db.atomic():
+        PendingLogin.delete().where(PendingLogin.expires_at < utcnow()).execute()
+        PendingLogin.create(token_hash=accounts.token_hash(token), user=user.id, password_hash=user.password_hash,
+                            expires_at=utcnow() + PENDING_LOGIN_LIFE)
+    return token
+
+
+def find_pending_login(token):
+    """The unexpired pending log-in of a cookie's token, with its user loaded, or None."""
+    if not isinstance(token, str) or not token:
+        return None
+    return (PendingLogin.select(PendingLogin, User).join(User)
+            .where((PendingLogin.token_hash == accounts.token_hash(token)) & (PendingLogin.expires_at >= utcnow()))
+            .first())
+
+
+def finish_pending_login(pending):
+    """End the pending log-in; return its user with the password hash it was checked against (so
+    that accounts.start_session refuses it when the password changed since), or None when another
+    request finished it first."""
+    if not PendingLogin.delete().where(PendingLogin.token_hash == pending.token_hash).execute():
+        return None
+    user = pending.user
+    user.password_hash = pending.password_hash
+    return user
+
+
+def count_pending_failure(pending):
+    """Count a wrong code against the pending log-in; end it after PENDING_LOGIN_FAILURES."""
+    # Counted in the database: requests racing on one pending log-in each read the same count.
+    this = PendingLogin.token_hash == pending.token_hash
+    PendingLogin.update(failures=PendingLogin.failures + 1).where(this).execute()
+    PendingLogin.delete().where(this & (PendingLogin.failures >= PENDING_LOGIN_FAILURES)).execute()

@@ -1,0 +1,297 @@
+"""The web application's account protection: the Security tab's two-factor and passkey forms, the
+log-in's second step, and log-in with a passkey."""
+
+import datetime
+import functools
+import time
+
+from flask import Blueprint, abort, current_app, flash, g, redirect, render_template, request, session, url_for
+from limits import RateLimitItemPerMinute
+
+import accounts
+import passkeys
+import ratelimit
+import twofactor
+import web
+from models import utcnow
+
+bp = Blueprint("protection", __name__)
+bp.before_request(web.load_logged_in_user)
+bp.after_request(web.add_page_headers)
+bp.register_error_handler(accounts.AccountGone, web.account_gone)
+
+CEREMONY = "webauthn"  # the session cookie's key for the WebAuthn challenge's token
+# Adding a second factor (TOTP or a passkey) needs a log-in this recent: a stolen session cookie
+# must not become a passkey or an authenticator of the thief's, which would outlive a password
+# change (that ends every session) and could lock the owner out.
+RECENT_LOGIN = datetime.timedelta(minutes=15)
+# Each ceremony stores a challenge (for CHALLENGE_LIFE): bounded per client address.
+CEREMONIES_PER_IP = RateLimitItemPerMinute(30)
+
+
+def init_app(app):
+    app.register_blueprint(bp)
+
+
+@bp.app_context_processor
+def protection_context():
+    """account_protection(): what templates/_two_factor.html shows, read only where it is included."""
+
+    def account_protection():
+        return {"enabled": twofactor.is_enabled(g.user), "passkeys": passkeys.owned(g.user),
+                "recovery_codes_left": twofactor.unused_recovery_codes(g.user)}
+
+    return {"account_protection": account_protection}
+
+
+def recent_login_required(view):
+    """Send a session older than RECENT_LOGIN to log in again (JSON callers get a 403)."""
+
+    @functools.wraps(view)
+    def wrapped(**kwargs):
+        if utcnow() - g.session.created_at < RECENT_LOGIN:
+            return view(**kwargs)
+        message = "For your security, log in again to add a second factor: your log-in is older than 15 minutes."
+        if request.is_json:
+            return json_error(message, 403, "login_too_old")
+        flash(message, "error")
+        return redirect(url_for("web.login", next=url_for("web.settings_security")))
+
+    return wrapped
+
+
+def code_identity(user):
+    # Code guesses share the password throttle's windows under a name no username can take (':'
+    # is not allowed in one): per account and address, per address, and the per-account slowdown.
+    # TOTP and recovery codes count in the same windows, so switching between them gains nothing.
+    return f"2fa:{user.id}"
+
+
+def check_code(user, code):
+    """Check a second-factor code under the throttle; None when it passed, else a (flash, status)."""
+    identity = code_identity(user)
+    try:
+        time.sleep(ratelimit.password_attempt(identity))
+    except ratelimit.RateLimitExceeded as error:
+        return f"Too many wrong codes. Try again in {error.retry_after} seconds.", 429
+    try:
+        twofactor.use_code(user, code)
+    except twofactor.WrongCode as error:
+        ratelimit.password_refused(identity)
+        return str(error), 400
+    ratelimit.password_accepted(identity)
+    return None
+
+
+# The Security tab: TOTP.
+
+@bp.route("/settings/security/2fa/setup", methods=("GET", "POST"))
+@web.login_required
+@recent_login_required
+def setup():
+    try:
+        secret = twofactor.start_setup(g.user)
+    except ValueError as error:
+        flash(str(error), "error")
+        return redirect(url_for("web.settings_security"))
+    return render_setup(secret)
+
+
+def render_setup(secret, status=200):
+    uri = twofactor.provisioning_uri(g.user, secret)
+    return render_template("two_factor_setup.html", secret=secret, uri=uri, qr=twofactor.qr_svg(uri)), status
+
+
+@bp.post("/settings/security/2fa/enable")
+@web.login_required
+@recent_login_required
+def enable():
+    record = twofactor.record_for(g.user)
+    secret = twofactor.unseal(record.sealed_secret) if record and record.enabled_at is None else None
+    if secret is None:
+        flash("Start the setup again: there is no authenticator waiting for a code.", "error")
+        return redirect(url_for("web.settings_security"))
+    identity = code_identity(g.user)
+    try:
+        time.sleep(ratelimit.password_attempt(identity))
+        codes = twofactor.enable(g.user, request.form.get("code", ""))
+    except ratelimit.RateLimitExceeded as error:
+        flash(f"Too many wrong codes. Try again in {error.retry_after} seconds.", "error")
+        return render_setup(secret, 429)
+    except ValueError as error:
+        ratelimit.password_refused(identity)
+        flash(str(error), "error")
+        return render_setup(secret, 400)
+    ratelimit.password_accepted(identity)
+    return render_template("two_factor_codes.html", codes=codes)
+
+
+@bp.post("/settings/security/2fa/disable")
+@web.login_required
+def disable():
+    if not twofactor.is_enabled(g.user):
+        flash("Two-factor authentication is already off.", "error")
+        return redirect(url_for("web.settings_security"))
+    # The password under the password throttle (a stolen cookie cannot guess it), then the code
+    # under the code throttle.
+    username = g.user.username
+    try:
+        time.sleep(ratelimit.password_attempt(username))
+    except ratelimit.RateLimitExceeded as error:
+        flash(f"Too many wrong passwords. Try again in {error.retry_after} seconds.", "error")
+        return web.render_security_tab(status=429)
+    if not accounts.password_matches(g.user, request.form.get("password", "")):
+        ratelimit.password_refused(username)
+        flash("The password is not correct.", "error")
+        return web.render_security_tab(status=400)
+    ratelimit.password_accepted(username)
+    refused = check_code(g.user, request.form.get("code", ""))
+    if refused:
+        flash(refused[0], "error")
+        return web.render_security_tab(status=refused[1])
+    twofactor.turn_off(g.user)
+    flash("Two-factor authentication is off. Your other sessions stay signed in.")
+    return redirect(url_for("web.settings_security"))
+
+
+# The Security tab: passkeys (JSON for static/passkeys.js).
+
+def json_error(message, status=400, code="invalid_request"):
+    return {"error": {"code": code, "message": message}}, status
+
+
+@bp.post("/settings/security/passkeys/options")
+@web.login_required
+@recent_login_required
+def passkey_registration_options():
+    try:
+        count_ceremony()
+    except ratelimit.RateLimitExceeded as error:
+        return json_error(f"Too many attempts. Try again in {error.retry_after} seconds.", 429, "rate_limit_exceeded")
+    options, session[CEREMONY] = passkeys.registration_options(g.user)
+    return options, 200, {"Content-Type": "application/json"}
+
+
+@bp.post("/settings/security/passkeys")
+@web.login_required
+@recent_login_required
+def add_passkey():
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        return json_error("Send a JSON object with the passkey's name and credential.")
+    try:
+        passkey = passkeys.register(g.user, session.pop(CEREMONY, None), body.get("name"), body.get("credential"))
+    except ValueError as error:
+        return json_error(str(error))
+    return {"id": passkey.id, "name": passkey.name}, 201
+
+
+@bp.post("/settings/security/passkeys/<int(max=9223372036854775807):passkey_id>/remove")
+@web.login_required
+def remove_passkey(passkey_id):
+    name = passkeys.remove(g.user, passkey_id, keep_session=g.session)
+    if name is None:
+        abort(404)
+    flash(f"Removed the passkey {name!r}; every other session of this account is signed out.")
+    return redirect(url_for("web.settings_security"))
+
+
+# Log-in: the second step, and log-in with a passkey.
+
+def pending_login():
+    pending = twofactor.find_pending_login(session.get(web.PENDING_LOGIN))
+    if pending is None:
+        session.pop(web.PENDING_LOGIN, None)
+    return pending
+
+
+def finish_login(user):
+    """Start the session of a log-in that passed; the page to go to, or None when it cannot start."""
+    next_path = session.get(web.LOGIN_NEXT)
+    if user is None or not web.log_in(user):
+        return None
+    return web.local_path(next_path) or url_for("web.settings_profile")
+
+
+@bp.route("/login/2fa", methods=("GET", "POST"))
+def second_factor():
+    pending = pending_login()
+    if pending is None:
+        flash("Log in again: the log-in expired or was finished.", "error")
+        return redirect(url_for("web.login"))
+    has_passkeys = bool(passkeys.owned(pending.user))
+    if request.method == "GET":
+        return render_template("login_2fa.html", has_passkeys=has_passkeys)
+    refused = check_code(pending.user, request.form.get("code", ""))
+    if refused:
+        twofactor.count_pending_failure(pending)
+        flash(refused[0], "error")
+        return render_template("login_2fa.html", has_passkeys=has_passkeys), refused[1]
+    target = finish_login(twofactor.finish_pending_login(pending))
+    if target is None:
+        flash("Log in again: the log-in expired or was finished.", "error")
+        return redirect(url_for("web.login"))
+    return redirect(target)
+
+
+def count_ceremony():
+    """Count a WebAuthn ceremony started from this client address (each stores a challenge)."""
+    address = ratelimit.client_identity(request.remote_addr)
+    current_app.extensions["ratelimit"].hit(CEREMONIES_PER_IP, f"webauthn-ip:{address}", "webauthn", report=False)
+
+
+def ceremony_options(purpose, user=None):
+    try:
+        count_ceremony()
+    except ratelimit.RateLimitExceeded as error:
+        return json_error(f"Too many attempts. Try again in {error.retry_after} seconds.", 429, "rate_limit_exceeded")
+    options, session[CEREMONY] = passkeys.authentication_options(purpose, user)
+    return options, 200, {"Content-Type": "application/json"}
+
+
+def credential_from_body():
+    body = request.get_json(silent=True)
+    return body.get("credential") if isinstance(body, dict) else None
+
+
+@bp.post("/login/passkey/options")
+def passkey_login_options():
+    return ceremony_options(passkeys.LOGIN)
+
+
+@bp.post("/login/passkey")
+def passkey_login():
+    try:
+        user, passkey = passkeys.authenticate(session.pop(CEREMONY, None), passkeys.LOGIN, credential_from_body())
+    except passkeys.PasskeyRefused as error:
+        return json_error(str(error))
+    return passkey_logged_in(user, passkey)
+
+
+@bp.post("/login/2fa/passkey/options")
+def passkey_second_factor_options():
+    pending = pending_login()
+    if pending is None:
+        return json_error("Log in again: the log-in expired or was finished.")
+    return ceremony_options(passkeys.SECOND_FACTOR, pending.user)
+
+
+@bp.post("/login/2fa/passkey")
+def passkey_second_factor():
+    pending = pending_login()
+    if pending is None:
+        return json_error("Log in again: the log-in expired or was finished.")
+    try:
+        _, passkey = passkeys.authenticate(session.pop(CEREMONY, None), passkeys.SECOND_FACTOR,
+                                           credential_from_body(), pending.user)
+    except passkeys.PasskeyRefused as error:
+        return json_error(str(error))
+    return passkey_logged_in(twofactor.finish_pending_login(pending), passkey)
+
+
+def passkey_logged_in(user, passkey):
+    target = finish_login(user)
+    if target is None:
+        return json_error("Log in again: the log-in expired or was finished.")
+    passkeys.record_login(user, passkey)
+    return {"redirect": target}
