@@ -4,7 +4,7 @@ process at a time: workers that start together wait for the one that upgrades.""
 
 import logging
 
-from peewee import CharField, DateTimeField, PostgresqlDatabase
+from peewee import CharField, DateTimeField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,14 @@ def add_key_lifecycle(database, migrator):
     migrate(*(migrator.add_column("api_keys", name, field) for name, field in columns.items() if name not in have))
 
 
+def add_key_allow_ips(database, migrator):
+    """Version 3: each key's IP allow-list (NULL: any address, as every key before)."""
+    if "allow_ips" not in {column.name for column in database.get_columns("api_keys")}:
+        migrate(migrator.add_column("api_keys", "allow_ips", TextField(null=True)))
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
-STEPS = [add_key_lifecycle]
+STEPS = [add_key_lifecycle, add_key_allow_ips]
 LATEST = len(STEPS) + 1
 
 
