@@ -58,8 +58,16 @@ def network_of(entry):
 
 @functools.lru_cache(maxsize=1024)
 def networks(stored):
-    """The networks of a stored allow-list, parsed once per distinct list in the process."""
-    return tuple(ipaddress.ip_network(entry) for entry in stored.split(","))
+    """A stored allow-list ready for matching: {IP version: ((netmask, network numbers), ...)}, one
+    set per prefix length, so a client costs a set lookup per distinct prefix length rather than a
+    comparison per network (ipaddress's `in` takes about a microsecond each)."""
+    by_version = {}
+    for entry in stored.split(","):
+        network = ipaddress.ip_network(entry)
+        masks = by_version.setdefault(network.version, {})
+        masks.setdefault(int(network.netmask), set()).add(int(network.network_address))
+    return {version: tuple((mask, frozenset(numbers)) for mask, numbers in masks.items())
+            for version, masks in by_version.items()}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -75,9 +83,12 @@ def client_ip(address):
 
 
 def permits(allowed, address):
-    """True when the client address is in one of the allowed networks."""
+    """True when the client address is in one of the allowed networks (networks' form)."""
     ip = client_ip(address or "")
-    return ip is not None and any(ip in network for network in allowed)
+    if ip is None:
+        return False
+    number = int(ip)
+    return any(number & mask in numbers for mask, numbers in allowed.get(ip.version, ()))
 
 
 def summary(stored, limit=3):
