@@ -207,3 +207,12 @@ def test_the_security_log_records_the_allow_list(user):
     details = [event.detail for event in securitylog.recent(user.id) if event.event == "key.created"]
     assert details == [f"Anywhere (id {anywhere.id}, {anywhere.display_prefix}...; from any address)",
                        f"Office (id {office.id}, {office.display_prefix}...; from 203.0.113.7/32, 2001:db8::/64)"]
+
+
+def test_whoever_holds_the_secret_can_still_revoke_it_from_anywhere(client, user):
+    """A finder outside the list can kill a leaked key; status says only what the 403 says too."""
+    _, secret = auth.issue_key(user, "Office", "production", allow_ips=ALLOWED)
+    assert get(client, "/api/v1/status", secret, OTHER).json["authenticated"] is True
+    revoked = client.post("/api/v1/keys/revoke", headers={"X-API-Key": secret}, environ_base={"REMOTE_ADDR": OTHER})
+    assert revoked.status_code == 200 and revoked.json["revoked"] is True
+    assert get(client, "/api/v1/protected/test", secret, ALLOWED).status_code == 401
