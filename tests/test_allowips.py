@@ -124,7 +124,8 @@ def test_x_forwarded_for_is_not_believed_without_trusted_proxies(app, client, us
     _, secret = auth.issue_key(user, "Office", "development", allow_ips=ALLOWED)
     forwarded = {"X-API-Key": secret, "X-Forwarded-For": ALLOWED}
     # Without TRUSTED_PROXIES, X-Forwarded-For is whatever the client wrote, and is ignored.
-    assert client.get("/api/v1/protected/test", headers=forwarded, environ_base={"REMOTE_ADDR": OTHER}).status_code == 403
+    response = client.get("/api/v1/protected/test", headers=forwarded, environ_base={"REMOTE_ADDR": OTHER})
+    assert response.status_code == 403
 
 
 def test_a_key_without_an_allow_list_works_from_anywhere(client, user):
@@ -164,8 +165,8 @@ def test_the_cli_creates_a_key_with_an_allow_list_and_lists_it(runner, user):
     assert key.allow_ips == "203.0.113.7/32,2001:db8::/64"
     runner.invoke(args=["keys", "create", "alice", "--name", "Anywhere", "--type", "production"])
     lines = [line.split("\t") for line in runner.invoke(args=["keys", "list", "alice"]).output.strip().splitlines()]
-    assert [line[7:] for line in lines] == [["test:read,user:read,usage:read,time:stream", "203.0.113.7/32,2001:db8::/64"],
-                                            ["test:read,user:read,usage:read,time:stream", "any"]]
+    every_scope = "test:read,user:read,usage:read,time:stream"
+    assert [line[7:] for line in lines] == [[every_scope, "203.0.113.7/32,2001:db8::/64"], [every_scope, "any"]]
 
 
 def test_the_cli_refuses_malformed_entries_with_a_sentence(runner, user):
