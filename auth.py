@@ -12,6 +12,7 @@ from flask import current_app, g, request
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import accounts
+import allowips
 import keycache
 import ratelimit
 import securitylog
@@ -56,6 +57,15 @@ class InsufficientScope(Forbidden):
     error_code = "insufficient_scope"
 
 
+class IpNotAllowed(Forbidden):
+    """A valid key used from an address its allow-list does not name (HTTP 403)."""
+
+    error_code = "ip_not_allowed"
+
+
+REFUSALS = (InsufficientScope, IpNotAllowed)
+
+
 class ApiKeyError(Unauthorized):
     """A missing, malformed, unknown or revoked API key (HTTP 401)."""
 
@@ -96,9 +106,10 @@ def parse_scopes(names):
     return [scope for scope in SCOPES if scope in names] if names else list(SCOPES)
 
 
-def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None):
+def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, allow_ips=None):
     """Create an API key for the user, expiring expires_in seconds from now (None: never), with the
-    given scopes (None: all); return (ApiKey, secret). The secret exists only here."""
+    given scopes (None: all), usable from the addresses of allow_ips (allowips.parse's input; None or
+    empty: any); return (ApiKey, secret). The secret exists only here."""
     name = name.strip()
     accounts.refuse_control_characters(name, "A key name")
     if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
@@ -109,6 +120,7 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None):
         known = ", ".join(sorted(ratelimit.tier_names()))
         raise ValueError(f"Unknown rate limit tier {tier!r}; the configured tiers are: {known}.")
     scopes = parse_scopes(scopes or [])
+    allow_ips = allowips.parse(allow_ips)
     if expires_in is not None and expires_in <= 0:
         raise ValueError("A key's expiry must be in the future.")
     expires_at = utcnow() + datetime.timedelta(seconds=expires_in) if expires_in else None
@@ -127,8 +139,10 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None):
             key_hash=hash_key(secret),
             expires_at=expires_at,
             scopes=None if len(scopes) == len(SCOPES) else ",".join(scopes),
+            allow_ips=allow_ips,
         )
-        securitylog.record(user.id, "key.created", f"{key.name} (id {key.id}, {key.display_prefix}...)")
+        securitylog.record(user.id, "key.created", f"{key.name} (id {key.id}, {key.display_prefix}...; "
+                                                   f"from {allowips.summary(allow_ips)})")
         inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
         accounts.keep_newest(ApiKey, (ApiKey.user == user.id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
@@ -250,24 +264,39 @@ def require_scope(key, scope):
         raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {SCOPES[scope]} needs.")
 
 
+def require_allowed_address(key):
+    """Raise IpNotAllowed unless the key may be used from the client's address (the one the per-IP
+    limits use: request.remote_addr, from X-Forwarded-For behind TRUSTED_PROXIES)."""
+    if key.allowed_networks is not None and not allowips.permits(key.allowed_networks, request.remote_addr):
+        address = allowips.client_ip(request.remote_addr or "") or "this address"
+        raise IpNotAllowed(f"This API key may not be used from {address}: its IP allow-list does not include it.")
+
+
+def require_access(key, scope):
+    """Raise InsufficientScope unless the key has the scope, IpNotAllowed unless it may be used from here."""
+    require_scope(key, scope)
+    require_allowed_address(key)
+
+
 def admit(secret, scope, source="the X-API-Key header"):
-    """Authenticate a secret, check its scope, then count it against its key's allowance; the key
-    goes on g.api_key. A key without the scope is not counted. The key may come from the worker's
-    cache (keycache.py); where the count must confirm it, a stale one is read again, uncounted."""
+    """Authenticate a secret, check its scope and allow-list, then count it against its key's
+    allowance; the key goes on g.api_key. A key refused by its scope or allow-list is not counted.
+    The key may come from the worker's cache (keycache.py); where the count must confirm it, a stale
+    one is read again, uncounted."""
     key_hash = secret_hash(secret, source)
     key, generation = keycache.find(key_hash) if key_hash else (None, None)
     g.api_key = found_key(key)
     try:
-        require_scope(g.api_key, scope)
+        require_access(g.api_key, scope)
         ratelimit.count_request(g.api_key, generation)
-    except (KeysChanged, InsufficientScope) as refusal:
-        if isinstance(refusal, InsufficientScope) and generation is None:
+    except (KeysChanged, *REFUSALS) as refusal:
+        if isinstance(refusal, REFUSALS) and generation is None:
             raise
         # A kept key not yet confirmed is read again before it is refused (a revoked key is a 401,
         # not a 403) or counted. This read comes after any change announced before the request
         # arrived, so the count needs no second confirmation.
         g.api_key = found_key(keycache.reload(key_hash))
-        require_scope(g.api_key, scope)
+        require_access(g.api_key, scope)
         ratelimit.count_request(g.api_key)
     return g.api_key
 

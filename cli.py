@@ -83,14 +83,16 @@ def create_user_command(username, email, password_stdin):
               help="30d, 24h, 90m, 45s or never.")
 @click.option("--scopes", default=",".join(SCOPES), show_default=True, metavar="S,S",
               help="Comma-separated scopes.")
-def create_key_command(username, name, key_type, tier, expires_in, scopes):
+@click.option("--allow-ips", default="", metavar="CIDR,CIDR",
+              help="Comma-separated addresses or networks the key may be used from (default: any).")
+def create_key_command(username, name, key_type, tier, expires_in, scopes, allow_ips):
     """Create an API key; its secret is printed once, alone on the last line."""
     user = find_user(username)
     try:
         if not scopes.strip(","):
             raise ValueError("Name at least one scope.")
         key, secret = auth.issue_key(user, name, key_type, tier, expires_in=auth.parse_duration(expires_in),
-                                     scopes=scopes.split(","))
+                                     scopes=scopes.split(","), allow_ips=allow_ips)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created {key.key_type} key {key.name!r} (id {key.id}) for {user.username}.")
@@ -102,13 +104,13 @@ def create_key_command(username, name, key_type, tier, expires_in, scopes):
 @click.argument("username")
 def list_keys_command(username):
     """List a user's keys: id, name, type, prefix, tier, status (active, expired or revoked), expiry,
-    scopes (tab-separated; never the secret)."""
+    scopes, IP allow-list (any when empty) (tab-separated; never the secret)."""
     user = find_user(username)
     for key in ApiKey.select().where(ApiKey.user == user).order_by(ApiKey.id):
         state = "revoked" if key.revoked_at else "expired" if key.is_expired() else "active"
         expiry = iso_seconds(key.expires_at) if key.expires_at else "never"
         fields = (key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state, expiry,
-                  ",".join(key.scope_list()))
+                  ",".join(key.scope_list()), key.allow_ips or "any")
         click.echo("\t".join(map(str, fields)))
 
 

@@ -28,6 +28,7 @@ from peewee import (
 from playhouse.db_url import connect
 from playhouse.pool import MaxConnectionsExceeded
 
+import allowips
 import schema
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ class ApiKey(BaseModel):
     previous_key_hash = CharField(null=True, max_length=64, index=True)
     previous_display_prefix = CharField(null=True, max_length=16)
     previous_expires_at = DateTimeField(null=True)
+    # The networks the key may be used from (allowips.parse's form); NULL: any address.
+    allow_ips = TextField(null=True)
 
     class Meta:
         table_name = "api_keys"
@@ -277,7 +280,7 @@ class Statements:
         # and PostgreSQL each use both indexes); expiry and grace are checked on the row.
         self.find_active_key = (
             "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix, expires_at, scopes, "
-            f"key_hash, previous_expires_at FROM api_keys WHERE (key_hash = {p} OR previous_key_hash = {p}) "
+            f"key_hash, previous_expires_at, allow_ips FROM api_keys WHERE (key_hash = {p} OR previous_key_hash = {p}) "
             "AND revoked_at IS NULL"
         )
         self.secret_is_active = (
@@ -302,12 +305,14 @@ class Statements:
 
 def find_active_key(key_hash):
     """Return the ApiKey whose secret, or whose previous secret within its grace period, has this
-    hash, unless it is revoked or expired (only the fields a request needs, presented_hash, and
-    usable_until: the epoch second from which this secret stops opening the key, or inf); else None."""
+    hash, unless it is revoked or expired (only the fields a request needs, presented_hash,
+    usable_until: the epoch second from which this secret stops opening the key, or inf, and
+    allowed_networks: its allow-list parsed, or None for any address); else None."""
     row = db.execute_sql(db.statements.find_active_key, (key_hash, key_hash)).fetchone()
     if row is None:
         return None
-    key_id, user_id, name, key_type, tier, display_prefix, expires_at, scopes, current_hash, previous_until = row
+    (key_id, user_id, name, key_type, tier, display_prefix, expires_at, scopes, current_hash, previous_until,
+     allow_ips) = row
     now = utcnow()
     expires_at = ApiKey.expires_at.python_value(expires_at)
     if expires_at is not None and expires_at <= now:
@@ -321,7 +326,9 @@ def find_active_key(key_hash):
     # __no_default__ skips computing defaults for the fields the query did not fetch.
     key = ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
                  rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes,
-                 key_hash=current_hash)
+                 key_hash=current_hash, allow_ips=allow_ips)
+    # Parsed here, so a cached key carries its networks and a request only tests membership.
+    key.allowed_networks = allowips.networks(allow_ips) if allow_ips else None
     key.usable_until = epoch_of(min(ends)) if ends else math.inf
     key.presented_hash = key_hash
     return key

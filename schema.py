@@ -4,7 +4,7 @@ process at a time: workers that start together wait for the one that upgrades.""
 
 import logging
 
-from peewee import CharField, DateTimeField, PostgresqlDatabase
+from peewee import CharField, DateTimeField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 log = logging.getLogger(__name__)
@@ -29,8 +29,14 @@ def add_account_protection(database, migrator):
     """Version 3: two-factor log-in and passkeys, new tables only (made from the models after the steps)."""
 
 
+def add_key_allow_ips(database, migrator):
+    """Version 4: each key's IP allow-list (NULL: any address, as every key before)."""
+    if "allow_ips" not in {column.name for column in database.get_columns("api_keys")}:
+        migrate(migrator.add_column("api_keys", "allow_ips", TextField(null=True)))
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
-STEPS = [add_key_lifecycle, add_account_protection]
+STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips]
 LATEST = len(STEPS) + 1
 
 

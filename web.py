@@ -11,6 +11,7 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 
 import accounts
+import allowips
 import auth
 import ratelimit
 import reference
@@ -310,6 +311,10 @@ def render_security_tab(status=200, new_key=None):
                            graces=GRACES, events=securitylog.recent(g.user.id)), status
 
 
+# A key's IP allow-list in a few words on the Security tab (issue 29).
+bp.add_app_template_filter(allowips.summary, "allow_ips_summary")
+
+
 @bp.app_template_filter("days_until")
 def days_until(moment):
     """Whole days from now until moment, rounded up: 'expires in N days'."""
@@ -332,7 +337,8 @@ def create_key():
         if "scopes_shown" in form and not scopes:
             raise ValueError("Choose at least one scope.")
         key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""),
-                                     expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes)
+                                     expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes,
+                                     allow_ips=form.get("allow_ips"))
     except ratelimit.RateLimitExceeded as error:
         minutes = -(-error.retry_after // 60)
         flash(f"Too many keys created in the last hour; try again in {minutes} minutes.", "error")

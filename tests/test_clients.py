@@ -78,6 +78,9 @@ def servers(tmp_path_factory):
     keys = {"full": make_key(env), "tiny": make_key(env, "tiny"), "doomed": make_key(env), "revoked": make_key(env)}
     keys["scoped"] = cli(env, "keys", "create", "carol", "--name", "sockets only", "--type", "development",
                          "--scopes", "time:stream").strip().splitlines()[-1]
+    # Allowed only from an address no generated client uses (they take theirs from `addresses`).
+    keys["fenced"] = cli(env, "keys", "create", "carol", "--name", "fenced", "--type", "development",
+                         "--allow-ips", "192.0.2.1").strip().splitlines()[-1]
     # A key of a tier the server no longer configures is refused with a 500.
     keys["retired"] = make_key(dict(env, RATE_LIMIT_TIERS=f"{TINY_TIERS},retired=5/minute"), "retired")
     broken_path = tmp_path_factory.mktemp("clients-broken")
@@ -186,6 +189,18 @@ def test_every_documented_response_parses_into_its_model(generated, servers, ope
         assert response.parsed.error.code == code
         assert response.parsed.error.code in error_codes(schema)
         assert response.parsed.error.message
+
+
+@pytest.mark.parametrize("operation_id", sorted(KEYED))
+def test_a_key_refused_by_its_allow_list_parses_into_the_403_model(generated, servers, operation_id):
+    _, package = generated
+    bases, keys = servers
+    response = call(package, operation_id, client(package, bases["server"].base, keys["fenced"]))
+    assert response.status_code == 403, response.content
+    schema = model_name(operation_id, 403)
+    assert type(response.parsed).__name__ == schema
+    assert response.parsed.error.code == "ip_not_allowed" and "ip_not_allowed" in error_codes(schema)
+    assert response.parsed.error.message
 
 
 @pytest.mark.parametrize("method, path, model, code", [

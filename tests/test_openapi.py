@@ -88,6 +88,16 @@ def test_unauthorized_conforms(client, user, path, value):
 
 
 @pytest.mark.parametrize("path", PROTECTED)
+@pytest.mark.parametrize("refusal", ["insufficient_scope", "ip_not_allowed"])
+def test_forbidden_conforms(client, user, path, refusal):
+    restriction = {"scopes": ["time:stream"]} if refusal == "insufficient_scope" else {"allow_ips": "203.0.113.7"}
+    _, secret = auth.issue_key(user, "restricted", "development", **restriction)
+    response = client.get(path, headers={"X-API-Key": secret}, environ_base={"REMOTE_ADDR": "198.51.100.1"})
+    assert (response.status_code, response.get_json()["error"]["code"]) == (403, refusal)
+    assert_conforms(response)
+
+
+@pytest.mark.parametrize("path", PROTECTED)
 def test_key_rate_limited_conforms(client, api_key, path):
     for _ in range(3):
         client.get(path, headers={"X-API-Key": api_key})

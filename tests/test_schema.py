@@ -60,11 +60,32 @@ def test_a_first_release_database_upgrades_in_place(database_url, tmp_path):
         assert ApiKey.get_by_id(live.id).total_requests == 7
         assert User.get().username == "carol"
         assert {column.name for column in db.get_columns("api_keys")} >= {
-            "expires_at", "scopes", "previous_key_hash", "previous_display_prefix", "previous_expires_at"}
+            "expires_at", "scopes", "previous_key_hash", "previous_display_prefix", "previous_expires_at",
+            "allow_ips"}
     assert app.test_client().get("/api/v1/user/me", headers={"X-API-Key": secrets["test"]}).json["api_key_count"] == 2
     again = create_app({"DATABASE_URL": url})
     assert again.extensions["schema"] == (schema.LATEST, schema.LATEST)
     assert schema_version(url) == schema.LATEST
+
+
+def test_a_second_release_database_gets_allow_lists(database_url, tmp_path, monkeypatch):
+    """Version 2 (expiry, scopes, rolls) to the latest: keys gain an empty allow-list and keep working anywhere."""
+    url = load_release1(database_url, tmp_path)
+    database = models.open_database(url)
+    with monkeypatch.context() as second_release:
+        second_release.setattr(schema, "STEPS", schema.STEPS[:1])
+        second_release.setattr(schema, "LATEST", 2)
+        assert schema.upgrade(database, []) == (1, 2)
+    database.close()
+    app = create_app({"DATABASE_URL": url, "RATE_LIMIT_TIERS": TEST_TIERS})
+    assert app.extensions["schema"] == (2, schema.LATEST)
+    secret = SECRETS["postgresql" if url.startswith("postgresql") else "sqlite"]["live"]
+    with app.app_context():
+        assert "allow_ips" in {column.name for column in db.get_columns("api_keys")}
+        assert ApiKey.get(ApiKey.name == "Release 1 live").allow_ips is None
+    response = app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": secret},
+                                     environ_base={"REMOTE_ADDR": "198.51.100.1"})
+    assert response.status_code == 200
 
 
 def test_a_new_database_starts_at_the_latest_version(app):

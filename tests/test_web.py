@@ -251,8 +251,9 @@ def test_security_tab_lists_each_key_with_its_details(app, logged_in, api_key):
     html = page(logged_in.get("/settings/security"))
     dev = ApiKey.get(ApiKey.name == "Alice dev")
     row = html.split(f'id="key-{dev.id}"', 1)[1].split("</tr>", 1)[0]
-    cells = [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-    assert cells[:9] == ["Alice dev", "Development", f"{api_key[:12]}...", "free",
+    cells = [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip()
+             for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert cells[:9] == ["Alice dev from any address", "Development", f"{api_key[:12]}...", "free",
                          dev.created_at.strftime("%Y-%m-%d %H:%M"), "never",
                          "test:read user:read usage:read time:stream",
                          dev.last_used_at.strftime("%Y-%m-%d %H:%M"), "2"]

@@ -18,6 +18,8 @@ export function explain(body: Unauthorized | Forbidden | RateLimited): string {
             return "The key is mistyped, unknown or revoked.";
         case "insufficient_scope":
             return `The key lacks a scope: ${body.error.message}`;
+        case "ip_not_allowed":
+            return "The key may not be used from this address.";
         case "rate_limit_exceeded":
             return "Wait for Retry-After seconds.";
         default: {
