@@ -19,7 +19,10 @@ from werkzeug.exceptions import default_exceptions
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 import logs  # noqa: E402
+import startup  # noqa: E402
 
+# Before anything here reads the environment; a variable set in the real environment wins.
+startup.read_env_file()
 LOG_FORMAT = logs.log_format(os.environ)
 METRICS_FILE = re.compile(r"(counter|histogram|summary|gauge_[a-z]+)_[0-9]+\.db")
 # The folder where each worker keeps its metrics, summed by /metrics; chosen by on_starting.
@@ -103,7 +106,7 @@ util.write_error = write_json_error
 
 def on_starting(server):
     """Start the metrics afresh, make SIGINT a graceful stop, and warn when several workers would
-    each keep their own limits."""
+    each keep their own limits, or instances their own session secret."""
     prepare_metrics_dir()
     # gunicorn's SIGINT is a quick stop that cuts sockets and can interrupt the last usage flush;
     # Ctrl-C should stop the service as gracefully as SIGTERM does.
@@ -113,6 +116,9 @@ def on_starting(server):
         server.log.warning(
             "RATELIMIT_STORAGE_URL is memory://, so each of the %d workers keeps its own rate limits "
             "and time-socket caps; set a redis:// URL to share them.", server.cfg.workers)
+    warning = startup.secret_key_warning(os.environ)
+    if warning:
+        server.log.warning(warning)
 
 
 def prepare_metrics_dir():
