@@ -26,19 +26,21 @@ def read_env_file():
 
 
 def prepare():
-    """Run first thing in `python app.py`: decide the server and, where gunicorn cannot run, patch
-    the standard library for gevent before the app and its modules are imported (as gunicorn's
-    gevent worker does before it imports the app; models.py and accounts.py rely on it)."""
+    """Run first thing in `python app.py`: decide the server, read .env, and where gunicorn cannot
+    run, patch the standard library for gevent before the app and its modules are imported (as
+    gunicorn's gevent worker does before it imports the app; models.py and accounts.py rely on it)."""
     global gunicorn_unavailable
     gunicorn_unavailable = gunicorn_problem()
-    if gunicorn_unavailable is not None:
-        from gevent import monkey
+    if gunicorn_unavailable is None:
+        read_env_file()
+        return
+    from gevent import monkey
 
-        monkey.patch_all()
-        # gunicorn.conf.py's folder for summing the workers' metrics: one process needs none, and
-        # would otherwise add the counts an earlier run left there.
-        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    monkey.patch_all()
     read_env_file()
+    # gunicorn.conf.py's folder for summing the workers' metrics: one process needs none, and would
+    # otherwise add the counts an earlier run left there.
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
 
 def gunicorn_problem():
@@ -53,39 +55,37 @@ def gunicorn_problem():
 
 
 def refuse_busy_port(host, port):
-    """Exit at once with a sentence naming the line to try when HOST:PORT cannot be listened on
-    (taken by another program: on macOS the AirPlay Receiver holds 5000); gunicorn would retry for
-    5 s and then say only "Can't connect"."""
+    """Exit at once with a sentence when HOST:PORT cannot be listened on; for a port taken by
+    another program (on macOS the AirPlay Receiver holds 5000), the line to try instead. gunicorn
+    would retry for 5 s and then say only "Can't connect"."""
     try:
-        family, address = listen_address(host, port)
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            bind_as_the_servers_do(probe)
-            probe.bind(address)
+        listen_once(host, port)
     except OSError as error:
         raise SystemExit(cannot_listen(host, port, error)) from None
 
 
-def listen_address(host, port):
+def listen_once(host, port):
+    """Bind host:port as the servers will, and let go at once; raise OSError if that fails."""
     family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                                   flags=socket.AI_PASSIVE)[0]
-    return family, address
-
-
-def bind_as_the_servers_do(sock):
-    # gunicorn and gevent both listen with SO_REUSEADDR, except on Windows, where it would let two
-    # programs share a port; a check without it would be refused by connections in TIME_WAIT.
-    if os.name != "nt":
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # gunicorn and gevent listen with SO_REUSEADDR, except on Windows, where it would let two
+        # programs share a port; without it, connections in TIME_WAIT would refuse the check.
+        if os.name != "nt":
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
 
 
 def cannot_listen(host, port, error):
-    """The sentence for a port that cannot be listened on, with the command to try instead."""
-    if error.errno == errno.EADDRINUSE or getattr(error, "winerror", None) == 10013:
-        problem = f"Port {port} on {host} is already in use by another program"
-        if port == 5000 and sys.platform == "darwin":
-            problem += " (on macOS, the AirPlay Receiver listens on 5000)"
-    else:
-        problem = f"Cannot listen on {host}:{port} ({error.strerror or error})"
+    """The sentence for an address that cannot be listened on; for a busy port, with the command
+    that starts the service on a free one."""
+    # Windows refuses a port another program holds exclusively with WSAEACCES.
+    if error.errno != errno.EADDRINUSE and getattr(error, "winerror", None) != 10013:
+        return (f"Cannot listen on {host}:{port} ({error.strerror or error}): check HOST (an address of this "
+                f"machine, 127.0.0.1 by default) and PORT.")
+    problem = f"Port {port} on {host} is already in use by another program"
+    if port == 5000 and sys.platform == "darwin":
+        problem += " (on macOS, the AirPlay Receiver listens on 5000)"
     other = next_free_port(host, port)
     if os.name == "nt":
         command = f"    set PORT={other}\n    python app.py\n\n(in PowerShell: $env:PORT={other}; python app.py; "
@@ -98,10 +98,7 @@ def next_free_port(host, port, tries=50):
     """The first port after port that can be listened on now (port + 1 when none of them can)."""
     for candidate in range(port + 1, min(port + 1 + tries, 65536)):
         try:
-            family, address = listen_address(host, candidate)
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                bind_as_the_servers_do(probe)
-                probe.bind(address)
+            listen_once(host, candidate)
             return candidate
         except OSError:
             continue

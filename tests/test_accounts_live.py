@@ -1,7 +1,8 @@
 """The web application's accounts against an attacker, on the real server in both run modes (the
-Procfile's gunicorn, and `python app.py`'s fallback server) with SQLite and PostgreSQL: redirects, sessions, the new secret, log-in throttling, key caps, input,
-passwords, file modes, the access log and proxy headers. Each browser has its own client address
-(X-Forwarded-For behind TRUSTED_PROXIES=1)."""
+Procfile's gunicorn, and `python app.py`'s fallback server) with SQLite and PostgreSQL: redirects,
+sessions, the new secret, log-in throttling, key caps, input, passwords, file modes, the access log
+and proxy headers. Each browser has its own client address (X-Forwarded-For behind
+TRUSTED_PROXIES=1)."""
 
 import base64
 import concurrent.futures

@@ -56,12 +56,14 @@ def test_the_settings_it_copies_are_gunicorn_conf_s_and_gunicorn_s():
 
 @pytest.fixture(scope="module")
 def fallback(tmp_path_factory):
-    """The fallback server with LOG_FORMAT=json on a database that has a key (so no demo banner)."""
+    """The fallback server with LOG_FORMAT=json on a database that has a key (so no demo banner),
+    with PROMETHEUS_MULTIPROC_DIR set as for gunicorn."""
     tmp_path = tmp_path_factory.mktemp("devserver")
     env = service_env(tmp_path, LOG_FORMAT="json")
     server_key = make_key(env)
-    with serving(tmp_path, env, "fallback") as server:
+    with serving(tmp_path, dict(env, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics")), "fallback") as server:
         server.key = server_key
+        server.metrics_dir = tmp_path / "metrics"
         yield server
 
 
@@ -171,6 +173,8 @@ def test_metrics_and_readiness_in_one_process(fallback):
     echo.close()
     wait_for(lambda: metric(fallback, "websocket_connections", socket="echo") == 0)
     wait_for(lambda: metric(fallback, "http_requests_total", **upgrades) == upgraded + 1)
+    # One process sums nothing: gunicorn's folder for the workers' metrics is not used.
+    assert not fallback.metrics_dir.exists()
     ready = requests.get(fallback.base + "/readyz", timeout=10)
     assert (ready.status_code, ready.json()) == (200, {"status": "ready",
                                                         "checks": {"database": "ok", "limit_storage": "ok"}})

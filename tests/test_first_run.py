@@ -159,6 +159,15 @@ def test_a_busy_port_ends_the_start_at_once_with_the_line_to_try(tmp_path, run_m
     assert "Retrying" not in started.stderr and "Can't connect" not in started.stderr
 
 
+def test_an_address_not_of_this_machine_ends_the_start_with_a_sentence(tmp_path):
+    env = service_env(tmp_path, HOST="192.0.2.1", PORT="5000")  # TEST-NET-1: nobody's address
+    started = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert started.returncode == 1
+    assert started.stderr.startswith("Cannot listen on 192.0.2.1:5000 (")
+    assert "check HOST" in started.stderr and "Created user" not in started.stdout
+
+
 def copy_of_the_service(tmp_path):
     """The service's files in a folder of their own, so that a SECRET_KEY it generates is kept in
     that copy's instance/, not in the checkout's."""
