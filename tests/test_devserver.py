@@ -1,9 +1,10 @@
 """`python app.py`'s fallback server (gevent's WSGI server in one process, where gunicorn cannot be
 imported; tests/fixtures/no_gunicorn stands in for Windows) on what only it does: its start line,
 its JSON log lines and refusals, /metrics and /readyz in one process, the deadline on a request's
-head, and a Ctrl-C that loses no count. The live suites (test_server.py, test_sockets.py,
-test_hostile.py, ...) run against it as well. Here too: the gevent internals it relies on, and the
-settings it copies from gunicorn.conf.py and gunicorn."""
+head, a Ctrl-C that loses no count, and gunicorn failing where it fails on Windows (at its
+`import fcntl`: tests/fixtures/gunicorn_without_fcntl). The live suites (test_server.py,
+test_sockets.py, test_hostile.py, ...) run against it as well. Here too: the gevent internals it
+relies on, and the settings it copies from gunicorn.conf.py and gunicorn."""
 
 import ast
 import inspect
@@ -11,6 +12,7 @@ import json
 import re
 import signal
 import socket
+import sys
 import time
 
 import gunicorn.config
@@ -22,7 +24,7 @@ from gevent import pywsgi
 from prometheus_client.parser import text_string_to_metric_families
 
 import devserver
-from liveserver import ROOT, make_key, service_env, serving, start_server, stored_total, wait_for
+from liveserver import ROOT, Server, free_port, make_key, service_env, serving, start_server, stored_total, wait_for
 
 NEW_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -100,6 +102,8 @@ def test_the_start_line_names_the_server_and_why(fallback):
         "devserver", "INFO",
         "gunicorn is not available (No module named 'gunicorn' (refused by tests/fixtures/no_gunicorn)): serving "
         f"with gevent's WSGI server, one process, on {fallback.base} (pid {fallback.process.pid})")]
+    # gevent patched the standard library before anything it patches was in use.
+    assert "MonkeyPatchWarning" not in fallback.output()
 
 
 def test_json_access_lines_carry_the_request_and_never_a_key(fallback):
@@ -233,3 +237,32 @@ def test_ctrl_c_writes_every_count_closes_sockets_with_1001_and_ends_idle_connec
     assert stored_total(env["DATABASE_URL"], key) == 201  # with the time socket's handshake
     output = server.output()
     assert "Stopped; usage counts written." in output and "Traceback" not in output
+
+
+def test_where_gunicorn_fails_on_fcntl_as_on_windows_the_fallback_serves(tmp_path):
+    """gunicorn imported part of the way before the patching, as on Windows (up to its `import
+    fcntl`): the fallback still serves REST and both sockets, and stops with 1001."""
+    port = free_port()
+    env = service_env(tmp_path, PORT=str(port),
+                      PYTHONPATH=str(ROOT / "tests" / "fixtures" / "gunicorn_without_fcntl"))
+    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app.log", "fallback")
+    try:
+        output = server.output()
+        assert ("gunicorn is not available (No module named 'fcntl'): serving with gevent's WSGI server, one "
+                f"process, on {server.base}") in output
+        secret = re.search(r"sk_test_[A-Za-z0-9]{32,}", output)[0]
+        test = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=10)
+        assert test.json()["api_key_name"] == "Demo key"
+        sockets = server.base.replace("http", "ws") + "/api/v1/ws"
+        clock = websocket.create_connection(f"{sockets}/time?api_key={secret}", timeout=10)
+        assert json.loads(clock.recv())["type"] == "auth_success"
+        echo = websocket.create_connection(f"{sockets}/echo", timeout=10)
+        echo.send("hello")
+        assert json.loads(echo.recv())["message"] == "hello"
+        server.process.send_signal(signal.SIGINT)
+        assert (close_code(clock), close_code(echo)) == (1001, 1001)
+        assert server.process.wait(timeout=10) == 0
+    finally:
+        server.stop()
+    output = server.output()
+    assert "Traceback" not in output and "MonkeyPatchWarning" not in output
