@@ -1,7 +1,9 @@
 """What happens before the app is imported: `.env` read into the environment, and for `python app.py`
 the choice of server (gunicorn where it runs, else gevent's WSGI server in this process, patched
-first), the port check, and the start-up warnings. It imports nothing that gevent must patch."""
+first), the port check, and the start-up warnings."""
 
+# app.py imports this module before gevent patches the standard library: at import it must make
+# nothing that gevent patches (no thread, lock or socket).
 import errno
 import os
 import socket
