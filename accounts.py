@@ -124,7 +124,9 @@ def off_the_loop(function, *args):
 
 def _niced(function, *args):
     # On Linux the niceness belongs to the calling thread only: the worker's loop keeps its own.
-    if os.getpriority(os.PRIO_PROCESS, 0) < HASHING_NICENESS:
+    # Windows has no niceness (no os.getpriority): there the hashes run at normal priority, still
+    # off the loop and at most HASHING_THREADS at a time.
+    if hasattr(os, "getpriority") and os.getpriority(os.PRIO_PROCESS, 0) < HASHING_NICENESS:
         os.setpriority(os.PRIO_PROCESS, 0, HASHING_NICENESS)
     return function(*args)
 

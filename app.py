@@ -1,5 +1,12 @@
 """The service: configuration, the app factory, error rendering and `python app.py`."""
 
+if __name__ == "__main__":
+    # Before anything else is imported: where gunicorn cannot run, `python app.py` serves in this
+    # process with gevent, whose patching of the standard library must come first.
+    import startup
+
+    startup.prepare()
+
 import io
 import logging
 import os
@@ -19,6 +26,7 @@ import api
 import auth
 import cli
 import cors
+import devserver
 import health
 import keycache
 import logs
@@ -27,6 +35,7 @@ import models
 import passkeys
 import ratelimit
 import sockets
+import startup
 import usage
 import web
 import webprotection
@@ -105,7 +114,9 @@ def instance_secret_key():
 def make_instance_folder():
     """instance/ holds the session secret and the database: its owner's alone."""
     INSTANCE.mkdir(mode=0o700, exist_ok=True)
-    if INSTANCE.stat().st_mode & 0o077:
+    # Windows has no such mode bits (chmod sets only read-only); a folder in the user's profile is
+    # the user's alone by its access list.
+    if os.name != "nt" and INSTANCE.stat().st_mode & 0o077:
         INSTANCE.chmod(0o700)
 
 
@@ -285,9 +296,15 @@ def render_unexpected_error(error):
     return render_http_error(InternalServerError("Something went wrong on our side."))
 
 
+DEMO_KEY_COMMAND = 'flask --app app keys create demo --name "Demo key" --type development'
+
+
 def seed_demo(base_url):
-    """On an empty database, create user demo with a Development key and print the key once."""
+    """On an empty database, create user demo with a Development key and print the key once; on
+    later starts, print how to make a new one."""
     if User.select().exists():
+        if User.select().where(User.username == "demo").exists():
+            print(f"To make a new demo key: {DEMO_KEY_COMMAND}", flush=True)
         return
     user = accounts.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
     _, secret = auth.issue_key(user, "Demo key", "development")
@@ -300,11 +317,16 @@ def seed_demo(base_url):
 
 
 def serve(config):
-    """Seed the demo user, then become gunicorn with the gevent worker, as the Procfile runs it."""
+    """Seed the demo user, then serve: as gunicorn with the gevent worker, as the Procfile runs it,
+    or where gunicorn cannot run, with gevent's WSGI server in this process (devserver.py)."""
     host, port = config["HOST"], config["PORT"]
+    startup.refuse_busy_port(host, port)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     with app.app_context():
         seed_demo(f"http://{shown_host}:{port}")
+    if startup.gunicorn_unavailable is not None:
+        devserver.serve(app, host, port, startup.gunicorn_unavailable)
+        return
     models.db.close()
     os.execvp(sys.executable, [
         sys.executable, "-m", "gunicorn",

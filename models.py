@@ -397,6 +397,8 @@ def protect_sqlite_files(path):
         pass
     except OSError:
         return  # no such folder, or not writable: SQLite will say so in its own words
+    if os.name == "nt":
+        return  # no mode bits to set (chmod sets only read-only); the folder's access list rules
     for name in (path, f"{path}-wal", f"{path}-shm"):
         try:
             if os.stat(name).st_mode & 0o077:

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import accounts  # noqa: E402
 import auth  # noqa: E402
 import services  # noqa: E402
-from liveserver import make_key, service_env, serving  # noqa: E402
+from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
 from app import create_app  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
@@ -92,14 +92,21 @@ def logged_in(client, user):
     return client
 
 
+@pytest.fixture(scope="module", params=RUN_MODES)
+def run_mode(request):
+    """Each live-server test that asks for it runs against both run modes: the Procfile's gunicorn,
+    and `python app.py`'s fallback server with gunicorn unimportable (as on Windows)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """(server, secret): the Procfile's gunicorn on a fresh SQLite file, with one production key.
+def live(tmp_path_factory, run_mode):
+    """(server, secret): the server in each run mode on a fresh SQLite file, with one production key.
     Afterwards its log must hold no traceback and no trace of the secret."""
     tmp_path = tmp_path_factory.mktemp("live")
     env = service_env(tmp_path)
     secret = make_key(env)
-    with serving(tmp_path, env) as server:
+    with serving(tmp_path, env, run_mode) as server:
         yield server, secret
     output = server.output()
     assert secret not in output and secret[8:] not in output

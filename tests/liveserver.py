@@ -1,5 +1,6 @@
-"""Helpers that start the real service (the Procfile's gunicorn command or `python app.py`) on a
-free port, and run the real CLI against its database."""
+"""Helpers that start the real service on a free port in either run mode (the Procfile's gunicorn
+command, or `python app.py`'s fallback server where gunicorn cannot be imported, as on Windows), and
+run the real CLI against its database."""
 
 import contextlib
 import itertools
@@ -23,6 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PASSWORD = "tangerine submarine 42"
 SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
+# "gunicorn": the Procfile's command; "fallback": `python app.py` with gunicorn unimportable.
+RUN_MODES = ["gunicorn", "fallback"]
+# A sitecustomize.py that makes `import gunicorn` fail, as on Windows.
+NO_GUNICORN = ROOT / "tests" / "fixtures" / "no_gunicorn"
 addresses = (f"10.9.{n // 250}.{n % 250 + 1}" for n in itertools.count())
 usernames = (f"user{n}" for n in itertools.count())
 
@@ -43,6 +48,8 @@ def service_env(tmp_path, database="sqlite", **extra):
         "RATE_LIMIT_TIERS": "free=100000/hour,tiny=2/minute",
         "PUBLIC_RATE_LIMIT": "off",
         "PYTHONUNBUFFERED": "1",
+        # A developer's .env must not change what the tests run (the servers and the CLI skip it).
+        "FLASK_SKIP_DOTENV": "1",
     })
     env.update(extra)
     return env
@@ -69,17 +76,24 @@ def make_key(env, tier="free"):
                "--tier", tier).strip().splitlines()[-1]
 
 
+def without_gunicorn(env):
+    """env for a Python in which `import gunicorn` fails, as on Windows."""
+    return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(NO_GUNICORN), env.get("PYTHONPATH")])))
+
+
 class Server:
-    def __init__(self, command, env, port, log_path):
+    def __init__(self, command, env, port, log_path, mode="gunicorn", cwd=ROOT):
         self.base = f"http://127.0.0.1:{port}"
+        self.mode = mode
         self.log_path = log_path
         self.log = open(log_path, "w")
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.output()
-            # gunicorn's own line, so a server of another test run on the same port is not taken for ours.
+            # The server's own listening line (gunicorn's, or the fallback's, which ends alike), so a
+            # server of another test run on the same port is not taken for ours.
             if f":{port} (" in self.output():
                 try:
                     requests.get(self.base + "/api/v1/status", timeout=5)
@@ -132,10 +146,20 @@ def start_procfile(tmp_path, env):
     return Server(argv, env, port, tmp_path / f"gunicorn-{port}.log")
 
 
+def start_server(tmp_path, env, mode="gunicorn"):
+    """The service in a run mode (RUN_MODES) on a free port, with the Procfile's settings in both."""
+    if mode == "gunicorn":
+        return start_procfile(tmp_path, env)
+    port = free_port()
+    settings, _ = procfile_command()
+    env = without_gunicorn(dict(env, **settings, HOST="127.0.0.1", PORT=str(port)))
+    return Server([sys.executable, "app.py"], env, port, tmp_path / f"fallback-{port}.log", mode)
+
+
 @contextlib.contextmanager
-def serving(tmp_path, env):
-    """The Procfile's server for a module's tests; afterwards its log must hold no traceback."""
-    server = start_procfile(tmp_path, env)
+def serving(tmp_path, env, mode="gunicorn"):
+    """The server for a module's tests; afterwards its log must hold no traceback."""
+    server = start_server(tmp_path, env, mode)
     try:
         yield server
     finally:

@@ -1,7 +1,8 @@
-"""The web application's accounts against an attacker, on the real server (the Procfile's gunicorn)
-with SQLite and PostgreSQL: redirects, sessions, the new secret, log-in throttling, key caps, input,
-passwords, file modes, the access log and proxy headers. Each browser has its own client address
-(X-Forwarded-For behind TRUSTED_PROXIES=1)."""
+"""The web application's accounts against an attacker, on the real server in both run modes (the
+Procfile's gunicorn, and `python app.py`'s fallback server) with SQLite and PostgreSQL: redirects,
+sessions, the new secret, log-in throttling, key caps, input, passwords, file modes, the access log
+and proxy headers. Each browser has its own client address (X-Forwarded-For behind
+TRUSTED_PROXIES=1)."""
 
 import base64
 import concurrent.futures
@@ -17,7 +18,7 @@ import requests
 import websocket
 
 from liveserver import PASSWORD, SECRET_PATTERN, Browser, Server, cli, free_port, run_cli, service_env, serving, usernames
-from liveserver import start_procfile
+from liveserver import start_server, without_gunicorn
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -26,8 +27,8 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(env, tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("accounts-log"), env) as server:
+def server(env, tmp_path_factory, run_mode):
+    with serving(tmp_path_factory.mktemp("accounts-log"), env, run_mode) as server:
         yield server
 
 
@@ -233,9 +234,9 @@ def test_keys_in_socket_paths_never_reach_the_log(server, env):
     assert secret not in output and secret[8:] not in output
 
 
-def test_the_database_files_are_the_owners_alone(tmp_path):
+def test_the_database_files_are_the_owners_alone(tmp_path, run_mode):
     env = service_env(tmp_path)
-    server = start_procfile(tmp_path, env)
+    server = start_server(tmp_path, env, run_mode)
     try:
         Browser(server).signup()
         for name in ("server.db", "server.db-wal", "server.db-shm"):
@@ -247,8 +248,11 @@ def test_the_database_files_are_the_owners_alone(tmp_path):
 def test_forwarded_headers_are_trusted_only_behind_trusted_proxies(tmp_path, server):
     port = free_port()
     env = service_env(tmp_path, TRUSTED_PROXIES="0", PORT=str(port))
-    direct = Server([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "app:app"], env, port,
-                    tmp_path / "direct.log")
+    if server.mode == "gunicorn":
+        direct = Server([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "app:app"], env, port,
+                        tmp_path / "direct.log")
+    else:
+        direct = Server([sys.executable, "app.py"], without_gunicorn(env), port, tmp_path / "direct.log", server.mode)
     try:
         response = requests.get(direct.base + "/login", headers={"X-Forwarded-Proto": "https"}, timeout=10)
         assert "Strict-Transport-Security" not in response.headers

@@ -1,8 +1,8 @@
 """A user's path through the web application in headless Chromium (Debian's, driven by Python
-Playwright) against the real gunicorn server: get a key, see it once, use it, revoke it; then the
-playground's REST calls, clock and echo. With UPDATE_SCREENSHOTS=1 the run saves the screenshots
-of docs/web-app-and-keys.md to docs/; otherwise to a temporary folder, so a test run leaves the
-checkout clean."""
+Playwright) against the real server in both run modes (gunicorn, and `python app.py`'s fallback):
+get a key, see it once, use it, revoke it; then the playground's REST calls, clock and echo. With
+UPDATE_SCREENSHOTS=1 the run saves the screenshots of docs/web-app-and-keys.md to docs/; otherwise
+to a temporary folder, so a test run leaves the checkout clean."""
 
 import os
 
@@ -11,7 +11,7 @@ import requests
 
 import services
 from contract import DOCUMENT
-from liveserver import ROOT, service_env, start_procfile
+from liveserver import ROOT, service_env, start_server
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -49,9 +49,9 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def server(browser, tmp_path_factory):
+def server(browser, tmp_path_factory, run_mode):
     tmp_path = tmp_path_factory.mktemp("browser")
-    server = start_procfile(tmp_path, service_env(tmp_path))
+    server = start_server(tmp_path, service_env(tmp_path), run_mode)
     yield server
     server.stop()
 

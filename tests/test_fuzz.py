@@ -1,4 +1,4 @@
-"""Contract fuzzing: schemathesis drives the Procfile's gunicorn server from openapi.json, with
+"""Contract fuzzing: schemathesis drives the live server in both run modes from openapi.json, with
 generated key headers, odd headers and undocumented methods, with and without a valid key. Every
 check must pass: no 5xx, every status, header and body as described, 405 with Allow, and no
 traceback in the server's log."""

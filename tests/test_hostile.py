@@ -1,4 +1,4 @@
-"""Hostile input, through Flask's test client and against the Procfile's gunicorn server: absurd
+"""Hostile input, through Flask's test client and against the live server in both run modes: absurd
 sizes, bytes that are not UTF-8, control characters, duplicate and misplaced keys, and floods of
 unknown keys. None may yield a 500, a traceback, a leaked secret or state per unknown key."""
 
@@ -100,7 +100,8 @@ def test_unknown_keys_create_no_limiter_or_usage_state(app, client, api_key):
     assert not any(usage.pending.values())
 
 
-# gunicorn's own refusals say what werkzeug's exceptions say, never gunicorn's quote of the request.
+# The server's own refusals (gunicorn's, or the fallback's) say what werkzeug's exceptions say, never a
+# quote of the request.
 MESSAGES = {
     400: "The browser (or proxy) sent a request that this server could not understand.",
     414: "The length of the requested URL exceeds the capacity limit for this server. The request cannot be processed.",
@@ -118,7 +119,7 @@ def send_raw(server, head):
             while chunk := sock.recv(65536):
                 reply += chunk
         except ConnectionResetError:
-            pass  # gunicorn may close before reading all of an oversized request
+            pass  # the server may close before reading all of an oversized request
     status_line, _, rest = reply.partition(b"\r\n")
     return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
 
@@ -133,7 +134,7 @@ def test_live_bytes_that_are_not_utf8_get_a_json_401(live):
 
 @pytest.mark.parametrize("value", [b"sk_live_\x00" + b"a" * 40, b"sk_live_\x1b[31m" + b"a" * 40,
                                    b"sk_live_\r\n " + b"a" * 40])
-def test_live_control_characters_get_a_json_400_from_gunicorn(live, value):
+def test_live_control_characters_get_a_json_400_from_the_server(live, value):
     server, _ = live
     status, body = send_raw(server, b"GET /api/v1/protected/test HTTP/1.1\r\nX-API-Key: " + value)
     assert status == 400
@@ -166,7 +167,7 @@ def test_live_keys_outside_the_header_count_as_missing(live, header):
     (b"GET /api/v1/status HTTP/1.1" + b"".join(b"\r\nX-Noise-%d: x" % i for i in range(500)), 431,
      "request_header_fields_too_large"),
 ])
-def test_live_oversized_requests_get_a_json_4xx_from_gunicorn_and_the_worker_carries_on(live, head, status, code):
+def test_live_oversized_requests_get_a_json_4xx_from_the_server_and_it_carries_on(live, head, status, code):
     server, _ = live
     answer, body = send_raw(server, head)
     assert answer == status

@@ -1,7 +1,7 @@
 """Revocation against the workers' key caches, on real servers: two instances on PostgreSQL and
 Redis, each holding a key in its cache, and a key revoked, rolled or expired through the other
 instance or the CLI fails on the very next request; the same on one SQLite process with the CLI
-revoking from outside."""
+revoking from outside. In both run modes (gunicorn, and `python app.py`'s fallback server)."""
 
 import datetime
 import sqlite3
@@ -51,13 +51,14 @@ def utcnow():
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+def pair(tmp_path_factory, run_mode):
     """(a, b, env, browser): two instances of one worker each (so that the worker that answers holds
     the key it cached) on one PostgreSQL database and one Redis; browser is signed up on a."""
     tmp_path = tmp_path_factory.mktemp("keycache")
     env = service_env(tmp_path, "postgresql", RATELIMIT_STORAGE_URL=services.redis_url(), WEB_CONCURRENCY="1",
                       TRUSTED_PROXIES="1", MAX_KEYS_PER_USER="1000")
-    with serving(tmp_path_factory.mktemp("a"), env) as a, serving(tmp_path_factory.mktemp("b"), env) as b:
+    with (serving(tmp_path_factory.mktemp("a"), env, run_mode) as a,
+          serving(tmp_path_factory.mktemp("b"), env, run_mode) as b):
         browser = Browser(a).signup()
         yield a, b, env, browser
 
@@ -137,10 +138,10 @@ def test_a_deleted_account_s_keys_fail_at_once_on_the_other_instance(pair):
     assert [status(b, secret) for _, secret in keys] == [401] * 5
 
 
-def test_one_sqlite_process_sees_the_cli_s_revocations_at_once(tmp_path):
+def test_one_sqlite_process_sees_the_cli_s_revocations_at_once(tmp_path, run_mode):
     env = service_env(tmp_path, WEB_CONCURRENCY="1")
     cli(env, "users", "create", "dana", "--email", "dana@example.com", "--password-stdin", stdin="a long password\n")
-    with serving(tmp_path, env) as server:
+    with serving(tmp_path, env, run_mode) as server:
         with sqlite3.connect(env["DATABASE_URL"].removeprefix("sqlite:///")) as connection:
             keys = insert_keys(connection, "?", "dana", ROUNDS)
         for key_id, secret in keys:

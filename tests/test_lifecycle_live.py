@@ -1,4 +1,4 @@
-"""The key lifecycle on the real server (the Procfile's gunicorn), on SQLite and PostgreSQL: a key
+"""The key lifecycle on the real server in both run modes, on SQLite and PostgreSQL: a key
 that expires while its time socket is open, scopes on the time socket, a roll through the CLI
 during and after its grace period, and leaked-key revocation."""
 
@@ -20,8 +20,8 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(env, tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("lifecycle-log"), env) as server:
+def server(env, tmp_path_factory, run_mode):
+    with serving(tmp_path_factory.mktemp("lifecycle-log"), env, run_mode) as server:
         yield server
 
 

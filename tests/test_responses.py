@@ -1,5 +1,5 @@
 """Every status under /api/v1 carries the API's headers, OPTIONS answers 204, and browsers get HTML
-error pages everywhere outside the API: on the live server (the Procfile's gunicorn)."""
+error pages everywhere outside the API: on the live server in both run modes."""
 
 import socket
 
@@ -47,7 +47,7 @@ def test_options_answers_204_with_allow_and_no_body(live, path):
         assert_api_headers(response)
 
 
-def test_a_request_gunicorn_refuses_itself_carries_the_api_headers(live):
+def test_a_request_the_server_refuses_itself_carries_the_api_headers(live):
     server, _ = live
     host, port = server.base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as connection:

@@ -1,5 +1,7 @@
 """The real thing: the Procfile's gunicorn command (gevent worker) and `python app.py` on free
-ports, driven over HTTP by `requests`, with keys made by the real CLI."""
+ports, driven over HTTP by `requests`, with keys made by the real CLI. The tests that take
+`run_mode` run against both run modes (tests/conftest.py); those without it are about gunicorn's
+own workers or answers."""
 
 import concurrent.futures
 import os
@@ -15,7 +17,18 @@ import time
 import pytest
 import requests
 
-from liveserver import Server, cli, free_port, make_key, service_env, start_procfile, stored_total, wait_for
+from liveserver import (
+    Server,
+    cli,
+    free_port,
+    make_key,
+    service_env,
+    start_procfile,
+    start_server,
+    stored_total,
+    wait_for,
+    without_gunicorn,
+)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -24,16 +37,20 @@ def env(request, tmp_path):
 
 
 @pytest.fixture
-def server(tmp_path, env):
-    server = start_procfile(tmp_path, env)
+def server(tmp_path, env, run_mode):
+    server = start_server(tmp_path, env, run_mode)
     yield server
     server.stop()
 
 
-def test_procfile_runs_gunicorn_with_gevent(server):
-    assert "Using worker: gevent" in server.output()
-    assert requests.get(server.base + "/api/v1/status", timeout=10).json() == {
-        "status": "operational", "version": "1.0.0", "authenticated": False}
+def test_procfile_runs_gunicorn_with_gevent(tmp_path, env):
+    server = start_procfile(tmp_path, env)
+    try:
+        assert "Using worker: gevent" in server.output()
+        assert requests.get(server.base + "/api/v1/status", timeout=10).json() == {
+            "status": "operational", "version": "1.0.0", "authenticated": False}
+    finally:
+        server.stop()
 
 
 def test_every_endpoint_over_http(server, env):
@@ -90,14 +107,14 @@ def test_odd_key_headers_get_a_json_401(server, value):
 
 @pytest.mark.parametrize("value, status, code", [(b"a" * 100_000, 431, "request_header_fields_too_large"),
                                                  (b"sk_live_\x01\x7f" + b"a" * 40, 400, "bad_request")])
-def test_headers_gunicorn_cannot_parse_get_its_json_4xx(server, value, status, code):
+def test_headers_the_server_cannot_parse_get_its_json_4xx(server, value, status, code):
     response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": value}, timeout=10)
     assert response.status_code == status
     assert response.headers["Content-Type"] == "application/json"
     assert response.json()["error"]["code"] == code
 
 
-def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
+def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env, run_mode):
     key = make_key(env)
     headers = {"X-API-Key": key}
     clients, per_client = 20, 50
@@ -107,7 +124,7 @@ def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
             return [session.get(f"{server.base}/api/v1/protected/test", headers=headers).status_code
                     for _ in range(per_client)]
 
-    server = start_procfile(tmp_path, env)
+    server = start_server(tmp_path, env, run_mode)
     try:
         with concurrent.futures.ThreadPoolExecutor(clients) as pool:
             statuses = [status for batch in pool.map(hammer, range(clients)) for status in batch]
@@ -118,7 +135,7 @@ def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
         assert server.stop(signal.SIGTERM) == 0
 
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
-        server = start_procfile(tmp_path, env)
+        server = start_server(tmp_path, env, run_mode)
         try:
             stats = requests.get(server.base + "/api/v1/usage/stats", headers=headers, timeout=10).json()
         finally:
@@ -128,11 +145,13 @@ def test_exact_counts_under_concurrency_and_across_restarts(tmp_path, env):
     assert f"\t{key[:12]}...\t" in cli(env, "keys", "list", "carol")
 
 
-def test_python_app_py_seeds_a_demo_key_once(tmp_path):
+def test_python_app_py_seeds_a_demo_key_once(tmp_path, run_mode):
     port = free_port()
     env = service_env(tmp_path, PORT=str(port))
     env.pop("PUBLIC_RATE_LIMIT")
-    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py.log")
+    if run_mode == "fallback":
+        env = without_gunicorn(env)
+    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py.log", run_mode)
     try:
         output = server.output()
         secret = re.search(r"^\s+(sk_test_[A-Za-z0-9]{32,})$", output, re.M)[1]
@@ -140,17 +159,28 @@ def test_python_app_py_seeds_a_demo_key_once(tmp_path):
         assert curl == f'curl -H "X-API-Key: {secret}" http://127.0.0.1:{port}/api/v1/protected/test'
         response = requests.get(shlex.split(curl)[-1], headers={"X-API-Key": secret}, timeout=10)
         assert response.json()["api_key_name"] == "Demo key"
-        assert "Using worker: gevent" in output
-        assert f"Listening at: http://127.0.0.1:{port}" in output
+        if run_mode == "gunicorn":
+            assert "Using worker: gevent" in output
+            assert f"Listening at: http://127.0.0.1:{port}" in output
+        else:
+            assert f"serving with gevent's WSGI server, one process, on http://127.0.0.1:{port}" in output
+        assert "To make a new demo key" not in output
     finally:
         assert server.stop(signal.SIGINT) == 0
     assert output.count(secret) == 2
 
-    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py-2.log")
+    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py-2.log", run_mode)
     try:
-        assert "sk_test_" not in server.output()
+        output = server.output()
+        assert "sk_test_" not in output
         stats = requests.get(server.base + "/api/v1/usage/stats", headers={"X-API-Key": secret}, timeout=10).json()
         assert stats["total_requests"] == 2
+        # The line to make a new demo key, which works as printed.
+        command = re.search(r"^To make a new demo key: (flask .*)$", output, re.M)[1]
+        assert shlex.split(command)[:3] == ["flask", "--app", "app"]
+        new_secret = cli(env, *shlex.split(command)[3:]).strip().splitlines()[-1]
+        assert requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": new_secret},
+                            timeout=10).json()["api_key_type"] == "development"
     finally:
         server.stop()
 

@@ -1,4 +1,5 @@
-"""Hostile WebSocket clients against the Procfile's gunicorn: floods without reading, ping and pong
+"""Hostile WebSocket clients against the server in both run modes (the Procfile's gunicorn, and
+`python app.py`'s fallback server): floods without reading, ping and pong
 floods, clients that never read or read a byte a second, and 50 hostile echo sockets from one
 address. While each attack lasts, a healthy time socket of another key gets every whole second, a
 revoked key's socket gets 4401 within 10 s, REST keeps answering, and the worker's memory stays
@@ -15,7 +16,7 @@ import pytest
 import requests
 import websocket
 
-from liveserver import cli, make_key, service_env, start_procfile
+from liveserver import cli, make_key, service_env, start_server
 
 ATTACK_SECONDS = 12
 SEND_TIMEOUT = 4
@@ -24,22 +25,24 @@ FLOOD_BYTES = 512 * MIB
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    """(server, env): the Procfile's gunicorn whose stuck sockets are closed after SEND_TIMEOUT s."""
+def target(tmp_path_factory, run_mode):
+    """(server, env): the server whose stuck sockets are closed after SEND_TIMEOUT s."""
     tmp_path = tmp_path_factory.mktemp("attacks")
     env = service_env(tmp_path, WS_SEND_TIMEOUT=str(SEND_TIMEOUT))
     make_key(env)
-    server = start_procfile(tmp_path, env)
+    server = start_server(tmp_path, env, run_mode)
     yield server, env
     server.stop()
 
 
 def worker_rss(server):
-    """The resident memory of the server's one worker, in bytes."""
-    master = server.process.pid
-    children = open(f"/proc/{master}/task/{master}/children").read().split()
-    assert len(children) == 1, children
-    for line in open(f"/proc/{children[0]}/status"):
+    """The resident memory of the process that serves (gunicorn's one worker), in bytes."""
+    serving = server.process.pid
+    if server.mode == "gunicorn":
+        children = open(f"/proc/{serving}/task/{serving}/children").read().split()
+        assert len(children) == 1, children
+        serving = children[0]
+    for line in open(f"/proc/{serving}/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")

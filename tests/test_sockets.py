@@ -1,5 +1,5 @@
-"""Both WebSockets against the real server (the Procfile's gunicorn command and `python app.py`),
-with websocket-client."""
+"""Both WebSockets against the real server in both run modes (the Procfile's gunicorn command, and
+`python app.py`'s fallback server where gunicorn cannot be imported), with websocket-client."""
 
 import datetime
 import json
@@ -13,7 +13,7 @@ import pytest
 import requests
 import websocket
 
-from liveserver import Server, cli, free_port, make_key, service_env, start_procfile
+from liveserver import Server, cli, free_port, make_key, service_env, start_server, without_gunicorn
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 DISPLAY_TIME = "%Y-%m-%d %H:%M:%S UTC"
@@ -25,8 +25,8 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(env, tmp_path_factory):
-    server = start_procfile(tmp_path_factory.mktemp("sockets-log"), env)
+def server(env, tmp_path_factory, run_mode):
+    server = start_server(tmp_path_factory.mktemp("sockets-log"), env, run_mode)
     yield server
     server.stop()
 
@@ -194,10 +194,10 @@ def test_socket_logs_never_contain_the_key(server, key):
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
-def test_shutdown_closes_sockets_with_1001(tmp_path, stop_signal):
+def test_shutdown_closes_sockets_with_1001(tmp_path, stop_signal, run_mode):
     env = service_env(tmp_path)
     key = make_key(env)
-    server = start_procfile(tmp_path, env)
+    server = start_server(tmp_path, env, run_mode)
     try:
         echo = connect(server, "/api/v1/ws/echo")
         clock = connect(server, f"/api/v1/ws/time?api_key={key}")
@@ -209,10 +209,12 @@ def test_shutdown_closes_sockets_with_1001(tmp_path, stop_signal):
         assert server.stop() == 0
 
 
-def test_python_app_py_gives_the_same_close_codes(tmp_path):
+def test_python_app_py_gives_the_same_close_codes(tmp_path, run_mode):
     port = free_port()
-    server = Server([sys.executable, "app.py"], service_env(tmp_path, PORT=str(port)), port,
-                    tmp_path / "app-py.log")
+    env = service_env(tmp_path, PORT=str(port))
+    if run_mode == "fallback":
+        env = without_gunicorn(env)
+    server = Server([sys.executable, "app.py"], env, port, tmp_path / "app-py.log", run_mode)
     try:
         secret = re.search(r"sk_test_[A-Za-z0-9]{32,}", server.output())[0]
         clock = connect(server, f"/api/v1/ws/time?api_key={secret}")
