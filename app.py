@@ -19,6 +19,7 @@ import cli
 import cors
 import health
 import keycache
+import lifecycle
 import logs
 import metrics
 import models
@@ -51,6 +52,9 @@ def load_config(environ=os.environ):
         "LOG_FORMAT": logs.log_format(environ),
         "METRICS_TOKEN": metrics_token(environ),
         "CORS_ORIGINS": cors.allowed_origins(environ),
+        "USAGE_HOURLY_RETENTION_DAYS": count(environ, "USAGE_HOURLY_RETENTION_DAYS", 90),
+        "USAGE_DAILY_RETENTION_DAYS": count(environ, "USAGE_DAILY_RETENTION_DAYS", 400),
+        "REVOKED_KEY_RETENTION_DAYS": count(environ, "REVOKED_KEY_RETENTION_DAYS", 90, minimum=0),
     }
 
 
@@ -130,6 +134,7 @@ def create_app(overrides=None):
     ratelimit.init_app(app)
     keycache.init_app(app)
     usage.init_app(app)
+    lifecycle.init_app(app)
     app.register_blueprint(api.api)
     cors.init_app(app)
     health.init_app(app)
@@ -146,6 +151,7 @@ def create_app(overrides=None):
     app.cli.add_command(cli.users_cli)
     app.cli.add_command(cli.keys_cli)
     app.cli.add_command(cli.db_cli)
+    app.cli.add_command(cli.usage_cli)
     app.cli.add_command(cli.audit_command)
 
     proxies = app.config["TRUSTED_PROXIES"]

@@ -15,6 +15,7 @@ import accounts
 import keycache
 import ratelimit
 import securitylog
+import usage
 from limitstorage import KeysChanged
 from models import SCOPES, ApiKey, db, display_time, find_active_key, utcnow
 
@@ -235,7 +236,11 @@ def found_key(key):
 def require_scope(key, scope):
     """Raise InsufficientScope unless the key has the scope."""
     if scope not in key.scope_list():
-        raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {SCOPES[scope]} needs.")
+        # A scope guards more than the endpoint SCOPES names for it (usage:read: stats and history).
+        needed_by = SCOPES[scope]
+        if not needed_by.endswith(" " + request.url_rule.rule):
+            needed_by = f"{request.method} {request.url_rule.rule}"
+        raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {needed_by} needs.")
 
 
 def admit(secret, scope, source="the X-API-Key header"):
@@ -245,6 +250,7 @@ def admit(secret, scope, source="the X-API-Key header"):
     key_hash = secret_hash(secret, source)
     key, generation = keycache.find(key_hash) if key_hash else (None, None)
     g.api_key = found_key(key)
+    usage.admitted(g.api_key)
     try:
         require_scope(g.api_key, scope)
         ratelimit.count_request(g.api_key, generation)
