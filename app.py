@@ -19,6 +19,7 @@ import cli
 import cors
 import health
 import keycache
+import keypage
 import lifecycle
 import logs
 import metrics
@@ -142,6 +143,7 @@ def create_app(overrides=None):
     app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)
+    keypage.init_app(app)
     # The API authenticates by key, never by the browser's cookie: no CSRF token to ask for.
     web.csrf.exempt(api.api)
     app.register_error_handler(HTTPException, render_http_error)
