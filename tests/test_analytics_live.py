@@ -5,6 +5,7 @@ revoked key with its rows and keep its security-log events; total_requests stays
 
 import datetime
 import json
+import re
 import sqlite3
 
 import psycopg
@@ -29,14 +30,9 @@ def env(request, tmp_path_factory):
 
 
 def create(env, name, *options):
-    return cli(env, "keys", "create", "erin", "--name", name, "--type", "production", *options).strip().splitlines()[-1]
-
-
-def key_id(env, name):
-    for line in cli(env, "keys", "list", "erin").splitlines():
-        if f" {name} " in f" {line} ":
-            return int(line.split()[0])
-    raise AssertionError(f"no key {name!r}")
+    """Create a key for erin; return (its secret, its id)."""
+    output = cli(env, "keys", "create", "erin", "--name", name, "--type", "production", *options)
+    return output.strip().splitlines()[-1], int(re.search(r"\(id (\d+)\)", output)[1])
 
 
 def sql(env, statement, *params):
@@ -46,7 +42,8 @@ def sql(env, statement, *params):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as connection:
             return connection.execute(statement.replace("%s", "?"), params).fetchall()
     with psycopg.connect(url) as connection:
-        return connection.execute(statement, params).fetchall()
+        cursor = connection.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
 
 
 def recorded(env, kid):
@@ -58,8 +55,8 @@ def get(server, path, secret):
 
 
 def test_outcomes_on_several_endpoints_appear_after_one_flush(env, tmp_path_factory):
-    tiny = create(env, "tiny key", "--tier", "tiny")  # 2 a minute
-    narrow = create(env, "narrow key", "--scopes", "test:read,usage:read,time:stream")
+    tiny, tiny_id = create(env, "tiny key", "--tier", "tiny")  # 2 a minute
+    narrow, narrow_id = create(env, "narrow key", "--scopes", "test:read,usage:read,time:stream")
     with serving(tmp_path_factory.mktemp("analytics-log"), env) as server:
         assert [get(server, path, tiny) for path in (PROTECTED, ME, PROTECTED, STATS)] == [200, 200, 429, 429]
         assert [get(server, path, narrow) for path in (ME, PROTECTED, ME)] == [403, 200, 403]
@@ -67,8 +64,8 @@ def test_outcomes_on_several_endpoints_appear_after_one_flush(env, tmp_path_fact
                                     timeout=10).close()
         assert get(server, "/api/v1/status", narrow) == 200  # public: not a keyed request
         # Each worker writes its counts within a second.
-        for name, count in (("tiny key", 4), ("narrow key", 4)):
-            wait_for(lambda: recorded(env, key_id(env, name)) == count, seconds=5)
+        for kid in (tiny_id, narrow_id):
+            wait_for(lambda: recorded(env, kid) == 4, seconds=5)
         response = requests.get(server.base + HISTORY, headers={"X-API-Key": narrow}, timeout=10)
     assert response.status_code == 200
     body = response.json()
@@ -81,9 +78,10 @@ def test_outcomes_on_several_endpoints_appear_after_one_flush(env, tmp_path_fact
     assert last["hour"] == now.strftime("%Y-%m-%dT%H:00:00Z") and day["day"] == now.date().isoformat()
     assert [hour["requests"] for hour in body["hourly"][:-1]] == [0] * 23
     assert [day["requests"] for day in body["daily"][:-1]] == [0] * 29
-    # total_requests: the requests that passed scope and limit (the 429s and 403s are not among them).
-    assert stored_total(env["DATABASE_URL"], tiny) == 2 and stored_total(env["DATABASE_URL"], narrow) == 2
-    report = json.loads(cli(env, "usage", "report", "erin", "--key", str(key_id(env, "tiny key")), "--days", "1",
+    # total_requests: the requests that passed scope and limit (not the 429s and 403s; the history
+    # request is one).
+    assert stored_total(env["DATABASE_URL"], tiny) == 2 and stored_total(env["DATABASE_URL"], narrow) == 3
+    report = json.loads(cli(env, "usage", "report", "erin", "--key", str(tiny_id), "--days", "1",
                             "--format", "json"))
     assert report == [{"day": now.date().isoformat(), "requests": 4, "by_status": {"200": 2, "429": 2},
                        "by_endpoint": {ME: 1, PROTECTED: 2, STATS: 1}}]
@@ -93,9 +91,8 @@ def test_outcomes_on_several_endpoints_appear_after_one_flush(env, tmp_path_fact
 
 
 def test_db_prune_deletes_a_revoked_key_with_its_rows_and_keeps_its_events(env):
-    secret = create(env, "doomed key")
-    kept = create(env, "kept key")
-    doomed_id, kept_id = key_id(env, "doomed key"), key_id(env, "kept key")
+    secret, doomed_id = create(env, "doomed key")
+    kept, kept_id = create(env, "kept key")
     old = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - datetime.timedelta(days=500)
     for kid in (doomed_id, kept_id):
         sql(env, "INSERT INTO usage_hours (api_key_id, hour, endpoint, status, requests) VALUES (%s, %s, %s, 200, 3)",
@@ -118,13 +115,12 @@ def test_db_prune_deletes_a_revoked_key_with_its_rows_and_keeps_its_events(env):
 
 
 def test_the_server_prunes_by_itself(env, tmp_path_factory):
-    create(env, "revoked in the background")
-    doomed_id = key_id(env, "revoked in the background")
+    _, doomed_id = create(env, "revoked in the background")
     cli(env, "keys", "revoke", str(doomed_id))
     # Another instance pruned a while ago; its lock has run out.
     sql(env, "UPDATE maintenance_locks SET until = %s", datetime.datetime(2000, 1, 1))
     with serving(tmp_path_factory.mktemp("analytics-prune-log"), env) as server:
-        live = create(env, "live key")
+        live, _ = create(env, "live key")
         assert get(server, PROTECTED, live) == 200  # a worker's first request starts its pruner
         wait_for(lambda: sql(env, "SELECT count(*) FROM api_keys WHERE id = %s", doomed_id) == [(0,)], seconds=20)
         assert get(server, PROTECTED, live) == 200
