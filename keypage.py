@@ -1,7 +1,7 @@
 """A key's own page (/settings/security/keys/<KEY_ID>): its details, its requests per hour and per
 day by outcome and by endpoint as charts drawn on the server (SVG, no script), and its actions."""
 
-from flask import Blueprint, g, render_template
+from flask import Blueprint, render_template
 
 import analytics
 import web
@@ -13,6 +13,7 @@ bp.after_request(web.add_page_headers)
 
 # The chart's drawing area in SVG units; the SVG scales to its box (at most 40rem wide).
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 400, 170, 34, 22, 8
+RIGHT = 22  # room for the last tick's label
 OUTCOME_ORDER = list(analytics.OUTCOMES)
 
 
@@ -24,7 +25,7 @@ class Chart:
         self.periods = periods
         self.total = sum(period.requests for period in periods)
         self.peak = max([period.requests for period in periods] + [1])
-        step = (WIDTH - LEFT) / len(periods)
+        step = (WIDTH - LEFT - RIGHT) / len(periods)
         plot = HEIGHT - BOTTOM - TOP
         self.bars, self.ticks, self.rows = [], [], []
         for index, period in enumerate(periods):
@@ -79,8 +80,7 @@ def key_page(key_id):
                  EndpointChart("By endpoint, last 30 days", days)]
     return render_template("key_page.html", key=key, now=now, charts=charts, endpoints=endpoints,
                            outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=web.KEY_TYPES, graces=web.GRACES,
-                           geometry={"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": BOTTOM, "top": TOP},
-                           user=g.user)
+                           geometry={"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": BOTTOM, "top": TOP})
 
 
 def init_app(app):

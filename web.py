@@ -283,8 +283,9 @@ def render_security_tab(status=200, new_key=None):
     keys = list(ApiKey.select().where(ApiKey.user == g.user).order_by(ApiKey.id.desc()))
     now = utcnow()
     inactive = [key for key in keys if key.revoked_at or key.is_expired(now)]
-    return render_template("settings_security.html", keys=keys, active_keys=[key for key in keys if key not in inactive],
-                           inactive_keys=inactive, totals=account_totals(keys, now), now=now,
+    active = [key for key in keys if key not in inactive]
+    return render_template("settings_security.html", keys=keys, active_keys=active, inactive_keys=inactive,
+                           totals=account_totals(keys, now), now=now,
                            new_key=new_key, key_types=KEY_TYPES, scopes=SCOPES, expiries=EXPIRIES,
                            graces=GRACES, events=securitylog.recent(g.user.id)), status
 
