@@ -279,6 +279,9 @@ def test_the_form_preselects_90_days(logged_in):
     html = page(logged_in.get("/settings/security"))
     assert re.search(r'<option value="90d" selected>90 days</option>', html)
     assert '<option value="never">Never</option>' in html
+    # A post without expires_in (a script, an old form) still makes a key that never expires.
+    logged_in.post("/settings/security/keys", data={"name": "No expiry given", "type": "development"})
+    assert ApiKey.get(ApiKey.name == "No expiry given").expires_at is None
 
 
 def test_revoking_a_key_stops_it_on_the_very_next_request(logged_in):
