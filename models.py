@@ -23,7 +23,6 @@ from peewee import (
     Model,
     OperationalError,
     TextField,
-    fn,
     SqliteDatabase,
 )
 from playhouse.db_url import connect
@@ -192,14 +191,6 @@ class UsageHour(BaseModel):
     class Meta:
         table_name = "usage_hours"
         indexes = ((("api_key", "hour", "endpoint", "status"), True),)
-
-    @classmethod
-    def counts_since(cls, keys, start):
-        """Return {(api_key_id, hour): requests} for the keys' hours from start on."""
-        total = fn.SUM(cls.requests)
-        rows = (cls.select(cls.api_key, cls.hour, total.alias("total"))
-                .where(cls.api_key.in_(keys) & (cls.hour >= start)).group_by(cls.api_key, cls.hour))
-        return {(row.api_key_id, cls.hour.python_value(row.hour)): row.total for row in rows}
 
 
 class UsageDay(BaseModel):

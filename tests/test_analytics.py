@@ -158,3 +158,31 @@ def test_retention_defaults_and_zero_for_revoked_keys():
 def test_outcomes_group_statuses():
     assert [analytics.outcome(status) for status in (200, 101, 403, 429, 503)] == [
         "success", "success", "insufficient_scope", "rate_limited", "other"]
+
+
+def test_one_process_takes_the_prune_lock_and_the_others_skip_until_it_runs_out(app):
+    import lifecycle
+
+    now = utcnow()
+    assert lifecycle.take_lock(3600, now=now) is True
+    assert lifecycle.take_lock(3600, now=now + datetime.timedelta(minutes=59)) is False
+    assert lifecycle.take_lock(3600, now=now + datetime.timedelta(minutes=61)) is True
+
+
+def test_prune_deletes_old_hours_and_days_and_idle_sessions_but_not_total_requests(app, client, user, pro_key):
+    import lifecycle
+    from models import Session
+
+    key = key_of(pro_key)
+    get(client, PROTECTED, pro_key)
+    app.extensions["usage"].flush()
+    old = utcnow() - datetime.timedelta(days=401)
+    UsageHour.create(api_key=key, hour=start_of_hour(old), endpoint=PROTECTED, requests=5)
+    UsageDay.create(api_key=key, day=old.date(), endpoint=PROTECTED, requests=5)
+    Session.create(token_hash="a" * 64, user=user, last_seen_at=old)
+    Session.create(token_hash="b" * 64, user=user)
+    pruned = lifecycle.prune(app.config)
+    assert pruned == {"hourly": 1, "daily": 1, "keys": 0, "sessions": 1}
+    assert [session.token_hash for session in Session.select()] == ["b" * 64]
+    assert UsageHour.select().count() == UsageDay.select().count() == 1
+    assert ApiKey.get_by_id(key.id).total_requests == 1
