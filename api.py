@@ -7,6 +7,7 @@ from pathlib import Path
 from flask import Blueprint, g, request
 from werkzeug.exceptions import ServiceUnavailable
 
+import analytics
 import auth
 import models
 import usage
@@ -80,6 +81,12 @@ def usage_stats():
         "requests_remaining": window.remaining,
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
     }
+
+
+@api.get("/usage/history")
+@require_api_key("usage:read")
+def usage_history():
+    return analytics.history(g.api_key)
 
 
 @api.post("/keys/revoke")

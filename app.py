@@ -29,6 +29,8 @@ import cors
 import devserver
 import health
 import keycache
+import keypage
+import lifecycle
 import logs
 import metrics
 import models
@@ -68,6 +70,9 @@ def load_config(environ=os.environ):
         # Passkeys: "" is the request's own host and origin.
         "WEBAUTHN_RP_ID": webauthn_rp_id,
         "WEBAUTHN_ORIGIN": webauthn_origin,
+        "USAGE_HOURLY_RETENTION_DAYS": count(environ, "USAGE_HOURLY_RETENTION_DAYS", 90),
+        "USAGE_DAILY_RETENTION_DAYS": count(environ, "USAGE_DAILY_RETENTION_DAYS", 400),
+        "REVOKED_KEY_RETENTION_DAYS": count(environ, "REVOKED_KEY_RETENTION_DAYS", 90, minimum=0),
     }
 
 
@@ -149,6 +154,7 @@ def create_app(overrides=None):
     ratelimit.init_app(app)
     keycache.init_app(app)
     usage.init_app(app)
+    lifecycle.init_app(app)
     app.register_blueprint(api.api)
     cors.init_app(app)
     health.init_app(app)
@@ -157,6 +163,7 @@ def create_app(overrides=None):
     sockets.init_app(app)
     web.init_app(app)
     webprotection.init_app(app)
+    keypage.init_app(app)
     # The API authenticates by key, never by the browser's cookie: no CSRF token to ask for.
     web.csrf.exempt(api.api)
     app.register_error_handler(HTTPException, render_http_error)
@@ -166,6 +173,7 @@ def create_app(overrides=None):
     app.cli.add_command(cli.users_cli)
     app.cli.add_command(cli.keys_cli)
     app.cli.add_command(cli.db_cli)
+    app.cli.add_command(cli.usage_cli)
     app.cli.add_command(cli.audit_command)
 
     proxies = app.config["TRUSTED_PROXIES"]

@@ -16,6 +16,7 @@ import allowips
 import keycache
 import ratelimit
 import securitylog
+import usage
 from limitstorage import KeysChanged
 from models import SCOPES, ApiKey, db, display_time, find_active_key, utcnow
 
@@ -261,13 +262,19 @@ def found_key(key):
 def require_scope(key, scope):
     """Raise InsufficientScope unless the key has the scope."""
     if scope not in key.scope_list():
-        raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {SCOPES[scope]} needs.")
+        # A scope guards more than the endpoint SCOPES names for it (usage:read: stats and history).
+        needed_by = SCOPES[scope]
+        if not needed_by.endswith(" " + request.url_rule.rule):
+            needed_by = f"{request.method} {request.url_rule.rule}"
+        raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {needed_by} needs.")
 
 
 def require_allowed_address(key):
     """Raise IpNotAllowed unless the key may be used from the client's address (the one the per-IP
     limits use: request.remote_addr, from X-Forwarded-For behind TRUSTED_PROXIES)."""
     if key.allowed_networks is not None and not allowips.permits(key.allowed_networks, request.remote_addr):
+        # Not the owner's traffic: neither counted nor recorded in the key's usage.
+        usage.not_recorded()
         address = allowips.client_ip(request.remote_addr or "") or "this address"
         raise IpNotAllowed(f"This API key may not be used from {address}: its IP allow-list does not include it.")
 
@@ -286,6 +293,7 @@ def admit(secret, scope, source="the X-API-Key header"):
     key_hash = secret_hash(secret, source)
     key, generation = keycache.find(key_hash) if key_hash else (None, None)
     g.api_key = found_key(key)
+    usage.admitted(g.api_key)
     try:
         require_access(g.api_key, scope)
         ratelimit.count_request(g.api_key, generation)

@@ -1,6 +1,9 @@
-"""The operator's command line (`flask --app app ...`): users and API keys."""
+"""The operator's command line (`flask --app app ...`): users, API keys, usage and the database."""
 
 import codecs
+import csv
+import io
+import json
 import re
 import sys
 from pathlib import Path
@@ -10,8 +13,10 @@ from flask import current_app
 from flask.cli import AppGroup
 
 import accounts
+import analytics
 import auth
 import keycache
+import lifecycle
 import logs
 import securitylog
 from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
@@ -40,6 +45,7 @@ class Command(SentenceOnServiceError, click.Command):
 
 users_cli = CommandGroup("users", help="Manage users.")
 keys_cli = CommandGroup("keys", help="Manage API keys.")
+usage_cli = CommandGroup("usage", help="Report API usage.")
 
 
 def find_user(username):
@@ -266,3 +272,46 @@ def upgrade_command():
         click.echo(f"The database is at schema version {after}, the latest.")
     else:
         click.echo(f"Upgraded the database from schema version {before} to {after}.")
+
+
+@db_cli.command("prune")
+def prune_command():
+    """Delete usage rows, revoked or expired keys and sessions past their retention, now."""
+    # With the background prune's pauses between batches: running servers' writes get their turn.
+    click.echo(lifecycle.prune(current_app.config, pause=lifecycle.PAUSE_SECONDS).sentence())
+
+
+REPORT_COLUMNS = ["day", "requests", *analytics.OUTCOMES]
+
+
+@usage_cli.command("report")
+@click.argument("username")
+@click.option("--key", "key_id", type=int, help="One key of the user's (by id); all of them by default.")
+@click.option("--days", default=analytics.DAYS, show_default=True, type=click.IntRange(1, 400),
+              help="How many UTC days, today included.")
+@click.option("--format", "output", default="table", show_default=True, type=click.Choice(["table", "json", "csv"]))
+def usage_report_command(username, key_id, days, output):
+    """Print the requests of a user's keys (or one key) per UTC day, oldest first: by outcome
+    (table, csv) or by status and endpoint (json, the `daily` shape of GET /api/v1/usage/history)."""
+    user = find_user(username)
+    key_ids = [key.id for key in ApiKey.select(ApiKey.id).where(ApiKey.user == user)]
+    if key_id is not None:
+        if key_id not in key_ids:
+            raise click.ClickException(f"{username!r} has no API key with id {key_id}.")
+        key_ids = [key_id]
+    periods = analytics.daily(key_ids, days)
+    if output == "json":
+        click.echo(json.dumps(analytics.daily_json(periods), indent=2))
+        return
+    rows = [[period.start.isoformat(), period.requests, *(period.by_outcome()[name] for name in analytics.OUTCOMES)]
+            for period in periods]
+    if output == "csv":
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n").writerows([REPORT_COLUMNS, *rows])
+        click.echo(text.getvalue(), nl=False)
+        return
+    header = ["day", "requests", *analytics.OUTCOMES.values()]
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    for row in [header, *rows]:
+        click.echo("  ".join(str(cell).rjust(width) if i else str(cell).ljust(width)
+                             for i, (cell, width) in enumerate(zip(row, widths))).rstrip())

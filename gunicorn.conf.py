@@ -214,9 +214,10 @@ def post_request(worker, req, environ, resp):
 
 
 def worker_exit(server, worker):
-    """Write the usage counts still held in memory before the worker goes."""
+    """Write the usage counts still held in memory before the worker goes, and stop its pruning."""
     app = getattr(worker, "wsgi", None)
     if app is not None:
+        app.extensions["lifecycle"].close()
         app.extensions["usage"].close()
 
 

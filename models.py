@@ -1,4 +1,4 @@
-"""Users, their web sessions, API keys and their hourly usage in peewee, and how each process
+"""Users, their web sessions, API keys and their hourly and daily usage in peewee, and how each process
 reuses its database connection."""
 
 import datetime
@@ -15,6 +15,7 @@ from peewee import (
     BlobField,
     CharField,
     DatabaseProxy,
+    DateField,
     DateTimeField,
     ForeignKeyField,
     IntegerField,
@@ -251,19 +252,44 @@ PROTECTION_MODELS = [TwoFactor, RecoveryCode, PendingLogin, Passkey, WebAuthnCha
 
 
 class UsageHour(BaseModel):
+    """A key's requests in one UTC hour to one endpoint with one HTTP status. Every count is also
+    added to its UsageDay when written, so deleting old hours loses nothing the daily view shows."""
+
     api_key = ForeignKeyField(ApiKey, backref="usage_hours", on_delete="CASCADE")
-    hour = DateTimeField()
+    hour = DateTimeField(index=True)
+    # The route (a bounded set), never the raw path; "" for counts kept from before endpoints were.
+    endpoint = CharField(max_length=64, default="")
+    status = IntegerField(default=200)
     requests = IntegerField(default=0)
 
     class Meta:
         table_name = "usage_hours"
-        indexes = ((("api_key", "hour"), True),)
+        indexes = ((("api_key", "hour", "endpoint", "status"), True),)
 
-    @classmethod
-    def counts_since(cls, keys, start):
-        """Return {(api_key_id, hour): requests} for the keys' hours from start on."""
-        rows = cls.select(cls.api_key, cls.hour, cls.requests).where(cls.api_key.in_(keys) & (cls.hour >= start))
-        return {(row.api_key_id, row.hour): row.requests for row in rows}
+
+class UsageDay(BaseModel):
+    """A key's requests on one UTC day to one endpoint with one HTTP status."""
+
+    api_key = ForeignKeyField(ApiKey, backref="usage_days", on_delete="CASCADE")
+    day = DateField(index=True)
+    endpoint = CharField(max_length=64, default="")
+    status = IntegerField(default=200)
+    requests = IntegerField(default=0)
+
+    class Meta:
+        table_name = "usage_days"
+        indexes = ((("api_key", "day", "endpoint", "status"), True),)
+
+
+class MaintenanceLock(BaseModel):
+    """Who may run a periodic job (pruning) until when: one process of all the service's workers
+    and instances takes it, the others skip."""
+
+    name = CharField(primary_key=True, max_length=32)
+    until = DateTimeField()
+
+    class Meta:
+        table_name = "maintenance_locks"
 
 
 def start_of_hour(moment):
@@ -295,12 +321,12 @@ class Statements:
         # Qualified, because PostgreSQL finds a bare `requests` ambiguous next to `excluded`. A key
         # deleted with its account since it was counted is skipped, not a failed flush; the WHERE
         # also tells SQLite that ON CONFLICT is not part of the SELECT.
-        self.add_hourly_usage = (
-            f"INSERT INTO usage_hours (api_key_id, hour, requests) SELECT {p}, {p}, {p} "
-            f"WHERE EXISTS (SELECT 1 FROM api_keys WHERE id = {p}) "
-            "ON CONFLICT (api_key_id, hour) DO UPDATE "
-            "SET requests = usage_hours.requests + excluded.requests"
-        )
+        for table, period in (("usage_hours", "hour"), ("usage_days", "day")):
+            setattr(self, f"add_{table}", (
+                f"INSERT INTO {table} (api_key_id, {period}, endpoint, status, requests) "
+                f"SELECT {p}, {p}, {p}, {p}, {p} WHERE EXISTS (SELECT 1 FROM api_keys WHERE id = {p}) "
+                f"ON CONFLICT (api_key_id, {period}, endpoint, status) DO UPDATE "
+                f"SET requests = {table}.requests + excluded.requests"))
 
 
 def find_active_key(key_hash):
@@ -415,9 +441,8 @@ def init_app(app):
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
-    app.extensions["schema"] = schema.upgrade(database, [User, Session, ApiKey, UsageHour, SecurityEvent,
-                                                         *PROTECTION_MODELS],
-                                              after=[add_username_index])
+    tables = [User, Session, ApiKey, UsageHour, UsageDay, SecurityEvent, MaintenanceLock, *PROTECTION_MODELS]
+    app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
 
 

@@ -16,6 +16,7 @@ from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
 import metrics
+import usage
 from limitstorage import open_storage, redis_windows, window_counter
 from models import ApiKey, db
 
@@ -177,7 +178,7 @@ def count_request(key, generation=None):
         log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, key.rate_limit_tier)
         raise InternalServerError("This API key's rate limit tier is not configured on the server.")
     state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier, generation=generation)
-    current_app.extensions["usage"].add(key.id)
+    usage.counted()
     return state
 
 

@@ -4,7 +4,9 @@ process at a time: workers that start together wait for the one that upgrades.""
 
 import logging
 
-from peewee import CharField, DateTimeField, PostgresqlDatabase, TextField
+import collections
+
+from peewee import CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 log = logging.getLogger(__name__)
@@ -35,9 +37,33 @@ def add_key_allow_ips(database, migrator):
         migrate(migrator.add_column("api_keys", "allow_ips", TextField(null=True)))
 
 
+def add_usage_breakdown(database, migrator):
+    """Version 5: hourly counts per endpoint and HTTP status. The counts kept so far become those
+    of endpoint "" (not recorded) and status 200 (they were admitted requests)."""
+    have = {column.name for column in database.get_columns("usage_hours")}
+    columns = {"endpoint": CharField(max_length=64, default=""), "status": IntegerField(default=200)}
+    migrate(*(migrator.add_column("usage_hours", name, field) for name, field in columns.items() if name not in have))
+    # The one-row-per-key-and-hour index would refuse a second endpoint in the same hour.
+    database.execute_sql("DROP INDEX IF EXISTS usagehour_api_key_id_hour")
+
+
+def copy_hours_into_days(database):
+    """Version 5, once usage_days exists: every hourly count so far is also counted in its day."""
+    days = collections.Counter()
+    for key_id, hour, endpoint, status, requests in database.execute_sql(
+            "SELECT api_key_id, hour, endpoint, status, requests FROM usage_hours"):
+        day = DateTimeField().python_value(hour).date()
+        days[key_id, day, endpoint, status] += requests
+    for (key_id, day, endpoint, status), requests in days.items():
+        database.execute_sql("INSERT INTO usage_days (api_key_id, day, endpoint, status, requests) "
+                             f"VALUES ({', '.join([database.param] * 5)})", (key_id, day, endpoint, status, requests))
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
-STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips]
+STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown]
 LATEST = len(STEPS) + 1
+# FILLS[n] runs, once the models' tables exist, for a database that was below version n.
+FILLS = {5: copy_hours_into_days}
 
 
 def upgrade(database, models, after=()):
@@ -63,6 +89,9 @@ def upgrade(database, models, after=()):
             step(database, migrator)
         # New tables and indexes come from the models, once their columns exist.
         database.create_tables(models, safe=True)
+        for version, fill in FILLS.items():
+            if before < version <= LATEST:
+                fill(database)
         for extra in after:
             extra(database)
         database.execute_sql("UPDATE schema_version SET version = %d" % LATEST)

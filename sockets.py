@@ -23,6 +23,7 @@ import auth
 import metrics
 import models
 import ratelimit
+import usage
 import wsserver
 
 log = logging.getLogger(__name__)
@@ -182,11 +183,13 @@ def admit_socket():
     elif request.endpoint == "sockets.time_stream":
         secret = request.args.get("api_key")
         key = auth.authenticate(secret, "the api_key query parameter")
+        usage.admitted(key)
         auth.require_access(key, "time:stream")
         g.socket_secret_hash = auth.hash_key(secret.strip())
         g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
         ratelimit.count_request(key)
+        usage.record_handshake(key)
 
 
 @bp.teardown_request

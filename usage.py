@@ -1,15 +1,20 @@
-"""Per-key usage counts: kept in memory by each request and written to the database (lifetime
-and per-hour counts) once a second, in one transaction."""
+"""Per-key usage counts: kept in memory by each request (lifetime, and per endpoint and HTTP
+status) and written to the database (the key's total, its hours and days) once a second, in one
+transaction."""
 
 import collections
+import functools
 import logging
 import threading
 import time
 
-from flask import current_app
+from flask import current_app, g, request
 
 import metrics
 from models import db, release_connection, start_of_hour, utcnow
+
+# The HTTP status recorded for a time socket's accepted handshake.
+SWITCHING_PROTOCOLS = 101
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +22,9 @@ FLUSH_INTERVAL = 1.0
 
 
 class UsageCounter:
-    """Counts requests per key in memory and adds them to the database (lifetime and per-hour
-    counts) in one transaction at most FLUSH_INTERVAL later, so no request pays for a write."""
+    """Counts requests per key, endpoint, status and whether they were counted against the key's
+    allowance, in memory, and adds them to the database in one transaction at most FLUSH_INTERVAL
+    later, so no request pays for a write."""
 
     def __init__(self, database, interval=FLUSH_INTERVAL):
         self.database = database
@@ -29,10 +35,10 @@ class UsageCounter:
         self.stopped = threading.Event()
         self.flusher = None
 
-    def add(self, key_id):
-        """Count one request for the key."""
+    def add(self, key_id, endpoint, status, counted):
+        """Record one request of the key; counted: it passed the key's allowance (total_requests)."""
         with self.pending_lock:
-            self.pending[key_id] += 1
+            self.pending[key_id, endpoint, status, counted] += 1
         if self.flusher is None:
             self.flusher = threading.Thread(target=self.flush_periodically, daemon=True)
             self.flusher.start()
@@ -45,7 +51,8 @@ class UsageCounter:
             if row is None:
                 return None
             with self.pending_lock:
-                return row[0] + self.pending[key_id]
+                return row[0] + sum(n for (pending_id, *_, counted), n in self.pending.items()
+                                    if pending_id == key_id and counted)
 
     def flush(self):
         """Write the pending counts in one transaction; on failure keep them for the next try."""
@@ -57,12 +64,21 @@ class UsageCounter:
             started = time.perf_counter()
             used_at = utcnow()
             hour = start_of_hour(used_at)
+            totals, breakdown = collections.Counter(), collections.Counter()
+            for (key_id, endpoint, status, counted), count in counts.items():
+                breakdown[key_id, endpoint, status] += count
+                if counted:
+                    totals[key_id] += count
             statements = self.database.statements
             try:
                 with self.database.atomic():
-                    for key_id, count in counts.items():
+                    for key_id, count in totals.items():
                         self.database.execute_sql(statements.add_usage, (count, used_at, key_id))
-                        self.database.execute_sql(statements.add_hourly_usage, (key_id, hour, count, key_id))
+                    for (key_id, endpoint, status), count in breakdown.items():
+                        self.database.execute_sql(statements.add_usage_hours,
+                                                  (key_id, hour, endpoint, status, count, key_id))
+                        self.database.execute_sql(statements.add_usage_days,
+                                                  (key_id, hour.date(), endpoint, status, count, key_id))
             except Exception:
                 with self.pending_lock:
                     self.pending.update(counts)
@@ -88,9 +104,46 @@ class UsageCounter:
 
 
 def init_app(app):
-    app.extensions["usage"] = UsageCounter(db.obj)
+    counter = app.extensions["usage"] = UsageCounter(db.obj)
+    # The counter bound here, and g read once: each proxy lookup costs a microsecond on the hot path.
+    app.after_request(functools.partial(record_response, counter))
+
+
+def admitted(key):
+    """Note that this request is made with the key (found and active), so its answer is recorded."""
+    g.usage_key_id = key.id
+
+
+def not_recorded():
+    """Take back admitted: this request is not the key's to record (refused by its IP allow-list)."""
+    g.pop("usage_key_id", None)
+
+
+def counted():
+    """Note that this request passed its key's allowance: it adds to total_requests."""
+    g.usage_counted = True
+
+
+def record_response(counter, response):
+    """Record the answer to a request made with an active key: refusals for scope and rate as well
+    as successes; a 401 (the key was revoked or deleted meanwhile) is not a request of an active key."""
+    noted = g._get_current_object().__dict__
+    key_id = noted.pop("usage_key_id", None)
+    if key_id is not None and response.status_code != 401:
+        counter.add(key_id, request.url_rule.rule, response.status_code, noted.pop("usage_counted", False))
+    return response
+
+
+def record_handshake(key):
+    """Record a time socket's accepted handshake now: its response comes only when the socket ends."""
+    g.pop("usage_key_id", None)
+    current_app.extensions["usage"].add(key.id, request.url_rule.rule, SWITCHING_PROTOCOLS, g.pop("usage_counted"))
 
 
 def total_requests(key):
-    """Return the key's exact lifetime request count, or None when the key was deleted."""
-    return current_app.extensions["usage"].total(key.id)
+    """Return the key's exact lifetime request count, this request included (it is recorded with its
+    answer, after the view), or None when the key was deleted."""
+    total = current_app.extensions["usage"].total(key.id)
+    if total is None:
+        return None
+    return total + (1 if g.get("usage_counted") and g.get("usage_key_id") == key.id else 0)

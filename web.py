@@ -12,12 +12,13 @@ from flask_wtf.csrf import CSRFProtect
 
 import accounts
 import allowips
+import analytics
 import auth
 import ratelimit
 import reference
 import securitylog
 import twofactor
-from models import SCOPES, ApiKey, UsageHour, start_of_hour, utcnow
+from models import SCOPES, ApiKey, utcnow
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -29,8 +30,8 @@ ENDPOINTS = [
     ("GET", "/api/v1/protected/test", "API key"),
     ("GET", "/api/v1/user/me", "API key"),
     ("GET", "/api/v1/usage/stats", "API key"),
+    ("GET", "/api/v1/usage/history", "API key"),
 ]
-CHART_HOURS = 24
 MAX_ID = 2**63 - 1  # the largest id SQLite and PostgreSQL can hold; beyond it a URL names nothing
 EXPIRIES = {"7d": "7 days", "30d": "30 days", "90d": "90 days", "365d": "365 days", "never": "Never"}
 # When a rolled key's current secret stops working.
@@ -159,8 +160,8 @@ def signup():
         flash(str(error), "error")
         return render_template("signup.html"), 400
     log_in(user)
-    flash(f"Welcome, {user.username}. Create an API key under Security.")
-    return redirect(url_for("web.settings_profile"))
+    flash(f"Welcome, {user.username}. Create your first API key below.")
+    return redirect(url_for("web.settings_security"))
 
 
 @bp.route("/login", methods=("GET", "POST"))
@@ -303,10 +304,10 @@ def settings_security():
 def render_security_tab(status=200, new_key=None):
     keys = list(ApiKey.select().where(ApiKey.user == g.user).order_by(ApiKey.id.desc()))
     now = utcnow()
-    hours = last_hours(now)
-    counts = UsageHour.counts_since([key.id for key in keys], hours[0])
-    usage = {key.id: [counts.get((key.id, hour), 0) for hour in hours] for key in keys}
-    return render_template("settings_security.html", keys=keys, hours=hours, usage=usage, now=now,
+    inactive = [key for key in keys if key.revoked_at or key.is_expired(now)]
+    active = [key for key in keys if key not in inactive]
+    return render_template("settings_security.html", keys=keys, active_keys=active, inactive_keys=inactive,
+                           totals=account_totals(keys, now), now=now,
                            new_key=new_key, key_types=KEY_TYPES, scopes=SCOPES, expiries=EXPIRIES,
                            graces=GRACES, events=securitylog.recent(g.user.id)), status
 
@@ -315,16 +316,21 @@ def render_security_tab(status=200, new_key=None):
 bp.add_app_template_filter(allowips.summary, "allow_ips_summary")
 
 
+def account_totals(keys, now):
+    """The requests of all the account's keys: in the last 24 hours and 30 days, refused in those
+    30 days, and counted over the keys' lives."""
+    key_ids = [key.id for key in keys]
+    days = analytics.daily(key_ids, now=now)
+    refused = sum(day.requests - day.by_outcome()["success"] for day in days)
+    return {"day": sum(hour.requests for hour in analytics.hourly(key_ids, now=now)),
+            "month": sum(day.requests for day in days), "refused": refused,
+            "lifetime": sum(key.total_requests for key in keys)}
+
+
 @bp.app_template_filter("days_until")
 def days_until(moment):
     """Whole days from now until moment, rounded up: 'expires in N days'."""
     return max(0, -(-(moment - utcnow()) // datetime.timedelta(days=1)))
-
-
-def last_hours(now):
-    """Return the starts of the CHART_HOURS hours up to and including the current one, oldest first."""
-    current = start_of_hour(now)
-    return [current - datetime.timedelta(hours=n) for n in reversed(range(CHART_HOURS))]
 
 
 @bp.post("/settings/security/keys")

@@ -31,6 +31,7 @@ import re
 import resource
 import select
 import socket
+import sqlite3
 import statistics
 import struct
 import subprocess
@@ -126,6 +127,16 @@ def seed_keys(env, count):
     return secrets
 
 
+def copy_accounts(source, target):
+    """Copy the users and keys of one SQLite database into another made by the service (the
+    tables have the same columns in every schema version so far)."""
+    with sqlite3.connect(target) as connection:
+        connection.execute("ATTACH DATABASE ? AS source", (str(source),))
+        for table in ("users", "api_keys"):
+            connection.execute(f"INSERT INTO {table} SELECT * FROM source.{table}")
+    connection.close()
+
+
 def wrk(url, headers=(), script=None, env=None, seconds=WRK_SECONDS):
     command = ["taskset", "-c", CLIENT_CORE, "wrk", "-t2", f"-c{WRK_CONNECTIONS}", f"-d{seconds}s", "--latency"]
     for header in headers:
@@ -170,7 +181,11 @@ def bench_rest(workdir):
     }
     servers = [service, bare]
     if AGAINST:
-        before = Server("app:app", env, chdir=AGAINST, config=AGAINST / "gunicorn.conf.py")
+        # Its own database, with the same users and keys: the other checkout may be at an older
+        # schema version, and would refuse to start on this one's.
+        other_env = dict(env, DATABASE_URL=f"sqlite:///{workdir}/against.db")
+        before = Server("app:app", other_env, chdir=AGAINST, config=AGAINST / "gunicorn.conf.py")
+        copy_accounts(workdir / "bench.db", workdir / "against.db")
         servers.append(before)
         cases[f"public `GET /api/v1/demo/year` of {AGAINST.name}"] = lambda: wrk(before.base + "/api/v1/demo/year")
         cases[f"`GET /api/v1/protected/test`, 1 key, of {AGAINST.name}"] = lambda: wrk(

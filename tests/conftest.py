@@ -51,6 +51,7 @@ def app(database_url):
     })
     with app.app_context():
         yield app
+    app.extensions["lifecycle"].close()
     app.extensions["usage"].close()
     app.extensions["ratelimit"].close()
 

@@ -94,8 +94,8 @@ def test_usage_of_a_key_deleted_with_its_account_does_not_hold_up_the_others(app
     _, gone = auth.issue_key(other, "gone", "development")
     usage = app.extensions["usage"]
     kept_key, gone_key = auth.authenticate(kept), auth.authenticate(gone)
-    usage.add(kept_key.id)
-    usage.add(gone_key.id)
+    usage.add(kept_key.id, "/api/v1/protected/test", 200, True)
+    usage.add(gone_key.id, "/api/v1/protected/test", 200, True)
     accounts.delete_account(other, "another long password")
     usage.flush()
     assert usage.pending == {}

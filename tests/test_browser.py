@@ -1,10 +1,12 @@
 """A user's path through the web application in headless Chromium (Debian's, driven by Python
 Playwright) against the real server in both run modes (gunicorn, and `python app.py`'s fallback):
-get a key, see it once, use it, revoke it; then the playground's REST calls, clock and echo. With
-UPDATE_SCREENSHOTS=1 the run saves the screenshots of docs/web-app-and-keys.md to docs/; otherwise
-to a temporary folder, so a test run leaves the checkout clean."""
+get a key, see it once, use it, revoke it; then the playground's REST calls, clock and echo; a
+key's page with its charts at 1280 and 390 px; axe-core (WCAG 2.2 AA) on the Security tab and the
+key page. With UPDATE_SCREENSHOTS=1 the run saves the screenshots of docs/web-app-and-keys.md to
+docs/; otherwise to a temporary folder, so a test run leaves the checkout clean."""
 
 import os
+import re
 
 import pytest
 import requests
@@ -24,6 +26,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 DOCS = ROOT / "docs"
+AXE = ROOT / "tests" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+WCAG_22_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"]
+CREATE = re.compile("Create New API Key|Create your first key")
 
 
 @pytest.fixture
@@ -83,7 +88,7 @@ def create_key(page, name):
     page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Security").click()
     page.get_by_label("Name", exact=True).fill(name)
     page.get_by_label("Production").check()
-    page.get_by_role("button", name="Create New API Key").click()
+    page.get_by_role("button", name=CREATE).click()
     expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
     return page.get_by_label("Secret key").input_value()
 
@@ -111,6 +116,7 @@ def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server, screenshots):
     row = page.locator("table.keys tbody tr", has_text="Browser key")
     row.get_by_text("Revoke", exact=True).click()
     row.get_by_role("button", name="Yes, revoke").click()
+    page.get_by_text("Revoked (1)").click()  # revoked keys are folded away
     revoked = page.locator("table.keys tbody tr", has_text="Browser key")
     expect(revoked.get_by_text("Revoked", exact=True)).to_be_visible()
     refused = protected_test(server, secret)
@@ -179,7 +185,7 @@ def test_every_page_fits_a_phone(browser, server, screenshots):
         page.get_by_label("Password").fill("a long password")
         page.get_by_role("button", name="Create account").click()
         expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
-        assert fits(page, PHONE["width"]), "Profile"
+        assert fits(page, PHONE["width"]), "Security after sign-up"
         secret = create_key(page, "A key with a rather long name, to see it wrap on a phone")
         assert fits(page, PHONE["width"]), "Security with the new secret"
         assert page.get_by_label("Secret key").input_value() == secret
@@ -215,6 +221,7 @@ def test_the_api_reference_shows_every_endpoint_of_openapi_json(page):
 
 def test_change_the_password_and_delete_the_account(page, server):
     sign_up(page, "gale")
+    page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Profile").click()
     page.get_by_label("Current password").fill("a long password")
     page.get_by_label("New password").fill("an even longer password")
     page.get_by_role("button", name="Change password").click()
@@ -234,11 +241,10 @@ def test_create_with_expiry_and_scopes_roll_and_revoke(page, server):
     page.get_by_label("Expires in").select_option("30d")
     page.get_by_label("user:read").uncheck()
     page.get_by_label("usage:read").uncheck()
-    page.get_by_role("button", name="Create New API Key").click()
+    page.get_by_role("button", name=CREATE).click()
     first = page.get_by_label("Secret key").input_value()
     row = page.locator("table.keys tbody tr", has_text="Lifecycle key")
     expect(row).to_contain_text("expires in 30 days")
-    expect(row).to_contain_text("test:read time:stream")
     assert protected_test(server, first).status_code == 200
     me = requests.get(server.base + "/api/v1/user/me", headers={"X-API-Key": first}, timeout=5)
     assert me.status_code == 403 and me.json()["error"]["code"] == "insufficient_scope"
@@ -254,9 +260,68 @@ def test_create_with_expiry_and_scopes_roll_and_revoke(page, server):
     assert protected_test(server, first).status_code == protected_test(server, second).status_code == 200
     expect(page.locator("table.log-table")).to_contain_text("key.rolled")
 
-    row.get_by_text("Revoke", exact=True).click()
-    row.get_by_role("button", name="Yes, revoke").click()
+    row.get_by_role("link", name="Lifecycle key").click()
+    expect(page.locator(".key-facts")).to_contain_text("test:read time:stream")
+    page.get_by_text("Revoke", exact=True).click()
+    page.get_by_role("button", name="Yes, revoke").click()
+    page.get_by_text("Revoked (1)").click()
     row = page.locator("table.keys tbody tr", has_text="Lifecycle key")
     expect(row.get_by_text("Revoked", exact=True)).to_be_visible()
     expect(row).not_to_contain_text("previous secret")
     assert protected_test(server, first).status_code == protected_test(server, second).status_code == 401
+
+
+def axe_violations(page):
+    """axe-core's WCAG 2.2 AA violations on the page as it is: [(rule, [target, ...]), ...]."""
+    require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", WCAG_22_AA)
+    return [(violation["id"], [node["target"] for node in violation["nodes"]]) for violation in result["violations"]]
+
+
+def test_a_keys_page_charts_its_requests_by_outcome_at_1280_and_390_px(browser, server, screenshots):
+    # The service's CSP allows no inline script: this context lets axe-core in, and nothing else differs.
+    context = browser.new_context(base_url=server.base, viewport={"width": 1280, "height": 800}, bypass_csp=True)
+    page = context.new_page()
+    try:
+        sign_up(page, "ivy")
+        expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
+        assert axe_violations(page) == []
+        secret = create_key(page, "Charted key")
+        statuses = [requests.get(server.base + path, headers={"X-API-Key": secret}, timeout=5).status_code
+                    for path in ["/api/v1/protected/test"] * 3 + ["/api/v1/user/me", "/api/v1/usage/stats"]]
+        assert statuses == [200] * 5
+        page.reload()
+        page.get_by_role("link", name="Charted key").click()
+        expect(page.get_by_role("heading", name="Charted key", level=2)).to_be_visible()
+        hour = page.locator("figure", has=page.get_by_role("heading", name="Requests per hour, last 24 hours"))
+        # Counts reach the page within a second of the requests.
+        for _ in range(20):
+            if hour.locator("svg rect.success").count():
+                break
+            page.wait_for_timeout(250)
+            page.reload()
+        expect(hour.locator("svg rect.success")).to_have_count(1)
+        expect(hour.locator("table tbody tr")).to_have_count(24)
+        expect(hour.locator("table tbody tr").last).to_contain_text("5")
+        endpoints = page.locator("figure", has=page.get_by_role("heading", name="By endpoint, last 24 hours"))
+        expect(endpoints.locator("svg text").first).to_have_text("/api/v1/protected/test")
+        assert axe_violations(page) == []
+        page.screenshot(path=screenshots / "key-page.png", full_page=True)
+
+        page.set_viewport_size(PHONE)
+        wide = page.evaluate("""[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 390)
+            .map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right)).slice(0, 8)""")
+        assert fits(page, PHONE["width"]), f"key page: {wide}"
+        box = hour.locator("svg").bounding_box()
+        assert 300 <= box["width"] <= PHONE["width"]
+        assert axe_violations(page) == []
+        page.screenshot(path=screenshots / "phone-key-page.png", full_page=True)
+        page.get_by_role("link", name="Security", exact=True).first.click()
+        assert fits(page, PHONE["width"]), "Security"
+        assert axe_violations(page) == []
+        page.screenshot(path=screenshots / "phone-security-keys.png", full_page=True)
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.screenshot(path=screenshots / "security-keys.png", full_page=True)
+    finally:
+        context.close()

@@ -122,12 +122,13 @@ def replay(package, captured):
     return made
 
 
-KEYED = {"protected_test", "user_me", "usage_stats"}
+KEYED = {"protected_test", "user_me", "usage_stats", "usage_history"}
 # How each documented response is made to happen on a live server, and the error code it carries.
 # A status that cannot happen there for that operation (a 500 or 503 of a public endpoint, on a
 # healthy server) is the same status of a keyed endpoint, as the server sent it, replayed.
 LIVE_401_KEYS = {"protected_test": (None, "missing_api_key"), "user_me": (MALFORMED_KEY, "invalid_api_key"),
-                 "usage_stats": ("revoked", "invalid_api_key"), "revoke_leaked_key": (None, "missing_api_key")}
+                 "usage_stats": ("revoked", "invalid_api_key"), "usage_history": (MALFORMED_KEY, "invalid_api_key"),
+                 "revoke_leaked_key": (None, "missing_api_key")}
 
 
 def respond(package, servers, operation_id, status):

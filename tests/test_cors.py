@@ -97,6 +97,7 @@ def make_app(tmp_path):
 
     yield make
     for app in apps:
+        app.extensions["lifecycle"].close()
         app.extensions["usage"].close()
 
 

@@ -48,6 +48,7 @@ def sqlite_app(tmp_path):
                       "RATE_LIMIT_TIERS": "free=100/minute", "TESTING": True})
     with app.app_context():
         yield app
+    app.extensions["lifecycle"].close()
     app.extensions["usage"].close()
 
 
@@ -205,6 +206,7 @@ def redis_app():
                       "RATE_LIMIT_TIERS": "free=100/minute", "TESTING": True})
     with app.app_context():
         yield app
+    app.extensions["lifecycle"].close()
     app.extensions["usage"].close()
 
 

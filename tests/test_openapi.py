@@ -14,7 +14,7 @@ from api import VERSION
 from contract import DOCUMENT, assert_conforms
 from models import ApiKey
 
-PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"]
+PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats", "/api/v1/usage/history"]
 PUBLIC = ["/api/v1/demo/year", "/api/v1/status", "/api/v1/openapi.json"]
 
 

@@ -171,6 +171,7 @@ def test_a_forwarded_loopback_address_needs_a_loopback_peer(database_url):
     # A proxy on this host, passing on a local scraper's request.
     assert client.get("/metrics", headers={"X-Forwarded-For": "127.0.0.1"}).status_code == 200
     assert client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 404
+    app.extensions["lifecycle"].close()
     app.extensions["usage"].close()
 
 

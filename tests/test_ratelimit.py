@@ -58,7 +58,11 @@ def test_storage_failure_is_503_and_lets_nothing_through(app, client, api_key, m
     response = client.get("/api/v1/protected/test", headers={"X-API-Key": api_key})
     assert response.status_code == 503
     assert response.get_json()["error"]["code"] == "service_unavailable"
-    assert app.extensions["usage"].pending == {}
+    # The refusal is recorded as the key's 503, but counts nothing against total_requests.
+    assert app.extensions["usage"].pending == {(key_id(api_key), "/api/v1/protected/test", 503, False): 1}
+
+
+ENDPOINT = "/api/v1/protected/test"
 
 
 def key_id(secret):
@@ -71,7 +75,7 @@ def test_usage_counter_flushes_in_one_go(app, user, pro_key):
     counter = usage.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
     for _ in range(7):
-        counter.add(kid)
+        counter.add(kid, ENDPOINT, 200, True)
     assert counter.total(kid) == 7
     assert ApiKey.get_by_id(kid).total_requests == 0
     counter.flush()
@@ -86,13 +90,13 @@ def test_usage_counter_adds_hourly_counts_in_the_same_flush(app, user, api_key, 
     dev, live = key_id(api_key), key_id(pro_key)
     for kid, count in [(dev, 2), (live, 5)]:
         for _ in range(count):
-            counter.add(kid)
+            counter.add(kid, ENDPOINT, 200, True)
     counter.flush()
-    counter.add(live)
+    counter.add(live, ENDPOINT, 200, True)
     counter.close()
     hour = start_of_hour(utcnow())
-    assert UsageHour.counts_since([dev, live], hour) == {(dev, hour): 2, (live, hour): 6}
-    assert UsageHour.select().count() == 2
+    rows = {(row.api_key_id, row.hour, row.endpoint, row.status): row.requests for row in UsageHour.select()}
+    assert rows == {(dev, hour, ENDPOINT, 200): 2, (live, hour, ENDPOINT, 200): 6}
 
 
 def fail_statements_starting(monkeypatch, prefix):
@@ -115,7 +119,7 @@ def test_a_failed_hourly_write_rolls_back_the_lifetime_count(app, user, pro_key,
 
     counter = usage.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
-    counter.add(kid)
+    counter.add(kid, ENDPOINT, 200, True)
     original = fail_statements_starting(monkeypatch, "INSERT INTO usage_hours")
     with pytest.raises(peewee.OperationalError):
         counter.flush()
@@ -132,11 +136,11 @@ def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, mon
     counter = usage.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
     for _ in range(4):
-        counter.add(kid)
+        counter.add(kid, ENDPOINT, 200, True)
     original = fail_statements_starting(monkeypatch, "UPDATE")
     with pytest.raises(peewee.OperationalError):
         counter.flush()
-    counter.add(kid)
+    counter.add(kid, ENDPOINT, 200, True)
     monkeypatch.setattr(db.obj, "execute_sql", original)
     counter.close()
     assert ApiKey.get_by_id(kid).total_requests == 5
@@ -148,7 +152,7 @@ def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro
 
     def add_many():
         for _ in range(2000):
-            counter.add(kid)
+            counter.add(kid, ENDPOINT, 200, True)
 
     threads = [threading.Thread(target=add_many) for _ in range(8)]
     for thread in threads:
@@ -162,7 +166,7 @@ def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro
 def test_periodic_flush_writes_without_requests(app, user, pro_key):
     counter = usage.UsageCounter(db.obj, interval=0.01)
     kid = key_id(pro_key)
-    counter.add(kid)
+    counter.add(kid, ENDPOINT, 200, True)
     for _ in range(500):
         if ApiKey.get_by_id(kid).total_requests == 1:
             break

@@ -2,6 +2,7 @@
 brought to the latest schema in place, by the app and by several workers starting at once, on
 SQLite and PostgreSQL, with every user, key and count kept and the old keys still working."""
 
+import datetime
 import json
 import multiprocessing
 import os
@@ -59,10 +60,21 @@ def test_a_first_release_database_upgrades_in_place(database_url, tmp_path):
             auth.authenticate(secrets["revoked"])
         assert ApiKey.get_by_id(live.id).total_requests == 7
         assert User.get().username == "carol"
+        # The first release's hourly count stays, as an unrecorded endpoint's 200s, and is in its day.
+        hours = [(row.hour, row.endpoint, row.status, row.requests) for row in models.UsageHour.select()]
+        assert hours == [(datetime.datetime(2026, 11, 23, 14), "", 200, 7)]
+        days = [(row.day, row.endpoint, row.status, row.requests) for row in models.UsageDay.select()]
+        assert days == [(datetime.date(2026, 11, 23), "", 200, 7)]
         assert {column.name for column in db.get_columns("api_keys")} >= {
             "expires_at", "scopes", "previous_key_hash", "previous_display_prefix", "previous_expires_at",
             "allow_ips"}
     assert app.test_client().get("/api/v1/user/me", headers={"X-API-Key": secrets["test"]}).json["api_key_count"] == 2
+    # The old one-row-per-hour index is gone: a second endpoint in the same hour is a second row.
+    assert app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": secrets["live"]}).status_code == 200
+    app.extensions["usage"].close()
+    app.extensions["lifecycle"].close()
+    with app.app_context():
+        assert models.UsageHour.select().count() == 3
     again = create_app({"DATABASE_URL": url})
     assert again.extensions["schema"] == (schema.LATEST, schema.LATEST)
     assert schema_version(url) == schema.LATEST

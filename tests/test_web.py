@@ -51,9 +51,11 @@ def test_landing_page_links_everything(client):
 def test_signup_logs_in_and_hashes_the_password(client):
     response = client.post("/signup", data={"username": "bob", "email": "Bob@Example.com", "password": "s3cret pass"})
     assert response.status_code == 302
-    assert response.headers["Location"] == "/settings/profile"
-    profile = page(client.get("/settings/profile"))
-    assert "bob@example.com" in profile and "Log out bob" in profile
+    # Sign-up lands on Security, whose one step is the first key.
+    assert response.headers["Location"] == "/settings/security"
+    security = page(client.get("/settings/security"))
+    assert "Create your first key" in security and "Log out bob" in security
+    assert "bob@example.com" in page(client.get("/settings/profile"))
     user = User.get(User.username == "bob")
     assert user.password_hash.startswith("scrypt:1024:8:1$") and "s3cret pass" not in user.password_hash
 
@@ -253,14 +255,34 @@ def test_security_tab_lists_each_key_with_its_details(app, logged_in, api_key):
     row = html.split(f'id="key-{dev.id}"', 1)[1].split("</tr>", 1)[0]
     cells = [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip()
              for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-    assert cells[:9] == ["Alice dev from any address", "Development", f"{api_key[:12]}...", "free",
-                         dev.created_at.strftime("%Y-%m-%d %H:%M"), "never",
-                         "test:read user:read usage:read time:stream",
-                         dev.last_used_at.strftime("%Y-%m-%d %H:%M"), "2"]
-    assert "Active" in cells[10] and "Revoke" in cells[11] and "Roll" in cells[11]
+    assert cells[:5] == ["Alice dev from any address", "Development", f"{api_key[:12]}...",
+                         dev.last_used_at.strftime("%Y-%m-%d %H:%M"), "Active"]
+    assert "Revoke" in cells[5] and "Roll" in cells[5]
+    assert f'href="/settings/security/keys/{dev.id}"' in row
+    # Revoked keys wait, folded, below the active ones.
+    active, revoked = html.split('<details class="revoked-keys">', 1)
     second_id = ApiKey.get(ApiKey.name == "Second").id
-    second = html.split(f'id="key-{second_id}"', 1)[1].split("</tr>", 1)[0]
+    assert f'id="key-{second_id}"' not in active and "<summary>Revoked (1)</summary>" in revoked
+    second = revoked.split(f'id="key-{second_id}"', 1)[1].split("</tr>", 1)[0]
     assert "Second" in second and "Revoked" in second and "never" in second and "Yes, revoke" not in second
+
+
+def test_security_tab_shows_the_accounts_totals(app, logged_in, api_key, pro_key):
+    for secret in (api_key, api_key, pro_key, api_key, api_key):  # the free key's 4th is a 429
+        logged_in.get("/api/v1/protected/test", headers={"X-API-Key": secret})
+    app.extensions["usage"].flush()
+    html = page(logged_in.get("/settings/security"))
+    totals = dict(re.findall(r"<dt>([^<]+)</dt><dd>(\d+)</dd>", html))
+    assert totals == {"Last 24 hours": "5", "Last 30 days": "5", "Refused in 30 days": "1", "Counted, all time": "4"}
+
+
+def test_the_form_preselects_90_days(logged_in):
+    html = page(logged_in.get("/settings/security"))
+    assert re.search(r'<option value="90d" selected>90 days</option>', html)
+    assert '<option value="never">Never</option>' in html
+    # A post without expires_in (a script, an old form) still makes a key that never expires.
+    logged_in.post("/settings/security/keys", data={"name": "No expiry given", "type": "development"})
+    assert ApiKey.get(ApiKey.name == "No expiry given").expires_at is None
 
 
 def test_revoking_a_key_stops_it_on_the_very_next_request(logged_in):
@@ -287,26 +309,51 @@ def test_another_users_key_is_404(logged_in):
     assert logged_in.get("/api/v1/protected/test", headers={"X-API-Key": bobs_secret}).status_code == 200
 
 
-def chart_bars(html, key_id):
-    row = html.split(f'id="key-{key_id}"', 1)[1].split("</tr>", 1)[0]
-    label = re.search(r'<svg class="chart"[^>]*aria-label="([^"]+)"', row)[1]
-    return label, [int(count) for count in re.findall(r'data-requests="(\d+)"', row)]
+def chart_rows(html, title):
+    """The data table of the key page's chart with this title: [[period, total, by outcome...], ...]."""
+    figure = html.split(f"<h4>{title}</h4>", 1)[1].split("</figure>", 1)[0]
+    if "No requests yet." in figure:
+        return None
+    rows = re.findall(r'<tr><th scope="row">([^<]+)</th>(.*?)</tr>', figure, re.S)
+    return [[label] + [int(cell) for cell in re.findall(r"<td>(\d+)</td>", cells)] for label, cells in rows]
 
 
-def test_chart_shows_the_flushed_hourly_counts_of_the_last_24_hours(app, logged_in, api_key):
+def test_the_key_page_charts_flushed_counts_by_outcome_and_endpoint(app, logged_in, api_key):
     key = ApiKey.get(ApiKey.name == "Alice dev")
     now = start_of_hour(utcnow())
-    UsageHour.create(api_key=key, hour=now - datetime.timedelta(hours=3), requests=5)
-    UsageHour.create(api_key=key, hour=now - datetime.timedelta(hours=24), requests=7)
-    for _ in range(2):
-        logged_in.get("/api/v1/user/me", headers={"X-API-Key": api_key})
-    label, bars = chart_bars(page(logged_in.get("/settings/security")), key.id)
-    assert (label, bars[-1]) == ("5 requests in the last 24 hours", 0)
+    UsageHour.create(api_key=key, hour=now - datetime.timedelta(hours=3), endpoint="/api/v1/user/me", requests=5)
+    UsageHour.create(api_key=key, hour=now - datetime.timedelta(hours=24), endpoint="/api/v1/user/me", requests=7)
+    html = page(logged_in.get(f"/settings/security/keys/{key.id}"))
+    assert html.count("No requests yet.") == 4  # the daily rows are empty: only the flush writes them
+    hours = chart_rows(html, "Requests per hour, last 24 hours")
+    assert len(hours) == 24 and hours[20] == [(now - datetime.timedelta(hours=3)).strftime("%H:00"), 5, 5, 0, 0, 0]
+    for path in ("/api/v1/user/me", "/api/v1/user/me", "/api/v1/protected/test", "/api/v1/protected/test"):
+        logged_in.get(path, headers={"X-API-Key": api_key})  # free: 3 a minute, so the last is a 429
     app.extensions["usage"].flush()
-    label, bars = chart_bars(page(logged_in.get("/settings/security")), key.id)
-    assert label == "7 requests in the last 24 hours"
-    assert len(bars) == 24
-    assert bars == [0] * 20 + [5, 0, 0, 2]
+    html = page(logged_in.get(f"/settings/security/keys/{key.id}"))
+    assert chart_rows(html, "Requests per hour, last 24 hours")[-1] == [now.strftime("%H:00"), 4, 3, 0, 1, 0]
+    week = chart_rows(html, "Requests per day, last 7 days")
+    assert len(week) == 7 and week[-1][1:] == [4, 3, 0, 1, 0] and sum(row[1] for row in week) == 4
+    assert len(chart_rows(html, "Requests per day, last 30 days")) == 30
+    endpoints = html.split("<h4>By endpoint, last 24 hours</h4>", 1)[1].split("</figure>", 1)[0]
+    assert re.findall(r'<th scope="row">([^<]+)</th><td>(\d+)</td>', endpoints) == [
+        ("/api/v1/user/me", "7"), ("/api/v1/protected/test", "2")]
+    assert '<svg class="usage-chart"' in html and "<script" not in html
+
+
+def test_the_key_page_belongs_to_its_owner_alone(app, logged_in, user):
+    import accounts
+
+    bob = accounts.create_user("bob", "bob@example.com", "another long password")
+    bobs, _ = auth.issue_key(bob, "Bob's key", "development")
+    assert logged_in.get(f"/settings/security/keys/{bobs.id}").status_code == 404
+    assert logged_in.get("/settings/security/keys/999999").status_code == 404
+    mine, _ = auth.issue_key(user, "Mine", "development")
+    html = page(logged_in.get(f"/settings/security/keys/{mine.id}"))
+    assert "<h2>Mine</h2>" in html and html.count("No requests yet.") == 6
+    assert 'name="current" value="' + mine.display_prefix in html
+    logged_in.post("/logout")
+    assert logged_in.get(f"/settings/security/keys/{mine.id}").headers["Location"].startswith("/login")
 
 
 def test_playground_lists_the_endpoints_and_key_names_but_no_secret(logged_in, api_key):

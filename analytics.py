@@ -1,0 +1,96 @@
+"""Usage analytics: a key's (or an account's) requests per hour and per day, by HTTP status and by
+endpoint, read from the hourly and daily rows with one bounded query each."""
+
+import collections
+import datetime
+
+from models import UsageDay, UsageHour, iso_seconds, start_of_hour, utcnow
+
+HOURS = 24
+DAYS = 30
+HOUR = datetime.timedelta(hours=1)
+DAY = datetime.timedelta(days=1)
+# How the key page groups statuses: a success, a refusal for scope, a refusal for rate, the rest.
+OUTCOMES = {"success": "Success", "insufficient_scope": "Refused for scope", "rate_limited": "Rate limited",
+            "other": "Other"}
+
+
+def outcome(status):
+    """The outcome an HTTP status stands for on the key page."""
+    if status < 400:
+        return "success"
+    return {403: "insufficient_scope", 429: "rate_limited"}.get(status, "other")
+
+
+class Period:
+    """One hour or day's requests, by status and by endpoint."""
+
+    def __init__(self, start):
+        self.start = start
+        self.by_status = collections.Counter()
+        self.by_endpoint = collections.Counter()
+
+    @property
+    def requests(self):
+        return sum(self.by_status.values())
+
+    def add(self, endpoint, status, requests):
+        self.by_status[str(status)] += requests
+        self.by_endpoint[endpoint or "(not recorded)"] += requests
+
+    def by_outcome(self):
+        counts = collections.Counter()
+        for status, requests in self.by_status.items():
+            counts[outcome(int(status))] += requests
+        return counts
+
+    def as_json(self, label, text):
+        return {label: text, "requests": self.requests, "by_status": dict(sorted(self.by_status.items())),
+                "by_endpoint": dict(sorted(self.by_endpoint.items()))}
+
+
+def hourly(key_ids, hours=HOURS, now=None):
+    """The last `hours` UTC hours (the current one last), every hour present, for the keys."""
+    last = start_of_hour(now or utcnow())
+    periods = {last - HOUR * back: Period(last - HOUR * back) for back in reversed(range(hours))}
+    rows = (UsageHour.select(UsageHour.hour, UsageHour.endpoint, UsageHour.status, UsageHour.requests)
+            .where(UsageHour.api_key.in_(key_ids) & (UsageHour.hour >= min(periods))).tuples())
+    for hour, endpoint, status, requests in rows:
+        if hour in periods:
+            periods[hour].add(endpoint, status, requests)
+    return list(periods.values())
+
+
+def daily(key_ids, days=DAYS, now=None):
+    """The last `days` UTC days (today last), every day present, for the keys."""
+    today = (now or utcnow()).date()
+    periods = {today - DAY * back: Period(today - DAY * back) for back in reversed(range(days))}
+    rows = (UsageDay.select(UsageDay.day, UsageDay.endpoint, UsageDay.status, UsageDay.requests)
+            .where(UsageDay.api_key.in_(key_ids) & (UsageDay.day >= min(periods))).tuples())
+    for day, endpoint, status, requests in rows:
+        if day in periods:
+            periods[day].add(endpoint, status, requests)
+    return list(periods.values())
+
+
+def daily_json(periods):
+    return [period.as_json("day", period.start.isoformat()) for period in periods]
+
+
+def history(key):
+    """GET /api/v1/usage/history's answer for the key."""
+    now = utcnow()
+    return {
+        "api_key_name": key.name,
+        "generated_at": iso_seconds(now),
+        "hourly": [period.as_json("hour", iso_seconds(period.start)) for period in hourly([key.id], now=now)],
+        "daily": daily_json(daily([key.id], now=now)),
+    }
+
+
+def endpoints_of(periods):
+    """Every endpoint the periods name, busiest first."""
+    totals = collections.Counter()
+    for period in periods:
+        totals.update(period.by_endpoint)
+    return [endpoint for endpoint, _ in totals.most_common()]
