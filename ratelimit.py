@@ -40,6 +40,9 @@ LOGIN_SLOWDOWN_AFTER = RateLimitItemPerHour(20)
 LOGIN_SLOWDOWN_SECONDS = 1.0
 SIGNUPS_PER_IP = RateLimitItemPerHour(20)
 KEY_CREATIONS_PER_ACCOUNT = RateLimitItemPerHour(30)
+# Wrong TOTP codes for one account from anywhere: past this, TOTP codes are refused for a while;
+# recovery codes (80 bits) and passkeys still let the owner in.
+TOTP_FAILURES_PER_ACCOUNT = RateLimitItemPerMinute(10, 15)
 # Each roll writes a security event and, on Redis, makes every worker read its keys again.
 KEY_ROLLS_PER_ACCOUNT = RateLimitItemPerHour(30)
 
@@ -293,6 +296,17 @@ def count_key_creation(user):
     """Count a key created in the web application; raise RateLimitExceeded when too many."""
     current_app.extensions["ratelimit"].hit(KEY_CREATIONS_PER_ACCOUNT, f"key-creations:{user.id}",
                                             "key-creation", report=False)
+
+
+def count_totp_guess(user):
+    """Count a TOTP code before it is checked, from any address; RateLimitExceeded past the cap."""
+    current_app.extensions["ratelimit"].hit(TOTP_FAILURES_PER_ACCOUNT, f"totp-guesses:{user.id}", "login",
+                                            report=False)
+
+
+def totp_guess_accepted(user):
+    """Give back the guess of a right TOTP code: only wrong ones stay counted."""
+    current_app.extensions["ratelimit"].give_back(TOTP_FAILURES_PER_ACCOUNT, f"totp-guesses:{user.id}")
 
 
 def count_key_roll(user):

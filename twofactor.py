@@ -33,6 +33,8 @@ PENDING_LOGIN_LIFE = datetime.timedelta(minutes=5)
 # Wrong codes one pending log-in may take before the password must be given again (and counted
 # by its own throttle).
 PENDING_LOGIN_FAILURES = 5
+# Pending log-ins an account keeps (its newest): one per browser in the middle of a log-in.
+PENDING_LOGINS_KEPT = 10
 CODE_PATTERN = re.compile(r"[0-9]{6}")
 
 
@@ -200,6 +202,9 @@ def start_pending_login(user):
         PendingLogin.delete().where(PendingLogin.expires_at < utcnow()).execute()
         PendingLogin.create(token_hash=accounts.token_hash(token), user=user.id, password_hash=user.password_hash,
                             expires_at=utcnow() + PENDING_LOGIN_LIFE)
+        # A right password is not throttled: keep what repeating it adds bounded.
+        accounts.keep_newest(PendingLogin, PendingLogin.user == user.id, PendingLogin.expires_at,
+                             PendingLogin.token_hash, PENDING_LOGINS_KEPT)
     return token
 
 

@@ -262,6 +262,21 @@ def delete_account():
     return redirect(url_for("web.landing"))
 
 
+def refuse_wrong_password(password):
+    """Check the account's password under the log-in throttle; None when it is right, else a
+    (sentence, status)."""
+    username = g.user.username
+    try:
+        time.sleep(ratelimit.password_attempt(username))
+    except ratelimit.RateLimitExceeded as error:
+        return f"Too many wrong passwords. Try again in {error.retry_after} seconds.", 429
+    if not accounts.password_matches(g.user, password):
+        ratelimit.password_refused(username)
+        return "The password is not correct.", 400
+    ratelimit.password_accepted(username)
+    return None
+
+
 def with_password_check(change, password, *args):
     """Make a change that the account's password confirms, throttled like a log-in (so a stolen
     cookie cannot guess the password); return the error page, or None when it was made."""

@@ -70,16 +70,23 @@ def code_identity(user):
 def check_code(user, code):
     """Check a second-factor code under the throttle; None when it passed, else a (flash, status)."""
     identity = code_identity(user)
+    totp = bool(twofactor.CODE_PATTERN.fullmatch(code.strip()))
     try:
         time.sleep(ratelimit.password_attempt(identity))
+        if totp:
+            # Per address alone, many addresses would make 6 digits guessable within a day.
+            ratelimit.count_totp_guess(user)
     except ratelimit.RateLimitExceeded as error:
-        return f"Too many wrong codes. Try again in {error.retry_after} seconds.", 429
+        recovery = " A recovery code or a passkey still works." if totp else ""
+        return f"Too many wrong codes. Try again in {error.retry_after} seconds.{recovery}", 429
     try:
         twofactor.use_code(user, code)
     except twofactor.WrongCode as error:
         ratelimit.password_refused(identity)
         return str(error), 400
     ratelimit.password_accepted(identity)
+    if totp:
+        ratelimit.totp_guess_accepted(user)
     return None
 
 
@@ -189,6 +196,12 @@ def add_passkey():
 @bp.post("/settings/security/passkeys/<int(max=9223372036854775807):passkey_id>/remove")
 @web.login_required
 def remove_passkey(passkey_id):
+    # The password, as for turning 2FA off: a stolen cookie alone must not remove the owner's
+    # passkey and with it sign the owner out while the thief stays.
+    refused = web.refuse_wrong_password(request.form.get("password", ""))
+    if refused:
+        flash(refused[0], "error")
+        return web.render_security_tab(status=refused[1])
     name = passkeys.remove(g.user, passkey_id, keep_session=g.session)
     if name is None:
         abort(404)

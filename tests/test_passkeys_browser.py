@@ -109,6 +109,7 @@ def test_a_passkey_registers_logs_in_alone_serves_as_second_factor_and_is_remove
 
     page.goto("/settings/security")
     page.locator(".passkey").locator("..").get_by_text("Remove", exact=True).click()
+    page.get_by_label("Your password").fill("a long password")
     page.get_by_role("button", name="Yes, remove").click()
     expect(page.locator(".passkey")).to_have_count(0)
     assert "user.passkey_removed" in security_log(page)

@@ -224,10 +224,15 @@ def test_removing_a_passkey_ends_the_other_sessions(logged_in, app, user):
     passkey = Passkey.create(user=user.id, name="Laptop", credential_id="abc", public_key=b"k")
     page = logged_in.get("/settings/security").get_data(as_text=True)
     assert 'class="passkey">Laptop<' in page
-    assert logged_in.post(f"/settings/security/passkeys/{passkey.id}/remove").status_code == 302
+    remove = f"/settings/security/passkeys/{passkey.id}/remove"
+    # A stolen cookie alone cannot remove it (and sign the owner out): the password is asked for.
+    assert logged_in.post(remove).status_code == 400
+    assert logged_in.post(remove, data={"password": "not it"}).status_code == 400
+    assert is_logged_in(other) and Passkey.select().count() == 1
+    assert logged_in.post(remove, data={"password": PASSWORD}).status_code == 302
     assert is_logged_in(logged_in) and not is_logged_in(other)
     assert Session.select().count() == 1
-    assert logged_in.post(f"/settings/security/passkeys/{passkey.id}/remove").status_code == 404
+    assert logged_in.post(remove, data={"password": PASSWORD}).status_code == 404
 
 
 def test_adding_a_second_factor_needs_a_recent_log_in(logged_in, user, monkeypatch):
@@ -264,3 +269,33 @@ def test_two_setups_at_once_show_one_secret(logged_in, user, monkeypatch):
     monkeypatch.setattr(twofactor, "record_for", lambda user: None)
     assert twofactor.start_setup(user) == first
     assert TwoFactor.select().count() == 1
+
+
+def test_totp_guesses_from_many_addresses_meet_a_cap_per_account_and_a_recovery_code_still_works(
+        app, logged_in, user):
+    # Per address alone (5 a minute per account and address), 30 addresses guessed 14 codes a
+    # second for one account: 6 digits would fall within a day.
+    _, codes = enable(logged_in)
+    logged_in.post("/logout")
+    statuses = []
+    for n in range(12):
+        guesser = app.test_client()
+        address = {"REMOTE_ADDR": f"10.77.{n}.1"}
+        guesser.post("/login", data={"username": "alice", "password": PASSWORD}, environ_base=address)
+        statuses.append(guesser.post("/login/2fa", data={"code": "000000"}, environ_base=address).status_code)
+    assert statuses == [400] * 10 + [429] * 2
+    owner = app.test_client()
+    owner.post("/login", data={"username": "alice", "password": PASSWORD}, environ_base={"REMOTE_ADDR": "10.78.0.1"})
+    refused = owner.post("/login/2fa", data={"code": "123456"}, environ_base={"REMOTE_ADDR": "10.78.0.1"})
+    assert refused.status_code == 429 and "A recovery code or a passkey still works." in refused.get_data(as_text=True)
+    response = owner.post("/login/2fa", data={"code": codes[0]}, environ_base={"REMOTE_ADDR": "10.78.0.1"})
+    assert response.status_code == 302 and is_logged_in(owner)
+
+
+def test_an_account_keeps_at_most_its_newest_pending_log_ins(app, logged_in):
+    enable(logged_in)
+    logged_in.post("/logout")
+    for n in range(twofactor.PENDING_LOGINS_KEPT + 5):
+        app.test_client().post("/login", data={"username": "alice", "password": PASSWORD},
+                               environ_base={"REMOTE_ADDR": f"10.79.{n}.1"})
+    assert PendingLogin.select().count() == twofactor.PENDING_LOGINS_KEPT
