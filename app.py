@@ -200,6 +200,14 @@ class CheckedClientAddress:
         return self.wsgi_app(environ, start_response)
 
 
+def close_app(app):
+    """Stop what the app runs in the background (the pruner, the usage flusher after writing what is
+    pending, the memory storage's sweep): no thread outlives it."""
+    app.extensions["lifecycle"].close()
+    app.extensions["usage"].close()
+    app.extensions["ratelimit"].close()
+
+
 def configure_logging(log_format):
     """Log INFO and above to stderr, unless something (gunicorn's logconfig, pytest) already set up
     the root logger; every handler redacts keys and tags the request's lines with its id."""

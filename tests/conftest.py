@@ -15,7 +15,7 @@ import accounts  # noqa: E402
 import auth  # noqa: E402
 import services  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
-from app import create_app  # noqa: E402
+from app import close_app, create_app  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
 
@@ -51,9 +51,21 @@ def app(database_url):
     })
     with app.app_context():
         yield app
-    app.extensions["lifecycle"].close()
-    app.extensions["usage"].close()
-    app.extensions["ratelimit"].close()
+    close_app(app)
+
+
+@pytest.fixture
+def make_app():
+    """create_app for a test that needs apps of its own settings; each is closed afterwards."""
+    made = []
+
+    def make(overrides):
+        made.append(create_app(overrides))
+        return made[-1]
+
+    yield make
+    for app in made:
+        close_app(app)
 
 
 @pytest.fixture

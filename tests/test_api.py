@@ -194,10 +194,8 @@ def test_public_endpoints_are_limited_per_ip(client):
     assert other_ip.status_code == 200
 
 
-def test_public_limit_can_be_turned_off(tmp_path):
-    from app import create_app
-
-    app = create_app({"DATABASE_URL": f"sqlite:///{tmp_path}/off.db", "PUBLIC_RATE_LIMIT": "off"})
+def test_public_limit_can_be_turned_off(tmp_path, make_app):
+    app = make_app({"DATABASE_URL": f"sqlite:///{tmp_path}/off.db", "PUBLIC_RATE_LIMIT": "off"})
     client = app.test_client()
     responses = [client.get("/api/v1/demo/year") for _ in range(700)]
     assert {r.status_code for r in responses} == {200}
@@ -210,10 +208,8 @@ def test_forwarded_for_is_ignored_without_trusted_proxies(client):
     assert client.get("/api/v1/demo/year", headers={"X-Forwarded-For": "10.9.9.9"}).status_code == 429
 
 
-def test_forwarded_for_is_honoured_with_one_trusted_proxy(tmp_path):
-    from app import create_app
-
-    app = create_app({"DATABASE_URL": f"sqlite:///{tmp_path}/proxy.db", "PUBLIC_RATE_LIMIT": "2/minute",
+def test_forwarded_for_is_honoured_with_one_trusted_proxy(tmp_path, make_app):
+    app = make_app({"DATABASE_URL": f"sqlite:///{tmp_path}/proxy.db", "PUBLIC_RATE_LIMIT": "2/minute",
                       "TRUSTED_PROXIES": 1})
     client = app.test_client()
     for _ in range(2):

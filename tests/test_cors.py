@@ -9,7 +9,7 @@ import requests
 import accounts
 import auth
 import cors
-from app import create_app, load_config
+from app import close_app, create_app, load_config
 from conftest import TEST_TIERS
 from liveserver import make_key, service_env, serving
 
@@ -97,8 +97,7 @@ def make_app(tmp_path):
 
     yield make
     for app in apps:
-        app.extensions["lifecycle"].close()
-        app.extensions["usage"].close()
+        close_app(app)
 
 
 def test_without_the_setting_no_hook_runs_and_no_header_is_sent(make_app):

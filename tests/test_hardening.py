@@ -16,7 +16,6 @@ import auth
 import logs
 import ratelimit
 import securitylog
-from app import create_app
 from models import ApiKey, SecurityEvent, User
 
 
@@ -266,15 +265,11 @@ def test_the_cli_announces_a_revocation_again(runner, user, monkeypatch):
     ('9.9.9.9\tkey.revoked\t\x85FORGED', "127.0.0.1"),
     ('a" 200 - "b', "127.0.0.1"),
 ])
-def test_a_forwarded_client_address_is_kept_only_when_it_is_an_address(database_url, forwarded, seen):
-    app = create_app({"DATABASE_URL": database_url, "TRUSTED_PROXIES": 1, "TESTING": True})
+def test_a_forwarded_client_address_is_kept_only_when_it_is_an_address(database_url, make_app, forwarded, seen):
+    app = make_app({"DATABASE_URL": database_url, "TRUSTED_PROXIES": 1, "TESTING": True})
     app.add_url_rule("/whoami", "whoami", lambda: request.remote_addr)
-    try:
-        response = app.test_client().get("/whoami", headers={"X-Forwarded-For": forwarded})
-        assert response.get_data(as_text=True) == seen
-    finally:
-        app.extensions["usage"].close()
-        app.extensions["ratelimit"].close()
+    response = app.test_client().get("/whoami", headers={"X-Forwarded-For": forwarded})
+    assert response.get_data(as_text=True) == seen
 
 
 @pytest.mark.parametrize("address, identity", [

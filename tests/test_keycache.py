@@ -20,7 +20,7 @@ import models
 import ratelimit
 import services
 from clock import fake_time
-from app import create_app
+from app import close_app, create_app
 
 
 @pytest.fixture
@@ -48,8 +48,7 @@ def sqlite_app(tmp_path):
                       "RATE_LIMIT_TIERS": "free=100/minute", "TESTING": True})
     with app.app_context():
         yield app
-    app.extensions["lifecycle"].close()
-    app.extensions["usage"].close()
+    close_app(app)
 
 
 @pytest.fixture
@@ -57,13 +56,13 @@ def sqlite_user(sqlite_app):
     return accounts.create_user("kim", "kim@example.com", "correct horse battery")
 
 
-def test_each_database_and_storage_gets_its_signal(tmp_path):
-    sqlite = create_app({"DATABASE_URL": f"sqlite:///{tmp_path}/a.db", "RATELIMIT_STORAGE_URL": "memory://"})
+def test_each_database_and_storage_gets_its_signal(tmp_path, make_app):
+    sqlite = make_app({"DATABASE_URL": f"sqlite:///{tmp_path}/a.db", "RATELIMIT_STORAGE_URL": "memory://"})
     assert isinstance(sqlite.extensions["keys"].generation, keycache.SqliteGeneration)
     postgres_url = services.postgres_url()
-    postgres_redis = create_app({"DATABASE_URL": postgres_url, "RATELIMIT_STORAGE_URL": services.redis_url()})
+    postgres_redis = make_app({"DATABASE_URL": postgres_url, "RATELIMIT_STORAGE_URL": services.redis_url()})
     assert isinstance(postgres_redis.extensions["keys"].generation, keycache.RedisGeneration)
-    postgres_memory = create_app({"DATABASE_URL": postgres_url, "RATELIMIT_STORAGE_URL": "memory://"})
+    postgres_memory = make_app({"DATABASE_URL": postgres_url, "RATELIMIT_STORAGE_URL": "memory://"})
     assert isinstance(postgres_memory.extensions["keys"], keycache.Uncached)
 
 
@@ -206,8 +205,7 @@ def redis_app():
                       "RATE_LIMIT_TIERS": "free=100/minute", "TESTING": True})
     with app.app_context():
         yield app
-    app.extensions["lifecycle"].close()
-    app.extensions["usage"].close()
+    close_app(app)
 
 
 def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):

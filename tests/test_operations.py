@@ -16,7 +16,7 @@ import health
 import logs
 import metrics
 import models
-from app import create_app, load_config
+from app import load_config
 
 NEW_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -162,8 +162,8 @@ def test_metrics_are_for_loopback_or_the_token(app, client, remote, authorizatio
         assert response.get_json()["error"]["code"] == "not_found"
 
 
-def test_a_forwarded_loopback_address_needs_a_loopback_peer(database_url):
-    app = create_app({"DATABASE_URL": database_url, "TRUSTED_PROXIES": 1, "TESTING": True})
+def test_a_forwarded_loopback_address_needs_a_loopback_peer(database_url, make_app):
+    app = make_app({"DATABASE_URL": database_url, "TRUSTED_PROXIES": 1, "TESTING": True})
     client = app.test_client()
     forged = client.get("/metrics", headers={"X-Forwarded-For": "127.0.0.1"},
                         environ_base={"REMOTE_ADDR": "203.0.113.9"})
@@ -171,8 +171,6 @@ def test_a_forwarded_loopback_address_needs_a_loopback_peer(database_url):
     # A proxy on this host, passing on a local scraper's request.
     assert client.get("/metrics", headers={"X-Forwarded-For": "127.0.0.1"}).status_code == 200
     assert client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 404
-    app.extensions["lifecycle"].close()
-    app.extensions["usage"].close()
 
 
 def test_an_ipv4_mapped_loopback_address_is_loopback():

@@ -18,7 +18,6 @@ import requests
 import auth
 import models
 import schema
-from app import create_app
 from conftest import TEST_TIERS
 from liveserver import cli, service_env, start_procfile
 from models import ApiKey, User, db
@@ -42,15 +41,15 @@ def load_release1(database_url, tmp_path):
     return database_url
 
 
-def schema_version(database_url):
-    with create_app({"DATABASE_URL": database_url}).app_context():
+def schema_version(make_app, database_url):
+    with make_app({"DATABASE_URL": database_url}).app_context():
         return db.execute_sql("SELECT version FROM schema_version").fetchone()[0]
 
 
-def test_a_first_release_database_upgrades_in_place(database_url, tmp_path):
+def test_a_first_release_database_upgrades_in_place(database_url, tmp_path, make_app):
     url = load_release1(database_url, tmp_path)
     secrets = SECRETS["postgresql" if url.startswith("postgresql") else "sqlite"]
-    app = create_app({"DATABASE_URL": url, "RATE_LIMIT_TIERS": TEST_TIERS})
+    app = make_app({"DATABASE_URL": url, "RATE_LIMIT_TIERS": TEST_TIERS})
     assert app.extensions["schema"] == (1, schema.LATEST)
     with app.app_context():
         live = auth.authenticate(secrets["live"])
@@ -75,12 +74,12 @@ def test_a_first_release_database_upgrades_in_place(database_url, tmp_path):
     app.extensions["lifecycle"].close()
     with app.app_context():
         assert models.UsageHour.select().count() == 3
-    again = create_app({"DATABASE_URL": url})
+    again = make_app({"DATABASE_URL": url})
     assert again.extensions["schema"] == (schema.LATEST, schema.LATEST)
-    assert schema_version(url) == schema.LATEST
+    assert schema_version(make_app, url) == schema.LATEST
 
 
-def test_a_second_release_database_gets_allow_lists(database_url, tmp_path, monkeypatch):
+def test_a_second_release_database_gets_allow_lists(database_url, tmp_path, monkeypatch, make_app):
     """Version 2 (expiry, scopes, rolls) to the latest: keys gain an empty allow-list and keep working anywhere."""
     url = load_release1(database_url, tmp_path)
     database = models.open_database(url)
@@ -89,7 +88,7 @@ def test_a_second_release_database_gets_allow_lists(database_url, tmp_path, monk
         second_release.setattr(schema, "LATEST", 2)
         assert schema.upgrade(database, []) == (1, 2)
     database.close()
-    app = create_app({"DATABASE_URL": url, "RATE_LIMIT_TIERS": TEST_TIERS})
+    app = make_app({"DATABASE_URL": url, "RATE_LIMIT_TIERS": TEST_TIERS})
     assert app.extensions["schema"] == (2, schema.LATEST)
     secret = SECRETS["postgresql" if url.startswith("postgresql") else "sqlite"]["live"]
     with app.app_context():
