@@ -164,8 +164,6 @@ def create_app(overrides=None):
     web.init_app(app)
     webprotection.init_app(app)
     keypage.init_app(app)
-    # The API authenticates by key, never by the browser's cookie: no CSRF token to ask for.
-    web.csrf.exempt(api.api)
     app.register_error_handler(HTTPException, render_http_error)
     for database_error in DATABASE_ERRORS:
         app.register_error_handler(database_error, render_database_error)
@@ -230,18 +228,18 @@ def refuse_large_bodies():
     """Refuse a body larger than MAX_BODY_BYTES before it is read: a declared one at once, a chunked
     one once that many bytes came (they are kept for the view, in memory). Only a POST's chunked
     body is read: no other view takes one, and the server closes the connection after it."""
-    limit = current_app.config["MAX_BODY_BYTES"]
     environ = request.environ
     if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
         if request.method != "POST":
             return
+        limit = current_app.config["MAX_BODY_BYTES"]
         # Werkzeug would stop reading at the limit without a word, and the form would be cut short.
         body = read_chunked(environ["wsgi.input"], limit + 1)
         if len(body) > limit:
             raise PayloadTooLarge(body_limit_sentence(limit))
         environ["wsgi.input"] = io.BytesIO(body)
-    elif (request.content_length or 0) > limit:
-        raise PayloadTooLarge(body_limit_sentence(limit))
+    elif environ.get("CONTENT_LENGTH") and (request.content_length or 0) > current_app.config["MAX_BODY_BYTES"]:
+        raise PayloadTooLarge(body_limit_sentence(current_app.config["MAX_BODY_BYTES"]))
 
 
 def read_chunked(stream, size):
