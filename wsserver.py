@@ -149,6 +149,38 @@ class Outbox:
         self.room.set()
 
 
+class Pinger:
+    """One greenlet per worker pings each socket whose ping_interval has passed, once a second
+    between two ticks of the time sockets (at x.5 s), instead of a timer per socket."""
+
+    def __init__(self):
+        self.servers = set()
+        self.sweeper = None
+
+    def watch(self, server):
+        self.servers.add(server)
+        if self.sweeper is None:
+            self.sweeper = gevent.spawn(self._sweep)
+
+    def forget(self, server):
+        self.servers.discard(server)
+        if not self.servers and self.sweeper is not None:
+            # It stops with the last socket, so no greenlet outlives a test's server.
+            self.sweeper.kill(block=False)
+            self.sweeper = None
+
+    def _sweep(self):
+        while True:
+            gevent.sleep(1.5 - time.time() % 1.0)
+            now = time.monotonic()
+            for server in [server for server in self.servers if server.next_ping <= now]:
+                if not server.held_back:
+                    server.ping_or_give_up()
+
+
+PINGER = Pinger()
+
+
 class Server(simple_websocket.Server):
     """simple-websocket's server with bounded input and output, one writer per socket, no
     permessage-deflate, and close codes that reach the client."""
@@ -242,30 +274,20 @@ class Server(simple_websocket.Server):
         self.input_taken.set()
 
     def _thread(self):
-        next_ping = time.monotonic() + self.ping_interval if self.ping_interval else None
+        # Pings are the Pinger's: a timer armed on every read cost the echo a tenth of its time.
+        self.next_ping = time.monotonic() + self.ping_interval if self.ping_interval else None
+        self.held_back = False
         reads = 0
+        if self.next_ping is not None:
+            PINGER.watch(self)
         try:
             while self.connected:
                 # Backpressure: nothing more is read while the handler has messages to take or
                 # the client has not taken our answers, so TCP slows the client down.
-                waited_since = time.monotonic()
-                while self.input_buffer and self.connected and not self.closed_by_server:
-                    self.input_taken.clear()
-                    self.input_taken.wait()
-                if not self.outbox.wait_for_room(self.outbox.limit // 2) or not self.connected:
-                    break
-                if next_ping is not None:
-                    # Time spent holding the client back is not time it failed to answer a ping.
-                    next_ping += time.monotonic() - waited_since
-                data = self._recv_until(next_ping)
-                if data is None:
-                    if not self.pong_received:
-                        self.close(POLICY_VIOLATION, "Ping/Pong timeout")
+                if (self.input_buffer and not self.closed_by_server) or not self.outbox.fits(self.outbox.limit // 2):
+                    if not self._hold_back() or not self.connected:
                         break
-                    self.pong_received = False
-                    self.sock.send(self.ws.send(Ping()))
-                    next_ping = time.monotonic() + self.ping_interval
-                    continue
+                data = self.raw.recv(self.receive_bytes)
                 if not data:
                     break
                 self.ws.receive_data(data)
@@ -280,9 +302,46 @@ class Server(simple_websocket.Server):
         except (OSError, LocalProtocolError, simple_websocket.ConnectionClosed):
             pass
         finally:
+            PINGER.forget(self)
             self.connected = False
             self.event.set()
             self.outbox.close()
+
+    def _hold_back(self):
+        """Wait until the handler has taken every message and the client our answers; False
+        once the socket is closed."""
+        self.held_back = True
+        waited_since = time.monotonic()
+        try:
+            while self.input_buffer and self.connected and not self.closed_by_server:
+                self.input_taken.clear()
+                self.input_taken.wait()
+            return self.outbox.wait_for_room(self.outbox.limit // 2)
+        finally:
+            self.held_back = False
+            if self.next_ping is not None:
+                # Time spent holding the client back is not time it failed to answer a ping.
+                self.next_ping += time.monotonic() - waited_since
+
+    def ping_or_give_up(self):
+        """The Pinger's call once ping_interval has passed: ping, or close with 1008 a client
+        that has not answered the last ping, and stop reading it LINGER_SECONDS later."""
+        if not self.connected:
+            return
+        if not self.pong_received:
+            try:
+                self.close(POLICY_VIOLATION, "Ping/Pong timeout")
+            except (OSError, LocalProtocolError, simple_websocket.ConnectionClosed):
+                pass
+            # The reader waits on a client that answers nothing: closing the socket ends its wait.
+            gevent.spawn_later(LINGER_SECONDS, self.outbox.abort)
+            return
+        self.pong_received = False
+        self.next_ping = time.monotonic() + self.ping_interval
+        try:
+            self.outbox.send(self.ws.send(Ping()))
+        except (OSError, LocalProtocolError):
+            pass
 
     def _linger(self):
         """After our close frame, read and drop what the client still sends until its close
