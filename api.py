@@ -10,6 +10,7 @@ from werkzeug.exceptions import ServiceUnavailable
 import analytics
 import auth
 import models
+import ratelimit
 import usage
 from auth import require_api_key
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
@@ -70,7 +71,7 @@ def user_me():
 @api.get("/usage/stats")
 @require_api_key("usage:read")
 def usage_stats():
-    key, window = g.api_key, g.rate_limit
+    key, window = g.api_key, ratelimit.current_window()
     total = usage.total_requests(key)
     if total is None:
         auth.found_key(None)  # deleted with its account since it was admitted

@@ -27,6 +27,7 @@ import auth
 import cli
 import cors
 import devserver
+import envelope
 import health
 import keycache
 import keypage
@@ -159,7 +160,6 @@ def create_app(overrides=None):
     cors.init_app(app)
     health.init_app(app)
     metrics.init_app(app)
-    app.after_request(add_response_headers)
     sockets.init_app(app)
     web.init_app(app)
     webprotection.init_app(app)
@@ -179,7 +179,7 @@ def create_app(overrides=None):
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:
         app.wsgi_app = ProxyFix(CheckedClientAddress(app.wsgi_app), x_for=proxies, x_proto=proxies)
-    app.wsgi_app = logs.RequestIds(metrics.RequestMetrics(app.wsgi_app))
+    app.wsgi_app = envelope.Envelope(app.wsgi_app, app.extensions["usage"])
     return app
 
 
@@ -218,18 +218,6 @@ def configure_logging(log_format):
         logs.prepare_handlers(root, log_format, logs.text_formatter())
     else:
         logs.prepare_handlers(root, log_format)
-
-
-def add_response_headers(response):
-    """Forbid caching and MIME sniffing of every API response, errors included; over HTTPS, tell
-    browsers to come back only over HTTPS."""
-    if request.path.startswith(web.API_PREFIX):
-        # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
-        response.headers["Cache-Control"] = "no-store"
-        response.headers["X-Content-Type-Options"] = "nosniff"
-    if request.is_secure:
-        response.headers["Strict-Transport-Security"] = "max-age=31536000"
-    return response
 
 
 class PayloadTooLarge(RequestEntityTooLarge):

@@ -12,7 +12,7 @@ import traceback
 
 import gevent
 from gunicorn import util
-from gunicorn.glogging import Logger
+from gunicorn.glogging import Logger, SafeAtoms
 from werkzeug.exceptions import default_exceptions
 
 # `python app.py` runs gunicorn from any folder: make this project's modules importable here.
@@ -52,6 +52,24 @@ access_log_format = '%(h)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms %({x-request-
 forwarded_allow_ips = ""
 
 
+class EscapedAtoms(SafeAtoms):
+    """The text access line's fields as gunicorn's SafeAtoms gives them (a missing one is "-",
+    double quotes escaped), with control characters escaped too: a path holding %0a must not write
+    a second, forged line. Each is escaped when the line reads it, so only the few fields of
+    access_log_format are, not the forty-odd atoms (every header) gunicorn makes per request."""
+
+    def __init__(self, atoms):
+        dict.__init__(self, atoms)
+
+    def __getitem__(self, name):
+        value = self.get(name.lower() if name.startswith("{") else name, "-")
+        if not isinstance(value, str):
+            return value
+        if not value.isprintable() or "\\" in value:
+            value = logs.escape_controls(value)
+        return value.replace('"', '\\"')
+
+
 class ServiceLogger(Logger):
     """gunicorn's logger, minus secrets (for a request it cannot parse, gunicorn logs the whole
     request line, query string and all; a client may put a key in the path itself), with each
@@ -62,11 +80,7 @@ class ServiceLogger(Logger):
         logs.prepare_handlers(self.error_log, LOG_FORMAT)
         logs.prepare_handlers(self.access_log, LOG_FORMAT)
 
-    def atoms(self, resp, req, environ, request_time):
-        """The text access line's fields, control characters escaped: a path holding %0a must not
-        write a second, forged line. gunicorn itself then escapes the double quotes."""
-        return {name: logs.escape_controls(value) if isinstance(value, str) else value
-                for name, value in super().atoms(resp, req, environ, request_time).items()}
+    atoms_wrapper_class = EscapedAtoms
 
     def access(self, resp, req, environ, request_time):
         if LOG_FORMAT != "json" or not self.access_log_enabled:
@@ -157,11 +171,14 @@ def on_exit(server):
 
 def post_worker_init(worker):
     """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
-    gracefully; gunicorn on its own would cut sockets after graceful_timeout with no close frame,
-    and its SIGINT is a quick stop."""
+    gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
+    and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second."""
     import signal
 
+    import metrics
     from sockets import close_all_sockets
+
+    gevent.spawn(metrics.fold_every_second)
 
     def chain(previous):
         def handler(signum, frame):
@@ -214,7 +231,11 @@ def post_request(worker, req, environ, resp):
 
 
 def worker_exit(server, worker):
-    """Write the usage counts still held in memory before the worker goes, and stop its pruning."""
+    """Write the usage counts still held in memory before the worker goes, fold its last request
+    counts into /metrics, and stop its pruning."""
+    import metrics
+
+    metrics.tally.fold()
     app = getattr(worker, "wsgi", None)
     if app is not None:
         app.extensions["lifecycle"].close()

@@ -25,7 +25,7 @@ CONTROL_OR_BACKSLASH = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 REQUEST_ID_HEADER = "X-Request-ID"
 REQUEST_ID_ENVIRON = "service.request_id"
-# Set for each request by RequestIds; gevent gives every connection's greenlet its own context.
+# Set for each request by envelope.Envelope; gevent gives every connection's greenlet its own context.
 current_request_id = contextvars.ContextVar("request_id", default=None)
 
 
@@ -64,24 +64,6 @@ def request_id_for(header):
         return header
     # 32 random hex digits, as nginx's $request_id: a fifth of uuid4()'s cost.
     return os.urandom(16).hex()
-
-
-class RequestIds:
-    """WSGI middleware: give every request an id, in the environ, in the log records of its
-    greenlet, and in the X-Request-ID header of its response."""
-
-    def __init__(self, wsgi_app):
-        self.wsgi_app = wsgi_app
-
-    def __call__(self, environ, start_response):
-        request_id = environ[REQUEST_ID_ENVIRON] = request_id_for(environ.get("HTTP_X_REQUEST_ID"))
-        current_request_id.set(request_id)
-
-        def start_with_request_id(status, headers, exc_info=None):
-            headers.append((REQUEST_ID_HEADER, request_id))
-            return start_response(status, headers, exc_info)
-
-        return self.wsgi_app(environ, start_with_request_id)
 
 
 def end_request():

@@ -9,7 +9,7 @@ import math
 import re
 import time
 
-from flask import current_app, g, request
+from flask import current_app, request
 from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute
 from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
@@ -48,6 +48,8 @@ KEY_ROLLS_PER_ACCOUNT = RateLimitItemPerHour(30)
 
 RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
 RateLimitState.__doc__ = "One request's place in its window; reset is in epoch seconds."
+# Where a request's RateLimitState waits for its response (envelope.py writes the headers).
+RATE_LIMIT_STATE = "service.rate_limit"
 
 
 class RateLimitExceeded(TooManyRequests):
@@ -97,7 +99,7 @@ class Limiter:
 
     def hit(self, item, identity, policy, report=True, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
-        With report, the state goes on g.rate_limit and so into the response headers. With a key
+        With report, the state goes into the response headers (see current_window). With a key
         generation (Redis only), raise KeysChanged, counting nothing, once it is no longer current."""
         window_key = item.key_for(identity)
         try:
@@ -110,7 +112,7 @@ class Limiter:
             raise LimitStorageUnavailable() from None
         state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, item.get_expiry())
         if report:
-            g.rate_limit = state
+            request.environ[RATE_LIMIT_STATE] = state
         if count > item.amount:
             metrics.rate_limited(policy)
             retry_after = max(1, seconds_until(reset))
@@ -156,7 +158,6 @@ def init_app(app):
     public_rate = None if public.lower() == "off" else parse_rate(public)
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
     app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate)
-    app.after_request(add_rate_limit_headers)
     warn_about_unknown_tiers(tiers)
 
 
@@ -320,16 +321,24 @@ def seconds_until(epoch):
     return max(0, math.ceil(epoch - time.time()))
 
 
-def add_rate_limit_headers(response):
-    """Report the request's window in the X-RateLimit-* and IETF draft-11 RateLimit headers."""
-    state = g.get("rate_limit")
-    if state is not None:
-        # Added, not set: nothing else writes these, and set() scans every header for each.
-        response.headers.extend((
-            ("X-RateLimit-Limit", str(state.limit)),
-            ("X-RateLimit-Remaining", str(state.remaining)),
-            ("X-RateLimit-Reset", str(math.ceil(state.reset))),
-            ("RateLimit-Policy", f'"{state.policy}";q={state.limit};w={state.window}'),
-            ("RateLimit", f'"{state.policy}";r={state.remaining};t={seconds_until(state.reset)}'),
-        ))
-    return response
+def current_window():
+    """The RateLimitState this request was counted in."""
+    return request.environ[RATE_LIMIT_STATE]
+
+
+def header_lines(state):
+    """The X-RateLimit-* and IETF draft-11 RateLimit headers of a request's window."""
+    limit, policy = policy_lines(state.policy, state.limit, state.window)
+    return (
+        limit,
+        ("X-RateLimit-Remaining", str(state.remaining)),
+        ("X-RateLimit-Reset", str(math.ceil(state.reset))),
+        policy,
+        ("RateLimit", f'"{state.policy}";r={state.remaining};t={seconds_until(state.reset)}'),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def policy_lines(policy, limit, window):
+    """The headers that are the same for every request of a policy: built once, not per request."""
+    return ("X-RateLimit-Limit", str(limit)), ("RateLimit-Policy", f'"{policy}";q={limit};w={window}')

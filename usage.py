@@ -3,12 +3,11 @@ status) and written to the database (the key's total, its hours and days) once a
 transaction."""
 
 import collections
-import functools
 import logging
 import threading
 import time
 
-from flask import current_app, g, request
+from flask import current_app, request
 
 import metrics
 from models import db, release_connection, start_of_hour, utcnow
@@ -104,40 +103,37 @@ class UsageCounter:
 
 
 def init_app(app):
-    counter = app.extensions["usage"] = UsageCounter(db.obj)
-    # The counter bound here, and g read once: each proxy lookup costs a microsecond on the hot path.
-    app.after_request(functools.partial(record_response, counter))
+    # envelope.py records each request's answer with the counter.
+    app.extensions["usage"] = UsageCounter(db.obj)
+
+
+# Where a request notes, for envelope.py, that its answer goes into a key's usage.
+USAGE_KEY_ID = "service.usage_key_id"
+USAGE_COUNTED = "service.usage_counted"
 
 
 def admitted(key):
-    """Note that this request is made with the key (found and active), so its answer is recorded."""
-    g.usage_key_id = key.id
+    """Note that this request is made with the key (found and active), so its answer is recorded:
+    refusals for scope and rate as well as successes."""
+    request.environ[USAGE_KEY_ID] = key.id
 
 
 def not_recorded():
     """Take back admitted: this request is not the key's to record (refused by its IP allow-list)."""
-    g.pop("usage_key_id", None)
+    request.environ.pop(USAGE_KEY_ID, None)
 
 
 def counted():
     """Note that this request passed its key's allowance: it adds to total_requests."""
-    g.usage_counted = True
-
-
-def record_response(counter, response):
-    """Record the answer to a request made with an active key: refusals for scope and rate as well
-    as successes; a 401 (the key was revoked or deleted meanwhile) is not a request of an active key."""
-    noted = g._get_current_object().__dict__
-    key_id = noted.pop("usage_key_id", None)
-    if key_id is not None and response.status_code != 401:
-        counter.add(key_id, request.url_rule.rule, response.status_code, noted.pop("usage_counted", False))
-    return response
+    request.environ[USAGE_COUNTED] = True
 
 
 def record_handshake(key):
     """Record a time socket's accepted handshake now: its response comes only when the socket ends."""
-    g.pop("usage_key_id", None)
-    current_app.extensions["usage"].add(key.id, request.url_rule.rule, SWITCHING_PROTOCOLS, g.pop("usage_counted"))
+    environ = request.environ
+    environ.pop(USAGE_KEY_ID, None)
+    current_app.extensions["usage"].add(key.id, request.url_rule.rule, SWITCHING_PROTOCOLS,
+                                        environ.pop(USAGE_COUNTED, False))
 
 
 def total_requests(key):
@@ -146,4 +142,5 @@ def total_requests(key):
     total = current_app.extensions["usage"].total(key.id)
     if total is None:
         return None
-    return total + (1 if g.get("usage_counted") and g.get("usage_key_id") == key.id else 0)
+    environ = request.environ
+    return total + (1 if environ.get(USAGE_COUNTED) and environ.get(USAGE_KEY_ID) == key.id else 0)

@@ -1,5 +1,6 @@
-"""The service's gunicorn settings, with the one hook that shapes serving (post_request, which
-keeps keep-alive connections fair) and without those that need the service's modules."""
+"""The service's gunicorn settings, access line included (its format, written by gunicorn's own
+logger), with the one hook that shapes serving (post_request, which keeps keep-alive connections
+fair) and without those that need the service's modules."""
 
 import runpy
 from pathlib import Path

@@ -22,7 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import run  # bench/run.py: the server, wrk and the service's environment
+if not __package__:
+    # Run as a script, Python put bench/ first on the path, where this file would shadow the
+    # service's lifecycle module: import from the project root instead.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench import servers, wrk
 
 KEYS = 200
 COMBINATIONS = (("/api/v1/protected/test", 200), ("/api/v1/protected/test", 429))
@@ -32,7 +37,7 @@ PRUNE_ROWS = 1_000_000
 
 
 def simulated_year(workdir):
-    os.environ.update(run.service_env(workdir))
+    os.environ.update(servers.service_env(workdir))
     import analytics
     import lifecycle
     import models
@@ -104,8 +109,8 @@ def median_ms(read, times=20):
 
 
 def p99_during_prune(workdir):
-    env = run.service_env(workdir)
-    secret = run.seed_keys(env, 1)[0]
+    env = servers.service_env(workdir)
+    secret = servers.seed_keys(env, 1)[0]
     import models
 
     with models.db.atomic():
@@ -117,20 +122,20 @@ def p99_during_prune(workdir):
         # The server's own background prune stays out of the way: `db prune` alone does the work.
         models.MaintenanceLock.create(name="prune", until=datetime.datetime(2100, 1, 1))
     models.db.close()
-    server = run.Server("app:app", env)
+    server = servers.service(env)
     try:
         url = server.base + "/api/v1/protected/test"
         headers = [f"X-API-Key: {secret}"]
-        run.wrk(url, headers=headers, seconds=3)  # warm-up
-        alone = run.wrk(url, headers=headers)
+        wrk.run(url, headers=headers, seconds=3)  # warm-up
+        alone = wrk.run(url, headers=headers)
         # On the server's core, as the background prune would run: it takes the server's CPU, not wrk's.
-        prune = subprocess.Popen(["taskset", "-c", run.SERVER_CORE, sys.executable, "-m", "flask", "--app", "app",
-                                  "db", "prune"], cwd=run.ROOT, env=env, stdout=subprocess.PIPE, text=True)
-        during = run.wrk(url, headers=headers)
+        prune = subprocess.Popen(["taskset", "-c", servers.SERVER_CORE, sys.executable, "-m", "flask", "--app", "app",
+                                  "db", "prune"], cwd=servers.ROOT, env=env, stdout=subprocess.PIPE, text=True)
+        during = wrk.run(url, headers=headers)
         printed = prune.communicate(timeout=600)[0].strip()
     finally:
         server.stop()
-    print(f"\n`GET /api/v1/protected/test`, 1 key, {run.WRK_CONNECTIONS} connections, {run.WRK_SECONDS} s; "
+    print(f"\n`GET /api/v1/protected/test`, 1 key, {wrk.CONNECTIONS} connections, {wrk.SECONDS} s; "
           f"`db prune` deleting {PRUNE_ROWS:,} hourly rows ({printed})\n")
     print("| | req/s | p50 ms | p99 ms | non-2xx |")
     print("|---|---|---|---|---|")

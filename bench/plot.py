@@ -1,4 +1,5 @@
-"""Render the numbers bench/run.py --json wrote as one PNG per part, each stamped with its command and date.
+"""Render the numbers bench/run.py (or a part run alone) wrote with --json as one PNG per part,
+each stamped with its command and date.
 
     pip install -r bench/requirements.txt
     python bench/plot.py docs/bench/results.json docs/bench/     # writes docs/bench/<part>.png
@@ -87,12 +88,18 @@ def plot_echo(part, report):
 
 
 def plot_sockets(part, report):
-    rows = [row for row in part["rows"] if row["arrived_ms"]]
+    """Lines for the first run (rows without a run number are one run's); each later run's p99 as dots."""
+    measured = [row for row in part["rows"] if row["arrived_ms"]]
+    rows = [row for row in measured if row.get("run", 1) == 1]
     counts = [row["sockets"] for row in rows]
     figure, (late, memory) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": (2, 1)})
     for field, style in (("p99", "-"), ("p50", "--")):
         late.plot(counts, [row["arrived_ms"][field] for row in rows], style, marker="o", color=BAR,
                   label=f"arrived at the client, {field}")
+    later = [row for row in measured if row.get("run", 1) > 1]
+    if later:
+        late.plot([row["sockets"] for row in later], [row["arrived_ms"]["p99"] for row in later], "o",
+                  color=RUN, markersize=3, label="arrived, p99, later runs")
     late.plot(counts, [row["built_ms"]["p99"] for row in rows], "-", marker=".", color=BASE,
               label="message built by the server, p99")
     late.set_xlabel("time sockets open on the worker")
@@ -106,8 +113,8 @@ def plot_sockets(part, report):
     for position, row in enumerate(rows):
         memory.annotate(f"{row['rss_per_socket_kib']:.1f}", (position, row["rss_per_socket_kib"]),
                         ha="center", va="bottom", fontsize=8)
-    failures = sum(row["handshake_failures"] for row in rows)
-    skipped = sum(row["skipped_seconds"] for row in rows)
+    failures = sum(row["handshake_failures"] for row in part["rows"])
+    skipped = sum(row["skipped_seconds"] for row in part["rows"])
     stamp(figure, report, f"Time sockets: lateness of each tick after its whole second, read on {part['read']}\n"
                           f"{part['tick_seconds']} s of ticks; {failures} failed handshakes, {skipped} skipped seconds")
     return figure

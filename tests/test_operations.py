@@ -1,6 +1,7 @@
 """Health, readiness, metrics, request ids and log formats with Flask's test client (the live
 server with two workers is tests/test_operations_live.py)."""
 
+import bisect
 import json
 import logging
 import re
@@ -9,6 +10,7 @@ import time
 import gevent
 import pytest
 from peewee import OperationalError
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 import auth
@@ -110,6 +112,51 @@ def test_metrics_count_by_route_never_by_path_or_key(client, api_key):
     assert value(after, "rate_limited_total", policy="public") == value(before, "rate_limited_total", policy="public") + 1
     assert value(after, "http_request_duration_seconds_count", endpoint="/api/v1/demo/year") == \
         value(before, "http_request_duration_seconds_count", endpoint="/api/v1/demo/year") + 6
+
+
+def test_many_observations_added_at_once_read_as_if_observed_one_by_one():
+    # metrics.add_observations writes prometheus_client's own histogram values: this fails if a new
+    # version of the library moves them.
+    registry = CollectorRegistry()
+    one_by_one = Histogram("one_by_one", "", registry=registry)
+    at_once = Histogram("at_once", "", registry=registry)
+    durations = [0.0001, 0.004, 0.005, 0.0051, 0.3, 0.3, 2.4, 11.0, 1e6]
+    for seconds in durations:
+        one_by_one.observe(seconds)
+    per_bucket = [0] * len(metrics.BUCKET_BOUNDS)
+    for seconds in durations:
+        per_bucket[bisect.bisect_left(metrics.BUCKET_BOUNDS, seconds)] += 1
+    metrics.add_observations(at_once, sum(durations), per_bucket)
+
+    def read(name):
+        return {(sample.name.removeprefix(name), tuple(sample.labels.items())): sample.value
+                for family in registry.collect() if family.name == name for sample in family.samples
+                if not sample.name.endswith("_created")}
+
+    assert read("at_once") == read("one_by_one")
+    assert read("at_once")[("_bucket", (("le", "0.005"),))] == 3
+
+
+def test_a_tally_folds_each_count_once():
+    tally = metrics.Tally()
+    labels = ("/tally-test", "GET", 200)
+    counter, histogram = metrics.series_for(labels)
+    before = counter._value.get(), histogram._sum.get()
+    tally.count(labels, 0.25)
+    tally.fold()
+    tally.count(labels, 0.5)
+    tally.count(labels, None)
+    tally.fold()
+    tally.fold()
+    assert (counter._value.get(), histogram._sum.get()) == (before[0] + 3, before[1] + 0.75)
+
+
+def test_the_scrape_shows_every_request_answered_before_it(client):
+    for _ in range(3):
+        client.get("/healthz")
+    first = value(samples(client), "http_requests_total", endpoint="/healthz", method="GET", status="200")
+    client.get("/healthz")
+    assert value(samples(client), "http_requests_total", endpoint="/healthz", method="GET", status="200") == first + 1
 
 
 def test_unusual_methods_share_one_label(client):

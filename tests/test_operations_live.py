@@ -15,6 +15,7 @@ import requests
 import websocket
 from prometheus_client.parser import text_string_to_metric_families
 
+import metrics
 import services
 from liveserver import Server, free_port, make_key, procfile_command, service_env, start_procfile, wait_for
 from tcpproxy import TcpProxy
@@ -74,6 +75,9 @@ def test_counters_from_both_workers_are_summed(ops):
         sent += 1
         if sent % 50 == 0:
             pids = {line["pid"] for line in access_lines(ops) if line.get("request_id", "").startswith("sum-")}
+    # Each worker folds its counts into the metrics once a second.
+    wait_for(lambda: metric(ops, "http_requests_total", endpoint="/api/v1/demo/year", method="GET",
+                            status="200") == before + sent)
     found = scrape(ops)
     total = found[("http_requests_total", frozenset(
         {"endpoint": "/api/v1/demo/year", "method": "GET", "status": "200"}.items()))]
@@ -86,6 +90,7 @@ def test_counters_from_both_workers_are_summed(ops):
 
 def test_the_socket_gauge_follows_opens_and_closes(ops):
     ws_base = ops.base.replace("http", "ws")
+    time.sleep(metrics.FOLD_SECONDS + 0.5)  # every worker's earlier counts folded into the metrics
     before = {name: metric(ops, "websocket_messages_sent_total", socket=name) for name in ("echo", "time")}
     upgrades = metric(ops, "http_requests_total", endpoint="/api/v1/ws/echo", method="GET", status="101")
     echoes = [websocket.create_connection(ws_base + "/api/v1/ws/echo", timeout=10,
@@ -103,8 +108,8 @@ def test_the_socket_gauge_follows_opens_and_closes(ops):
         for ws in clocks:
             assert json.loads(ws.recv())["type"] == "auth_success"
             assert json.loads(ws.recv())["type"] == "time_update"
-        assert metric(ops, "websocket_messages_sent_total", socket="echo") == before["echo"] + 3
-        assert metric(ops, "websocket_messages_sent_total", socket="time") >= before["time"] + 4
+        wait_for(lambda: metric(ops, "websocket_messages_sent_total", socket="echo") == before["echo"] + 3)
+        wait_for(lambda: metric(ops, "websocket_messages_sent_total", socket="time") >= before["time"] + 4)
     finally:
         for ws in echoes + clocks:
             ws.close()
@@ -219,6 +224,8 @@ def test_json_log_lines_carry_the_request_and_never_a_key(ops):
 
 def test_a_killed_worker_takes_its_sockets_out_of_the_gauge(ops):
     ws_base = ops.base.replace("http", "ws")
+    # What every worker has folded into the metrics (once a second) by now.
+    time.sleep(metrics.FOLD_SECONDS + 0.5)
     served = metric(ops, "http_requests_total", endpoint="/api/v1/demo/year", method="GET", status="200")
     sockets = [websocket.create_connection(ws_base + "/api/v1/ws/echo", timeout=10) for _ in range(4)]
     try:

@@ -1,0 +1,31 @@
+"""The benchmark suite, run by hand from the project root; docs/performance.md has its figures.
+
+All parts at once, or a few, with one JSON report (bench/run.py's docstring lists the commands):
+
+    python bench/run.py PART [PART ...] [--against DIR] [--json FILE] [--quick] [options]
+
+Each part alone, always as a module of this package (`python -m`, from the project root), with
+the same options where they apply (--help lists them); --quick makes a smoke run, never figures:
+
+    python -m bench.rest          # REST under wrk, x bare Flask           (run.py's part: rest)
+    python -m bench.redislimits   # protected/test, limits in Redis ÷ memory          (redis)
+    python -m bench.scale         # PostgreSQL + Redis ÷ SQLite + memory              (scale)
+    python -m bench.timesockets   # tick lateness and memory per time socket          (sockets)
+    python -m bench.stalled       # 3,000 time sockets, 1 % of them stalled           (stalled)
+    python -m bench.echo          # echo round trips, x the bare flask-sock echo      (echo)
+    python -m bench.cycles        # RSS over 1,000 connect/disconnect cycles          (cycles)
+    python -m bench.logins        # GET /api/v1/status while 20 users log in          (logins)
+
+Shared by the parts: servers.py (gunicorn with one pinned worker, free ports, the service's
+environment, seeded keys, copied accounts), wrk.py (a run and its parsed report), clients.py (the
+WebSocket clients: raw handshakes, the kernel-stamped time-socket reader, the asyncio echo client;
+percentiles), suite.py (the command line and the JSON report). bare.py and bare.conf.py are the
+ceiling: a bare Flask route and a bare flask-sock echo under the service's gunicorn settings.
+Standalone: hotpath.py (CPU per protected/test against another checkout), lifecycle.py (usage
+rows over a simulated year, p99 during a prune) and plot.py (PNGs from a --json report).
+
+The parts import the service's modules (accounts, auth, app ...) from the project root, so a
+module here is never named like one of them or like a library (sockets, redis, select). The one
+exception, lifecycle.py, is imported only as bench.lifecycle; run as a script, it and run.py
+first take bench/ off the path, where it would shadow the service's lifecycle module.
+"""

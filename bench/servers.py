@@ -1,0 +1,124 @@
+"""The servers a benchmark measures and what they start from: gunicorn with one gevent worker
+pinned to the server core, the service's environment, the bench user's keys."""
+
+import os
+import re
+import resource
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+# The service's modules, which seed_keys imports; never bench/, whose lifecycle.py would shadow
+# the service's (bench/run.py takes bench/ off the path).
+sys.path.insert(0, str(ROOT))
+
+SERVER_CORE, CLIENT_CORE = "1", "0"
+# Its own database, emptied at the start: choose another where several people share one Redis.
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def use_client_core():
+    """Pin this process to the client core and let it (and the servers it starts, which inherit
+    the limit) open as many files as the hard limit allows, up to 65,536: a time socket is one."""
+    os.sched_setaffinity(0, {int(CLIENT_CORE)})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+
+
+class Server:
+    """gunicorn -c CONFIG with one gevent worker, pinned to SERVER_CORE."""
+
+    def __init__(self, wsgi_app, env, chdir=ROOT, config=ROOT / "gunicorn.conf.py"):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = dict(env, PORT=str(self.port), WEB_CONCURRENCY="1")
+        command = ["taskset", "-c", SERVER_CORE, sys.executable, "-m", "gunicorn",
+                   "-c", str(config), "--chdir", str(chdir),
+                   "--access-logfile", "/dev/null", wsgi_app]
+        self.process = subprocess.Popen(command, cwd=chdir, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+        for _ in range(300):
+            try:
+                requests.get(self.base + "/", timeout=5)
+                break
+            except requests.RequestException:
+                assert self.process.poll() is None, f"{wsgi_app} did not start"
+                time.sleep(0.1)
+        self.worker_pid = int(subprocess.check_output(["pgrep", "-P", str(self.process.pid)]).split()[0])
+
+    def rss_kib(self):
+        status = Path(f"/proc/{self.worker_pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status)[1])
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def service(env, checkout=ROOT):
+    """The service of a checkout (this one by default), under its own gunicorn.conf.py."""
+    return Server("app:app", env, chdir=checkout, config=checkout / "gunicorn.conf.py")
+
+
+def bare(env):
+    """The ceiling: bench/bare.py under the service's gunicorn settings (bench/bare.conf.py)."""
+    return Server("bench.bare:app", env, config=BENCH / "bare.conf.py")
+
+
+def service_env(workdir):
+    return dict(os.environ,
+                DATABASE_URL=f"sqlite:///{workdir}/bench.db",
+                SECRET_KEY="bench",
+                RATE_LIMIT_TIERS="free=1000000000/hour",
+                PUBLIC_RATE_LIMIT="1000000000/minute")
+
+
+def seed_keys(env, count):
+    """Create user bench with `count` development keys; return their secrets."""
+    os.environ.update(env)
+    import accounts
+    import auth
+    import models
+    from app import create_app
+
+    app = create_app()
+    with app.app_context():
+        user = accounts.create_user("bench", "bench@example.com", "bench password")
+        secrets = [auth.generate_secret("development") for _ in range(count)]
+        rows = [{"user": user.id, "name": f"bench {i}", "key_type": "development",
+                 "display_prefix": secret[:12], "key_hash": auth.hash_key(secret)}
+                for i, secret in enumerate(secrets)]
+        with models.db.atomic():
+            for start in range(0, len(rows), 500):
+                models.ApiKey.insert_many(rows[start:start + 500]).execute()
+    return secrets
+
+
+def copy_accounts(source, target):
+    """Copy the users and keys of one SQLite database into another made by the service (the
+    tables have the same columns in every schema version so far)."""
+    with sqlite3.connect(target) as connection:
+        connection.execute("ATTACH DATABASE ? AS source", (str(source),))
+        for table in ("users", "api_keys"):
+            connection.execute(f"INSERT INTO {table} SELECT * FROM source.{table}")
+    connection.close()
+
+
+def rotated(names, repetition):
+    """The names in the order of one round: who goes first moves on each round, since the server
+    measured later in a round does better."""
+    shift = repetition % len(names)
+    return names[shift:] + names[:shift]

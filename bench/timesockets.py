@@ -1,0 +1,185 @@
+"""Time sockets on one worker: how late each second's tick arrives and what a socket costs in
+memory, for 1,000 to 5,000 sockets (or the counts given). By default the 100 sockets opened last
+are read and the others held unread; with --all, client processes read every socket and the
+kernel stamps each arrival, and their CPU share is reported.
+
+    python -m bench.timesockets [--all] [--sockets N [N ...]] [--runs N] [--quick] [--json FILE]
+"""
+
+import asyncio
+import multiprocessing
+import time
+
+import websockets
+
+from bench import clients, servers, suite
+
+SAMPLE_SOCKETS = 100
+CLIENT_PROCESSES = 2  # --all: the readers, all on the client core
+STALLED_RECEIVE_BUFFER = 1024
+
+
+def measure(workdir, options):
+    env = servers.service_env(workdir)
+    # The service allows 10 time sockets per key.
+    secrets = servers.seed_keys(env, max(options.socket_counts) // 10)
+    if options.all_sockets:
+        print(f"\nTime sockets, every one read: {options.tick_seconds} s of ticks; lateness after the whole second "
+              f"of every tick on every socket, as the client's kernel stamped its arrival (SO_TIMESTAMPNS), read by "
+              f"{CLIENT_PROCESSES} client processes on core {servers.CLIENT_CORE}, whose CPU use (user + system "
+              f"÷ wall time, in % of that one core) is shown\n")
+        print(f"| sockets{run_column(options)} | handshake failures | skipped seconds | built p50 / p99 / max ms "
+              "| arrived p50 / p99 / max ms | client CPU, % of one core | RSS per socket KiB |")
+        print("|---" * (7 + (options.runs > 1)) + "|")
+    else:
+        print(f"\nTime sockets: all open, {options.tick_seconds} s of ticks; lateness after the whole second, "
+              f"measured on the {SAMPLE_SOCKETS} sockets opened last (the others never read, so the client costs "
+              f"nothing)\n")
+        print(f"| sockets{run_column(options)} | handshake failures | skipped seconds (sample) "
+              "| built p50 / p99 / max ms | arrived p50 / p99 / max ms | RSS per socket KiB |")
+        print("|---" * (6 + (options.runs > 1)) + "|")
+    rows = []
+    for run in range(1, options.runs + 1):
+        for count in options.socket_counts:
+            server = servers.service(env)
+            try:
+                before = server.rss_kib()
+                if options.all_sockets:
+                    row = read_every_socket(server, secrets, count, before, options.tick_seconds)
+                else:
+                    row = asyncio.run(measure_ticks(server, secrets, count, before, options.tick_seconds))
+            finally:
+                server.stop()
+            rows.append(row | ({"run": run} if options.runs > 1 else {}))
+            print(tick_row(f"{count:,}" + (f" | {run}" if options.runs > 1 else ""), row))
+    if options.runs > 1:
+        print_runs(rows, options)
+    read = "every socket" if options.all_sockets else f"the {SAMPLE_SOCKETS} sockets opened last"
+    return {"read": read, "tick_seconds": options.tick_seconds, "rows": rows}
+
+
+def run_column(options):
+    return " | run" if options.runs > 1 else ""
+
+
+def print_runs(rows, options):
+    """Each count's figures over the runs, side by side."""
+    cpu = "client CPU %, each run | " if options.all_sockets else ""
+    print(f"\n| sockets | arrived p50, each run ms | arrived p99, each run ms | {cpu}handshake failures, "
+          "skipped seconds | RSS per socket, each run KiB |")
+    print("|---" * (5 + bool(cpu)) + "|")
+    for count in options.socket_counts:
+        runs = [row for row in rows if row["sockets"] == count]
+
+        arrived = {field: each([row["arrived_ms"] and row["arrived_ms"][field] for row in runs])
+                   for field in ("p50", "p99")}
+        cpu_cell = f"{' / '.join(str(row['client_cpu_percent']) for row in runs)} | " if cpu else ""
+        print(f"| {count:,} | {arrived['p50']} | {arrived['p99']} | {cpu_cell}"
+              f"{sum(row['handshake_failures'] for row in runs)}, {sum(row['skipped_seconds'] for row in runs)} "
+              f"| {each([row['rss_per_socket_kib'] for row in runs])} |")
+
+
+def each(values):
+    return " / ".join("-" if value is None else f"{value:.1f}" for value in values)
+
+
+def tick_row(first_cell, row):
+    """One markdown row of a time-socket table."""
+    def layout(spread):
+        return "-" if spread is None else f"{spread['p50']:.1f} / {spread['p99']:.1f} / {spread['max']:.1f}"
+    cpu = f" {row['client_cpu_percent']} |" if "client_cpu_percent" in row else ""
+    return (f"| {first_cell} | {row['handshake_failures']} | {row['skipped_seconds']} | {layout(row['built_ms'])} "
+            f"| {layout(row['arrived_ms'])} |{cpu} {row['rss_per_socket_kib']:.1f} |")
+
+
+def read_every_socket(server, secrets, count, rss_before, tick_seconds):
+    """--all: CLIENT_PROCESSES processes open `count` sockets between them and read every tick."""
+    paths = [f"/api/v1/ws/time?api_key={secrets[index // 10]}" for index in range(count)]
+    context = multiprocessing.get_context("spawn")
+    pipes, processes = [], []
+    for share in range(CLIENT_PROCESSES):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=clients.read_time_sockets,
+                                  args=(server.port, paths[share::CLIENT_PROCESSES], tick_seconds, theirs))
+        process.start()
+        pipes.append(ours)
+        processes.append(process)
+    failures = sum(pipe.recv() for pipe in pipes)
+    time.sleep(2)
+    rss_open = server.rss_kib()
+    first_second = int(time.time()) + 2
+    for pipe in pipes:
+        pipe.send(first_second)
+    reports = [pipe.recv() for pipe in pipes]
+    for process in processes:
+        process.join()
+    arrived = sorted(late for report in reports for late in report["arrived_ms"])
+    built = sorted(late for report in reports for late in report["built_ms"])
+    skipped = sum(report["skipped"] for report in reports)
+    # Both processes share the client core: their CPU seconds over the window is a share of it.
+    cpu = sum(report["cpu_seconds"] for report in reports) / max(report["wall_seconds"] for report in reports)
+    per_socket = (rss_open - rss_before) / max(1, count - failures)
+    return {"sockets": count, "handshake_failures": failures, "skipped_seconds": skipped,
+            "built_ms": clients.percentiles(built), "arrived_ms": clients.percentiles(arrived),
+            "client_cpu_percent": round(100 * cpu), "rss_per_socket_kib": round(per_socket, 1)}
+
+
+async def measure_ticks(server, secrets, count, rss_before, tick_seconds, stalled=0, flood=False):
+    """Hold count - SAMPLE_SOCKETS sockets unread, the first `stalled` of them with tiny receive
+    buffers (and, with flood, sending pings flat out); read the SAMPLE_SOCKETS opened last."""
+    host, port = "127.0.0.1", server.port
+    url = server.base.replace("http", "ws") + "/api/v1/ws/time?api_key="
+    failures, holders, stalled_writers, sample = [], [], [], []
+    gate = asyncio.Semaphore(100)
+
+    async def hold(index):
+        async with gate:
+            try:
+                writer = await clients.hold_raw_socket(
+                    host, port, f"/api/v1/ws/time?api_key={secrets[index // 10]}",
+                    STALLED_RECEIVE_BUFFER if index < stalled else None)
+                holders.append(writer)
+                if index < stalled:
+                    stalled_writers.append(writer)
+            except Exception as error:
+                failures.append(repr(error))
+
+    async def watch(index):
+        # Opened last, so the ticker reaches these after every holder: the worst case.
+        try:
+            ws = await websockets.connect(url + secrets[index // 10], open_timeout=120, ping_interval=None,
+                                          compression=None, max_queue=None)
+            await ws.recv()
+            sample.append((ws, []))
+        except Exception as error:
+            failures.append(repr(error))
+
+    await asyncio.gather(*(hold(i) for i in range(count - SAMPLE_SOCKETS)))
+    floods = [asyncio.ensure_future(clients.flood_pings(writer)) for writer in stalled_writers if flood]
+    await asyncio.gather(*(watch(i) for i in range(count - SAMPLE_SOCKETS, count)))
+
+    async def listen(ws, arrivals):
+        async for raw in ws:
+            arrivals.append((time.time(), raw))
+
+    listeners = [asyncio.ensure_future(listen(ws, arrivals)) for ws, arrivals in sample]
+    await asyncio.sleep(2)
+    rss_open = server.rss_kib()
+    first_second = int(time.time()) + 2
+    window = set(range(first_second, first_second + tick_seconds))
+    await asyncio.sleep(first_second + tick_seconds + 1.5 - time.time())
+    for task in listeners + floods:
+        task.cancel()
+    await asyncio.gather(*listeners, *floods, return_exceptions=True)
+    for writer in holders:
+        writer.close()
+
+    arrived_ms, built_ms, skipped = clients.lateness((arrivals for _, arrivals in sample), window)
+    per_socket = (rss_open - rss_before) / max(1, len(holders) + len(sample))
+    return {"sockets": count, "handshake_failures": len(failures), "skipped_seconds": skipped,
+            "built_ms": clients.percentiles(sorted(built_ms)), "arrived_ms": clients.percentiles(sorted(arrived_ms)),
+            "rss_per_socket_kib": round(per_socket, 1)}
+
+
+if __name__ == "__main__":
+    suite.main("python -m bench.timesockets", {"sockets": measure}, __doc__)
