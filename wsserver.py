@@ -5,7 +5,8 @@ takes them, and writes to the socket from whichever greenlet has something to sa
 the ticker, its reader answering pings). One client that sends without reading could fill the
 worker's memory, and two greenlets waiting to write on one gevent socket raise
 ConcurrentObjectUseError. This adapter reaches into the library (its reader loop `_thread`,
-`_handle_events`, `input_buffer`, `sock`, `ws`, `environ`) and into gevent (`send(..., timeout=0.0)`);
+`_handle_events`, `input_buffer`, `sock`, `ws`, `environ`) and into gevent (`send(..., timeout=0.0)`,
+the real socket `_sock`);
 tests/test_wsserver.py fails if a new version moves any of it.
 
 - Every write goes through one Outbox per socket: written at once when the kernel takes it,
@@ -13,12 +14,14 @@ tests/test_wsserver.py fails if a new version moves any of it.
   but the handler that talks to it.
 - At most OUTPUT_LIMIT bytes wait to be sent; a client that takes nothing for `send_timeout`
   seconds is cut off (a 1008 close frame if the kernel still takes one) and its memory freed.
-- The reader reads the next bytes only once the handler has taken every message it received,
-  and only while less than half of OUTPUT_LIMIT waits to go out (pongs): a client that sends
-  faster than it reads is slowed down by TCP itself.
+- The reader reads the next bytes only while the handler has at most one message it has not
+  taken (else it waits until the handler has taken them all), and only while less than half of
+  OUTPUT_LIMIT waits to go out (pongs): a client that sends faster than it reads is slowed down
+  by TCP itself.
 """
 
 import collections
+import random
 import time
 
 import gevent
@@ -55,6 +58,9 @@ class Outbox:
 
     def __init__(self, raw, limit, stall_timeout, on_stall):
         self.raw = raw
+        # The real socket's send, which gevent's send(..., timeout=0.0) would call in the end:
+        # the ticker writes to thousands of sockets a second.
+        self.send_now = raw._sock.send
         self.limit = limit
         self.stall_timeout = stall_timeout
         self.on_stall = on_stall
@@ -74,7 +80,7 @@ class Outbox:
             self._queue(data)
             return
         try:
-            sent = self.raw.send(data, timeout=0.0)
+            sent = self.send_now(data)
         except BlockingIOError:
             sent = 0
         except OSError as error:
@@ -234,7 +240,8 @@ class Server(simple_websocket.Server):
         """send_nowait for a message that text_frame has already framed (the ticker's way)."""
         if not self.connected:
             raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
-        if not self.outbox.fits(len(frame)):
+        # Only a queue can pass the limit: alone, a frame goes out as wait_for_room lets it.
+        if self.outbox.pending and not self.outbox.fits(len(frame)):
             self.give_up()
             raise simple_websocket.ConnectionClosed(POLICY_VIOLATION, "The client stopped reading.")
         self.outbox.send(frame)
@@ -244,7 +251,8 @@ class Server(simple_websocket.Server):
             raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
         if isinstance(data, bytes):
             return self.ws.send(Message(data=data))
-        return self.ws.send(TextMessage(data=str(data)))
+        # As wsproto's connection would frame it, without its per-message event dispatch.
+        return _FRAMER.send_data(str(data), fin=True)
 
     def receive(self, timeout=None):
         message = super().receive(timeout)
@@ -275,7 +283,12 @@ class Server(simple_websocket.Server):
 
     def _thread(self):
         # Pings are the Pinger's: a timer armed on every read cost the echo a tenth of its time.
-        self.next_ping = time.monotonic() + self.ping_interval if self.ping_interval else None
+        # The first comes at a random point of the second half of the interval, so that sockets
+        # opened together (clients reconnecting after a restart) are not all pinged in one sweep,
+        # whose pongs would wake all their readers at once.
+        self.next_ping = None
+        if self.ping_interval:
+            self.next_ping = time.monotonic() + self.ping_interval * random.uniform(0.5, 1.0)
         self.held_back = False
         reads = 0
         if self.next_ping is not None:
@@ -283,8 +296,10 @@ class Server(simple_websocket.Server):
         try:
             while self.connected:
                 # Backpressure: nothing more is read while the handler has messages to take or
-                # the client has not taken our answers, so TCP slows the client down.
-                if (self.input_buffer and not self.closed_by_server) or not self.outbox.fits(self.outbox.limit // 2):
+                # the client has not taken our answers, so TCP slows the client down. One message
+                # may wait: the reader goes on to its next read while the handler takes it, where
+                # waiting for that cost the echo a greenlet switch a message.
+                if (len(self.input_buffer) > 1 and not self.closed_by_server) or not self.outbox.fits(self.outbox.limit // 2):
                     if not self._hold_back() or not self.connected:
                         break
                 data = self.raw.recv(self.receive_bytes)

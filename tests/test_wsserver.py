@@ -40,6 +40,9 @@ def test_the_library_internals_the_adapter_relies_on():
     assert "Server(request.environ" in inspect.getsource(flask_sock.Sock.route)
     assert flask_sock.Server is wsserver.Server and sockets.flask_sock is flask_sock
     assert "timeout" in inspect.signature(gevent.socket.socket.send).parameters
+    # The outbox writes through the real, non-blocking socket under gevent's.
+    with gevent.socket.socket() as sock:
+        assert sock._sock.gettimeout() == 0.0
     # The request id reaches the 101 as an extra header of the AcceptConnection the library sends.
     assert "self.ws.send(AcceptConnection(" in inspect.getsource(base._handle_events)
     assert "extra_headers" in {field.name for field in dataclasses.fields(wsproto.events.AcceptConnection)}
