@@ -28,7 +28,7 @@ import gevent
 import gevent.event
 import simple_websocket
 from wsproto import ConnectionState
-from wsproto.events import AcceptConnection, CloseConnection, Message, Ping, TextMessage
+from wsproto.events import AcceptConnection, CloseConnection, Message, Ping
 from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
