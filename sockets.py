@@ -368,10 +368,9 @@ def time_stream(ws):
     metrics.messages_sent("time")
     ticker.add(ws, g.socket_slot, g.socket_secret_hash)
     try:
-        while True:
-            # Client messages are ignored; receive() raises once the socket is closed by
-            # either side, the ticker (revocation) or the shutdown.
-            ws.receive()
+        # Client messages are ignored: this greenlet reads and drops them until the socket is
+        # closed by either side, the ticker (revocation) or the shutdown.
+        ws.read_until_closed()
     finally:
         ticker.discard(ws)
 

@@ -224,6 +224,7 @@ class Client:
 def test_a_client_that_answers_pings_is_pinged_every_interval_and_kept(pair):
     server_sock, client_sock = pair
     server = open_server(server_sock, ping_interval=0.3)
+    server.thread.start_now()  # as the handler's first receive() does
     client = Client(client_sock)
     pings = 0
     for frame in client.receive(4.5):
@@ -235,15 +236,33 @@ def test_a_client_that_answers_pings_is_pinged_every_interval_and_kept(pair):
     server.close()
     client_sock.close()
     server.thread.join(timeout=wsserver.LINGER_SECONDS + 1)
+    assert server.thread.thread.dead
     assert wsserver.PINGER.sweeper is None
 
 
 def test_a_client_that_answers_no_ping_is_closed_with_1008(pair):
     server_sock, client_sock = pair
     server = open_server(server_sock, ping_interval=0.3)
+    server.thread.start_now()  # as the handler's first receive() does
     frames = list(Client(client_sock).receive(6))
     assert [frame.opcode for frame in frames] == [Opcode.PING, Opcode.CLOSE]
     assert frames[1].payload == (1008, "Ping/Pong timeout")
     # The client never answers the close either: the server stops waiting for it.
     server.thread.join(timeout=wsserver.LINGER_SECONDS + 1)
-    assert server.thread.dead and server.outbox.closed and wsserver.PINGER.sweeper is None
+    assert server.thread.thread.dead and server.outbox.closed and wsserver.PINGER.sweeper is None
+
+
+def test_a_server_read_in_the_handlers_greenlet_drops_messages_and_ends_when_closed(pair):
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=None)
+    reading = gevent.spawn(server.read_until_closed)
+    client_sock.sendall(FrameProtocol(client=True, extensions=[]).send_data("ignored", fin=True) * 3)
+    gevent.sleep(0.2)
+    assert server.input_buffer == [] and server.thread.thread is None
+    server.close(4401, "The API key was revoked.")
+    # The client answers nothing: the server stops reading LINGER_SECONDS later.
+    reading.join(timeout=wsserver.LINGER_SECONDS + 1)
+    assert reading.dead and server.outbox.closed and server.close_timer.dead
+    frames = list(Client(client_sock).receive(1))
+    assert [frame.opcode for frame in frames] == [Opcode.CLOSE]
+    assert frames[0].payload == (4401, "The API key was revoked.")
