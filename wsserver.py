@@ -5,7 +5,8 @@ takes them, and writes to the socket from whichever greenlet has something to sa
 the ticker, its reader answering pings). One client that sends without reading could fill the
 worker's memory, and two greenlets waiting to write on one gevent socket raise
 ConcurrentObjectUseError. This adapter reaches into the library (its reader loop `_thread`,
-`_handle_events`, `input_buffer`, `sock`, `ws`, `environ`) and into gevent (`send(..., timeout=0.0)`);
+`_handle_events`, `input_buffer`, `sock`, `ws`, `environ`) and into gevent (`send(..., timeout=0.0)`,
+the real socket `_sock`);
 tests/test_wsserver.py fails if a new version moves any of it.
 
 - Every write goes through one Outbox per socket: written at once when the kernel takes it,
@@ -13,19 +14,23 @@ tests/test_wsserver.py fails if a new version moves any of it.
   but the handler that talks to it.
 - At most OUTPUT_LIMIT bytes wait to be sent; a client that takes nothing for `send_timeout`
   seconds is cut off (a 1008 close frame if the kernel still takes one) and its memory freed.
-- The reader reads the next bytes only once the handler has taken every message it received,
-  and only while less than half of OUTPUT_LIMIT waits to go out (pongs): a client that sends
-  faster than it reads is slowed down by TCP itself.
+- The reader reads the next bytes only while the handler has at most one message it has not
+  taken (else it waits until the handler has taken them all), and only while less than half of
+  OUTPUT_LIMIT waits to go out (pongs): a client that sends faster than it reads is slowed down
+  by TCP itself.
 """
 
 import collections
+import functools
+import random
+import threading
 import time
 
 import gevent
 import gevent.event
 import simple_websocket
 from wsproto import ConnectionState
-from wsproto.events import AcceptConnection, CloseConnection, Message, Ping, TextMessage
+from wsproto.events import AcceptConnection, CloseConnection, Message, Ping
 from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
@@ -55,6 +60,9 @@ class Outbox:
 
     def __init__(self, raw, limit, stall_timeout, on_stall):
         self.raw = raw
+        # The real socket's send, which gevent's send(..., timeout=0.0) would call in the end:
+        # the ticker writes to thousands of sockets a second.
+        self.send_now = raw._sock.send
         self.limit = limit
         self.stall_timeout = stall_timeout
         self.on_stall = on_stall
@@ -74,7 +82,7 @@ class Outbox:
             self._queue(data)
             return
         try:
-            sent = self.raw.send(data, timeout=0.0)
+            sent = self.send_now(data)
         except BlockingIOError:
             sent = 0
         except OSError as error:
@@ -149,6 +157,69 @@ class Outbox:
         self.room.set()
 
 
+class Pinger:
+    """One greenlet per worker pings each socket whose ping_interval has passed, once a second
+    between two ticks of the time sockets (at x.5 s), instead of a timer per socket."""
+
+    def __init__(self):
+        self.servers = set()
+        self.sweeper = None
+
+    def watch(self, server):
+        self.servers.add(server)
+        if self.sweeper is None:
+            self.sweeper = gevent.spawn(self._sweep)
+
+    def forget(self, server):
+        self.servers.discard(server)
+        if not self.servers and self.sweeper is not None:
+            # It stops with the last socket, so no greenlet outlives a test's server.
+            self.sweeper.kill(block=False)
+            self.sweeper = None
+
+    def _sweep(self):
+        while True:
+            gevent.sleep(1.5 - time.time() % 1.0)
+            now = time.monotonic()
+            for server in [server for server in self.servers if server.next_ping <= now]:
+                if not server.held_back:
+                    server.ping_or_give_up()
+
+
+PINGER = Pinger()
+
+
+class Reader:
+    """The library's reader thread, started only by the handler's first receive() (or once the
+    handler has returned, to read the client's close reply). A handler that never receives reads
+    in its own greenlet instead (read_until_closed), which saves a greenlet, ~10 KiB a socket."""
+
+    def __init__(self, thread_class, target):
+        self.thread_class = thread_class
+        self.target = target
+        self.name = "simple_websocket.Base._thread"
+        self.started = False
+        self.thread = None
+
+    def start(self):
+        """The library's call at the end of its __init__: deferred to start_now."""
+
+    def start_now(self):
+        if not self.started:
+            self.started = True
+            self.thread = self.thread_class(target=self.target)
+            self.thread.start()
+
+    def run_here(self):
+        self.started = True
+        self.target()
+
+    def join(self, timeout=None):
+        self.start_now()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
 class Server(simple_websocket.Server):
     """simple-websocket's server with bounded input and output, one writer per socket, no
     permessage-deflate, and close codes that reach the client."""
@@ -160,6 +231,9 @@ class Server(simple_websocket.Server):
         self.send_timeout = send_timeout
         self.input_taken = gevent.event.Event()
         self.closed_by_server = False
+        self.dropping_input = False
+        self.close_timer = None
+        options["thread_class"] = functools.partial(Reader, options.get("thread_class") or threading.Thread)
         super().__init__(environ, **options)
 
     def handshake(self):
@@ -202,7 +276,8 @@ class Server(simple_websocket.Server):
         """send_nowait for a message that text_frame has already framed (the ticker's way)."""
         if not self.connected:
             raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
-        if not self.outbox.fits(len(frame)):
+        # Only a queue can pass the limit: alone, a frame goes out as wait_for_room lets it.
+        if self.outbox.pending and not self.outbox.fits(len(frame)):
             self.give_up()
             raise simple_websocket.ConnectionClosed(POLICY_VIOLATION, "The client stopped reading.")
         self.outbox.send(frame)
@@ -212,9 +287,12 @@ class Server(simple_websocket.Server):
             raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
         if isinstance(data, bytes):
             return self.ws.send(Message(data=data))
-        return self.ws.send(TextMessage(data=str(data)))
+        # As wsproto's connection would frame it, without its per-message event dispatch.
+        return _FRAMER.send_data(str(data), fin=True)
 
     def receive(self, timeout=None):
+        if not self.thread.started:
+            self.thread.start_now()
         message = super().receive(timeout)
         if not self.input_buffer:
             self.input_taken.set()
@@ -228,6 +306,14 @@ class Server(simple_websocket.Server):
             super().close(reason, message)
         finally:
             self.input_taken.set()
+        # Our close frame is out: a client that never answers it is not waited on for longer.
+        self.close_timer = gevent.spawn_later(LINGER_SECONDS, self.outbox.close)
+
+    def read_until_closed(self):
+        """Read in the calling greenlet until the socket closes, dropping every message the client
+        sends: a handler that only sends needs no reader greenlet of its own."""
+        self.dropping_input = True
+        self.thread.run_here()
 
     def give_up(self):
         """Cut off a client that has taken nothing for send_timeout seconds."""
@@ -242,34 +328,33 @@ class Server(simple_websocket.Server):
         self.input_taken.set()
 
     def _thread(self):
-        next_ping = time.monotonic() + self.ping_interval if self.ping_interval else None
+        # Pings are the Pinger's: a timer armed on every read cost the echo a tenth of its time.
+        # The first comes at a random point of the second half of the interval, so that sockets
+        # opened together (clients reconnecting after a restart) are not all pinged in one sweep,
+        # whose pongs would wake all their readers at once.
+        self.next_ping = None
+        if self.ping_interval:
+            self.next_ping = time.monotonic() + self.ping_interval * random.uniform(0.5, 1.0)
+        self.held_back = False
         reads = 0
+        if self.next_ping is not None:
+            PINGER.watch(self)
         try:
             while self.connected:
                 # Backpressure: nothing more is read while the handler has messages to take or
-                # the client has not taken our answers, so TCP slows the client down.
-                waited_since = time.monotonic()
-                while self.input_buffer and self.connected and not self.closed_by_server:
-                    self.input_taken.clear()
-                    self.input_taken.wait()
-                if not self.outbox.wait_for_room(self.outbox.limit // 2) or not self.connected:
-                    break
-                if next_ping is not None:
-                    # Time spent holding the client back is not time it failed to answer a ping.
-                    next_ping += time.monotonic() - waited_since
-                data = self._recv_until(next_ping)
-                if data is None:
-                    if not self.pong_received:
-                        self.close(POLICY_VIOLATION, "Ping/Pong timeout")
+                # the client has not taken our answers, so TCP slows the client down. One message
+                # may wait: the reader goes on to its next read while the handler takes it, where
+                # waiting for that cost the echo a greenlet switch a message.
+                if (len(self.input_buffer) > 1 and not self.closed_by_server) or not self.outbox.fits(self.outbox.limit // 2):
+                    if not self._hold_back() or not self.connected:
                         break
-                    self.pong_received = False
-                    self.sock.send(self.ws.send(Ping()))
-                    next_ping = time.monotonic() + self.ping_interval
-                    continue
+                data = self.raw.recv(self.receive_bytes)
                 if not data:
                     break
                 self.ws.receive_data(data)
                 self.connected = self._handle_events() and self.connected
+                if self.dropping_input:
+                    self.input_buffer.clear()
                 # gevent's recv returns without yielding while data waits, so a flooding client
                 # could hold the worker's only thread. A full read means more is likely waiting;
                 # a yield on every read would cost the echo a quarter of its round trips.
@@ -280,9 +365,46 @@ class Server(simple_websocket.Server):
         except (OSError, LocalProtocolError, simple_websocket.ConnectionClosed):
             pass
         finally:
+            PINGER.forget(self)
             self.connected = False
             self.event.set()
             self.outbox.close()
+            if self.close_timer is not None:
+                self.close_timer.kill(block=False)
+
+    def _hold_back(self):
+        """Wait until the handler has taken every message and the client our answers; False
+        once the socket is closed."""
+        self.held_back = True
+        waited_since = time.monotonic()
+        try:
+            while self.input_buffer and self.connected and not self.closed_by_server:
+                self.input_taken.clear()
+                self.input_taken.wait()
+            return self.outbox.wait_for_room(self.outbox.limit // 2)
+        finally:
+            self.held_back = False
+            if self.next_ping is not None:
+                # Time spent holding the client back is not time it failed to answer a ping.
+                self.next_ping += time.monotonic() - waited_since
+
+    def ping_or_give_up(self):
+        """The Pinger's call once ping_interval has passed: ping, or close with 1008 a client
+        that has not answered the last ping."""
+        if not self.connected:
+            return
+        if not self.pong_received:
+            try:
+                self.close(POLICY_VIOLATION, "Ping/Pong timeout")
+            except (OSError, LocalProtocolError, simple_websocket.ConnectionClosed):
+                pass
+            return
+        self.pong_received = False
+        self.next_ping = time.monotonic() + self.ping_interval
+        try:
+            self.outbox.send(self.ws.send(Ping()))
+        except (OSError, LocalProtocolError):
+            pass
 
     def _linger(self):
         """After our close frame, read and drop what the client still sends until its close

@@ -7,6 +7,7 @@ import inspect
 
 import flask_sock
 import gevent
+import gevent.event
 import gevent.socket
 import pytest
 import simple_websocket
@@ -14,6 +15,7 @@ import wsproto
 import wsproto.events
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request, TextMessage
+from wsproto.frame_protocol import FrameProtocol, Opcode
 
 import sockets
 import wsserver
@@ -38,6 +40,9 @@ def test_the_library_internals_the_adapter_relies_on():
     assert "Server(request.environ" in inspect.getsource(flask_sock.Sock.route)
     assert flask_sock.Server is wsserver.Server and sockets.flask_sock is flask_sock
     assert "timeout" in inspect.signature(gevent.socket.socket.send).parameters
+    # The outbox writes through the real, non-blocking socket under gevent's.
+    with gevent.socket.socket() as sock:
+        assert sock._sock.gettimeout() == 0.0
     # The request id reaches the 101 as an extra header of the AcceptConnection the library sends.
     assert "self.ws.send(AcceptConnection(" in inspect.getsource(base._handle_events)
     assert "extra_headers" in {field.name for field in dataclasses.fields(wsproto.events.AcceptConnection)}
@@ -176,3 +181,88 @@ def test_text_frame_is_what_a_server_connection_sends(length):
     assert wsserver.text_frame(text) == server.send(TextMessage(data=text))  # no state carried over
     client.receive_data(wsserver.text_frame(text))
     assert [event.data for event in client.events()] == [text]
+
+
+class Reader(gevent.Greenlet):
+    """The library's thread_class, as gevent's worker makes it: a greenlet."""
+
+    def __init__(self, target):
+        super().__init__(target)
+
+
+def open_server(sock, ping_interval):
+    """A Server on sock as flask-sock makes one, its reader a greenlet as under gevent's worker."""
+    environ = {"gunicorn.socket": sock, "HTTP_HOST": "test", "HTTP_UPGRADE": "websocket",
+               "HTTP_CONNECTION": "Upgrade", "HTTP_SEC_WEBSOCKET_KEY": "dGhlIHNhbXBsZSBub25jZQ==",
+               "HTTP_SEC_WEBSOCKET_VERSION": "13"}
+    return wsserver.Server(environ, ping_interval=ping_interval, thread_class=Reader,
+                           event_class=gevent.event.Event)
+
+
+class Client:
+    """The client's end of a Server: the 101, then frames (wsproto's framing, as a client)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.frames = FrameProtocol(client=True, extensions=[])
+        self.head = b""
+
+    def receive(self, seconds):
+        """Yield each frame until the server closes the socket or seconds pass."""
+        with gevent.Timeout(seconds, False):
+            while data := self.sock.recv(65536):
+                if b"\r\n\r\n" not in self.head:
+                    self.head += data
+                    head, _, data = self.head.partition(b"\r\n\r\n")
+                    if not _:
+                        continue
+                    assert head.startswith(b"HTTP/1.1 101")
+                self.frames.receive_bytes(data)
+                yield from self.frames.received_frames()
+
+
+def test_a_client_that_answers_pings_is_pinged_every_interval_and_kept(pair):
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=0.3)
+    server.thread.start_now()  # as the handler's first receive() does
+    client = Client(client_sock)
+    pings = 0
+    for frame in client.receive(4.5):
+        assert frame.opcode is Opcode.PING
+        pings += 1
+        client_sock.sendall(client.frames.pong(frame.payload))
+    # About one a second: the pinger sweeps once a second.
+    assert pings >= 3 and server.connected
+    server.close()
+    client_sock.close()
+    server.thread.join(timeout=wsserver.LINGER_SECONDS + 1)
+    assert server.thread.thread.dead
+    assert wsserver.PINGER.sweeper is None
+
+
+def test_a_client_that_answers_no_ping_is_closed_with_1008(pair):
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=0.3)
+    server.thread.start_now()  # as the handler's first receive() does
+    frames = list(Client(client_sock).receive(6))
+    assert [frame.opcode for frame in frames] == [Opcode.PING, Opcode.CLOSE]
+    assert frames[1].payload == (1008, "Ping/Pong timeout")
+    # The client never answers the close either: the server stops waiting for it.
+    server.thread.join(timeout=wsserver.LINGER_SECONDS + 1)
+    assert server.thread.thread.dead and server.outbox.closed and wsserver.PINGER.sweeper is None
+
+
+def test_a_server_read_in_the_handlers_greenlet_drops_messages_and_ends_when_closed(pair):
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=None)
+    reading = gevent.spawn(server.read_until_closed)
+    client_sock.sendall(FrameProtocol(client=True, extensions=[]).send_data("ignored", fin=True) * 3)
+    gevent.sleep(0.2)
+    assert server.input_buffer == [] and server.thread.thread is None
+    server.close(4401, "The API key was revoked.")
+    # The client answers nothing: the server stops reading LINGER_SECONDS later.
+    reading.join(timeout=wsserver.LINGER_SECONDS + 1)
+    assert reading.dead and server.outbox.closed and server.close_timer.dead
+    frames = list(Client(client_sock).receive(1))
+    assert [frame.opcode for frame in frames] == [Opcode.CLOSE]
+    assert frames[0].payload == (4401, "The API key was revoked.")
