@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 import weakref
+from json.encoder import encode_basestring_ascii as encode_string
 
 import flask_sock
 import redis
@@ -264,9 +265,15 @@ def echo(ws):
         if limit and len(message.encode()) > limit:
             ws.close(MESSAGE_TOO_BIG, "Message is too big.")
             return
-        timestamp, server_time = models.now_strings()
-        ws.send(json.dumps({"type": "echo", "message": message, "timestamp": timestamp, "server_time": server_time}))
+        ws.send(echo_reply(message, *models.now_strings()))
         metrics.messages_sent("echo")
+
+
+def echo_reply(message, timestamp, server_time):
+    """The echo's JSON reply, as json.dumps writes it, built around its three strings' own
+    encodings: json.dumps of the whole dict cost a sixteenth of an echo round trip."""
+    return (f'{{"type": "echo", "message": {encode_string(message)}, "timestamp": {encode_string(timestamp)}, '
+            f'"server_time": {encode_string(server_time)}}}')
 
 
 def time_update(second):

@@ -2,6 +2,7 @@
 the cached timestamp strings."""
 
 import datetime
+import json
 import math
 import re
 from unittest import mock
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 import auth
 import models
 import ratelimit
+import sockets
 from clock import FakeTime
 from contract import DOCUMENT
 
@@ -129,3 +131,9 @@ def test_now_strings_truncate_to_the_millisecond(now):
     shown = datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()
     assert shown <= now < shown + 0.001 + 1e-6
     assert display == models.display_time(models.utc_from_epoch(math.floor(now)))
+
+
+@given(ANY_TEXT, st.text(), st.text())
+def test_the_echo_reply_is_what_json_dumps_writes(message, timestamp, server_time):
+    assert sockets.echo_reply(message, timestamp, server_time) == json.dumps(
+        {"type": "echo", "message": message, "timestamp": timestamp, "server_time": server_time})
