@@ -10,6 +10,7 @@ import time
 
 import accounts
 from models import ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, db, release_connection, utcnow
+from writelock import write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def prune(config, now=None, pause=0):
     while key_ids := [key.id for key in ApiKey.select(ApiKey.id).where(gone).limit(KEY_BATCH)]:
         pruned["hourly"] += delete_in_batches(UsageHour, UsageHour.id, UsageHour.api_key.in_(key_ids), pause)
         pruned["daily"] += delete_in_batches(UsageDay, UsageDay.id, UsageDay.api_key.in_(key_ids), pause)
-        with db.atomic():
+        with write_transaction(db.obj):
             # Checked again: a key cannot come back to life, but its expiry can be read before a change.
             pruned["keys"] += ApiKey.delete().where(ApiKey.id.in_(key_ids) & gone).execute()
         time.sleep(pause)
@@ -62,7 +63,7 @@ def delete_in_batches(model, key, condition, pause):
     """Delete the model's rows that meet condition, BATCH per transaction; return how many."""
     deleted = 0
     while True:
-        with db.atomic():
+        with write_transaction(db.obj):
             batch = model.select(key).where(condition).limit(BATCH)
             count = model.delete().where(key.in_(batch)).execute()
         release_connection()
@@ -75,7 +76,7 @@ def delete_in_batches(model, key, condition, pause):
 def take_lock(seconds, now=None):
     """True when this process may prune for the next `seconds`: no other holds the lock."""
     now = now or utcnow()
-    with db.atomic():
+    with write_transaction(db.obj):
         MaintenanceLock.insert(name=LOCK_NAME, until=now).on_conflict_ignore().execute()
         taken = (MaintenanceLock.update(until=now + datetime.timedelta(seconds=seconds))
                  .where((MaintenanceLock.name == LOCK_NAME) & (MaintenanceLock.until <= now)).execute())

@@ -11,6 +11,7 @@ from flask import current_app, request
 
 import metrics
 from models import db, release_connection, start_of_hour, utcnow
+from writelock import write_transaction
 
 # The HTTP status recorded for a time socket's accepted handshake.
 SWITCHING_PROTOCOLS = 101
@@ -70,7 +71,7 @@ class UsageCounter:
                     totals[key_id] += count
             statements = self.database.statements
             try:
-                with self.database.atomic():
+                with write_transaction(self.database):
                     for key_id, count in totals.items():
                         self.database.execute_sql(statements.add_usage, (count, used_at, key_id))
                     for (key_id, endpoint, status), count in breakdown.items():

@@ -2,7 +2,9 @@
 that expires while its time socket is open, scopes on the time socket, a roll through the CLI
 during and after its grace period, and leaked-key revocation."""
 
+import sqlite3
 import time
+from urllib.parse import urlparse
 
 import pytest
 import requests
@@ -91,3 +93,31 @@ def test_a_socket_opened_with_a_rolled_out_secret_closes_with_4401(server, env):
     assert close_code(ws) == 4401
     assert time.monotonic() - started < 10
     assert status(server, new) == 200
+
+
+def test_a_write_lock_held_by_another_process_leaves_the_worker_serving(tmp_path, run_mode):
+    # As `db prune` in another process holds SQLite's write lock for each batch: the worker's usage
+    # flush waits for it, and must not stop the worker's other requests meanwhile.
+    env = service_env(tmp_path)
+    cli(env, "users", "create", "dora", "--email", "dora@example.com", "--password-stdin", stdin="a long password\n")
+    secret = create(env)
+    with serving(tmp_path, env, run_mode) as server:
+        assert status(server, secret) == 200
+        made, slowest = 1, 0.0
+        holder = sqlite3.connect(urlparse(env["DATABASE_URL"]).path[1:], isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            held_until = time.monotonic() + 3
+            while time.monotonic() < held_until:
+                started = time.monotonic()
+                assert status(server, secret) == 200  # each one more count for the waiting flush
+                slowest = max(slowest, time.monotonic() - started)
+                made += 1
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert slowest < 0.5
+        # Nothing was lost: the flush wrote every count once the lock was free.
+        time.sleep(1.5)
+        stats = requests.get(server.base + "/api/v1/usage/stats", headers={"X-API-Key": secret}, timeout=10)
+    assert stats.json()["total_requests"] == made + 1
