@@ -16,6 +16,7 @@ import ratelimit
 import usage
 from web import API_PREFIX
 
+API_PATH = API_PREFIX.lstrip("/")
 # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
 API_HEADERS = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"))
 # Over HTTPS, tell browsers to come back only over HTTPS.
@@ -36,7 +37,8 @@ class Envelope:
         def start_enveloped(status, headers, exc_info=None):
             code = int(status[:3])
             headers.append((logs.REQUEST_ID_HEADER, request_id))
-            if environ["PATH_INFO"].startswith(API_PREFIX):
+            # As Werkzeug routes it: //api/v1/... reaches the API's views too.
+            if environ["PATH_INFO"].lstrip("/").startswith(API_PATH):
                 headers.extend(API_HEADERS)
             # ProxyFix, inside this middleware, has set the scheme the client used by now.
             if environ["wsgi.url_scheme"] in SECURE_SCHEMES:

@@ -4,7 +4,7 @@ request carrying its request id, and never an API key, wherever in a request a c
 import contextvars
 import datetime
 import logging
-import random
+import os
 import re
 
 from pythonjsonlogger.json import JsonFormatter
@@ -62,9 +62,10 @@ def request_id_for(header):
     logs would redact (an id that looks like a key is not kept); else a new one."""
     if header and REQUEST_ID.fullmatch(header) and redact(header) == header:
         return header
-    # 32 random hex digits, as nginx's $request_id, without a system call: ids need to be unique,
-    # not secret, and the random module reseeds in every forked worker.
-    return f"{random.getrandbits(128):032x}"
+    # 32 random hex digits, as nginx's $request_id: a fifth of uuid4()'s cost. Not the random
+    # module: 156 ids would give away its state, and with it every id to come, which a client
+    # could then send as its own to mix its lines into another's.
+    return os.urandom(16).hex()
 
 
 def end_request():

@@ -84,17 +84,20 @@ class Tally:
             if requests == before_requests:
                 continue
             buckets = list(buckets)
+            # Noted as folded first: a failure below loses this second's counts rather than adding
+            # them again every second.
+            self.folded_requests[labels] = requests, seconds, buckets
             counter, histogram = series.get(labels) or series_for(labels)
             counter.inc(requests - before_requests)
             if seconds != before_seconds:
                 add_observations(histogram, seconds - before_seconds,
                                  [now - then for now, then in itertools.zip_longest(buckets, before_buckets,
                                                                                      fillvalue=0)])
-            self.folded_requests[labels] = requests, seconds, buckets
         for socket, sent in list(self.messages.items()):
-            if sent != self.folded_messages[socket]:
-                SOCKET_MESSAGES.labels(socket).inc(sent - self.folded_messages[socket])
+            before_sent = self.folded_messages[socket]
+            if sent != before_sent:
                 self.folded_messages[socket] = sent
+                SOCKET_MESSAGES.labels(socket).inc(sent - before_sent)
 
 
 BUCKET_BOUNDS = tuple(Histogram.DEFAULT_BUCKETS)

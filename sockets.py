@@ -174,10 +174,24 @@ def refuse_plain_http(error):
     return current_app.handle_http_exception(BadRequest() if upgrade else UpgradeRequired())
 
 
+class WebSocketVersionRequired(UpgradeRequired):
+    """A handshake for a WebSocket version other than RFC 6455's 13 (HTTP 426, naming 13)."""
+
+    description = "This server speaks WebSocket version 13: send Sec-WebSocket-Version: 13."
+
+    def get_headers(self, environ=None, scope=None):
+        return [*super().get_headers(environ, scope), ("Sec-WebSocket-Version", "13")]
+
+
 @bp.before_request
 def admit_socket():
     # flask-sock completes the upgrade before the handler runs, so refusals happen here,
-    # where they are still plain HTTP responses.
+    # where they are still plain HTTP responses. wsproto would refuse these two inside the
+    # handler, as an error (a 500 and a traceback for any client that leaves them out).
+    if request.headers.get("Sec-WebSocket-Version") != "13":
+        raise WebSocketVersionRequired()
+    if not request.headers.get("Sec-WebSocket-Key"):
+        raise BadRequest("A WebSocket handshake needs a Sec-WebSocket-Key header.")
     if request.endpoint == "sockets.echo":
         ratelimit.limit_client_ip()
         g.echo_slot = current_app.extensions["echo_slots"].take(ratelimit.client_identity(request.remote_addr))

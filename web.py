@@ -76,7 +76,8 @@ FORM_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 def protect_forms():
     """Check the CSRF token of every request that may change something, outside the API: it
     authenticates by key, never by the browser's cookie, so it has no token to ask for."""
-    if (request.method in FORM_METHODS and current_app.config["WTF_CSRF_ENABLED"]
+    # A request no view matches runs none: it gets its 404 or 405, as with flask-wtf's own check.
+    if (request.method in FORM_METHODS and request.endpoint is not None and current_app.config["WTF_CSRF_ENABLED"]
             and not request.path.startswith(API_PREFIX)):
         csrf.protect()
 

@@ -28,6 +28,7 @@ import time
 
 import gevent
 import gevent.event
+import gevent.socket
 import simple_websocket
 from wsproto import ConnectionState
 from wsproto.events import AcceptConnection, CloseConnection, Message, Ping
@@ -38,6 +39,7 @@ import logs
 
 OUTPUT_LIMIT = 1024 * 1024
 LINGER_SECONDS = 1.0
+LINGER_PARSE_BYTES = 256 * 1024
 POLICY_VIOLATION = 1008
 YIELD_EVERY_READS = 16
 # What a queued entry costs besides its bytes (the bytes object's header and the deque's slot).
@@ -61,8 +63,12 @@ class Outbox:
     def __init__(self, raw, limit, stall_timeout, on_stall):
         self.raw = raw
         # The real socket's send, which gevent's send(..., timeout=0.0) would call in the end:
-        # the ticker writes to thousands of sockets a second.
-        self.send_now = raw._sock.send
+        # the ticker writes to thousands of sockets a second. Not under TLS (gunicorn's
+        # --certfile), where the bytes must go through the SSL object.
+        if type(raw) is gevent.socket.socket:
+            self.send_now = raw._sock.send
+        else:
+            self.send_now = functools.partial(raw.send, timeout=0.0)
         self.limit = limit
         self.stall_timeout = stall_timeout
         self.on_stall = on_stall
@@ -411,13 +417,19 @@ class Server(simple_websocket.Server):
         reply, for at most LINGER_SECONDS: closing with its data unread would reset the
         connection, and the client could lose our close code."""
         deadline = time.monotonic() + LINGER_SECONDS
+        parsed = 0
         while self.ws.state is ConnectionState.LOCAL_CLOSING and not self.outbox.closed:
             data = self._recv_until(deadline)
             if not data:
                 return
-            self.ws.receive_data(data)
-            self._handle_events()
-            self.input_buffer.clear()
+            # After a frame it could not parse (our 1002 or 1007), wsproto keeps every byte it
+            # is given: past a bound the bytes are only dropped, or a client could make one
+            # socket hold hundreds of megabytes within the second.
+            if parsed < LINGER_PARSE_BYTES:
+                parsed += len(data)
+                self.ws.receive_data(data)
+                self._handle_events()
+                self.input_buffer.clear()
             gevent.sleep(0)
 
     def _recv_until(self, deadline):

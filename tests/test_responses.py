@@ -26,6 +26,10 @@ def assert_api_headers(response):
     ("GET", "/api/v1/ws/time?api_key=sk_live_nope", HANDSHAKE, 401),
     ("GET", "/api/v1/ws/time", HANDSHAKE, 401),
     ("GET", "/api/v1/protected/test", {}, 401),
+    # Werkzeug routes a path with leading slashes doubled to the same views.
+    ("GET", "//api/v1/protected/test", {}, 401),
+    ("GET", "/api/v1/ws/echo", {name: value for name, value in HANDSHAKE.items() if name != "Sec-WebSocket-Key"}, 400),
+    ("GET", "/api/v1/ws/echo", dict(HANDSHAKE, **{"Sec-WebSocket-Version": "8"}), 426),
 ])
 def test_every_api_error_carries_the_api_headers_and_json(live, method, path, headers, status):
     server, _ = live

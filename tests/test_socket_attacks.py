@@ -268,3 +268,25 @@ def test_an_attack_hurts_only_its_own_sockets(target, name):
     assert worker_rss(server) - baseline < bound
     output = server.output()
     assert "Traceback" not in output and "ConcurrentObjectUseError" not in output
+
+
+def test_what_follows_a_frame_that_cannot_be_parsed_is_dropped_not_kept(target):
+    # After a text frame that is not UTF-8 the server closes with 1007 and lingers a second for the
+    # reply; wsproto, its parser failed, would keep every byte given to it meanwhile.
+    server, _ = target
+    baseline = worker_rss(server)
+    connection = handshake(server, "/api/v1/ws/echo")
+    connection.sendall(frame(websocket.ABNF.OPCODE_TEXT, b"\xff"))
+    stop = threading.Event()
+    flooder = threading.Thread(target=flood, args=([connection], b"\0" * 65536, stop), daemon=True)
+    flooder.start()
+    peak, deadline = baseline, time.monotonic() + 2
+    try:
+        while time.monotonic() < deadline:
+            peak = max(peak, worker_rss(server))
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        flooder.join(timeout=10)
+        connection.close()
+    assert peak - baseline < 24 * MIB

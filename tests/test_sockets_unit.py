@@ -117,3 +117,11 @@ def test_one_failing_socket_costs_only_itself_its_tick():
     assert len(healthy.sent) == 2
     assert list(ticker.sockets) == [healthy]
     assert broken.closed_with == sockets.INTERNAL_ERROR and gone.closed_with is None
+
+
+def test_a_handshake_without_a_key_is_400_and_another_version_426_naming_13(client):
+    without_key = {name: value for name, value in UPGRADE.items() if name != "Sec-WebSocket-Key"}
+    response = client.get("/api/v1/ws/echo", headers=without_key)
+    assert response.status_code == 400 and "Sec-WebSocket-Key" in response.json["error"]["message"]
+    response = client.get("/api/v1/ws/echo", headers=dict(UPGRADE, **{"Sec-WebSocket-Version": "8"}))
+    assert response.status_code == 426 and response.headers["Sec-WebSocket-Version"] == "13"

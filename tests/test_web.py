@@ -212,6 +212,12 @@ def test_every_route_that_takes_a_post_outside_the_api_asks_for_the_csrf_token(a
         assert response.status_code == 400 and "CSRF" in page(response), rule.rule
 
 
+@pytest.mark.parametrize("method, path, status", [("POST", "/no-such-page", 404), ("DELETE", "/healthz", 405)])
+def test_a_request_no_view_takes_gets_its_404_or_405_not_a_csrf_refusal(app, logged_in, method, path, status):
+    app.config["WTF_CSRF_ENABLED"] = True
+    assert logged_in.open(path, method=method, headers=HTML).status_code == status
+
+
 def test_forms_work_with_the_csrf_token_from_the_page(app, client, user):
     app.config["WTF_CSRF_ENABLED"] = True
     token = csrf_token(client, "/login")

@@ -266,3 +266,20 @@ def test_a_server_read_in_the_handlers_greenlet_drops_messages_and_ends_when_clo
     frames = list(Client(client_sock).receive(1))
     assert [frame.opcode for frame in frames] == [Opcode.CLOSE]
     assert frames[0].payload == (4401, "The API key was revoked.")
+
+
+def test_the_outbox_writes_to_the_real_socket_only_when_it_is_a_plain_one():
+    # Under TLS (gunicorn's --certfile) the bytes must go through the SSL object's send.
+    sent = []
+
+    class TlsSocket:
+        def send(self, data, timeout=None):
+            sent.append((data, timeout))
+            return len(data)
+
+    wsserver.Outbox(TlsSocket(), MIB, stall_timeout=5, on_stall=pytest.fail).send(b"frame")
+    assert sent == [(b"frame", 0.0)]
+    plain, peer = gevent.socket.socketpair()
+    with plain, peer:
+        outbox = wsserver.Outbox(plain, MIB, stall_timeout=5, on_stall=pytest.fail)
+        assert outbox.send_now == plain._sock.send
