@@ -14,9 +14,11 @@ import re
 import secrets
 import sys
 import time
+from json import JSONEncoder
 from pathlib import Path
 
 from flask import Flask, current_app, json, render_template, request
+from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import (BadRequest, HTTPException, InternalServerError, RequestEntityTooLarge,
                                  ServiceUnavailable)
 from werkzeug.middleware.proxy_fix import ProxyFix
@@ -126,7 +128,38 @@ def make_instance_folder():
         INSTANCE.chmod(0o700)
 
 
+class CompactJson(DefaultJSONProvider):
+    """Flask's JSON responses, keys in the order the views give them, written by one encoder made
+    once: json.dumps with Flask's arguments makes a new encoder for every response."""
+
+    sort_keys = False
+
+    def __init__(self, app):
+        super().__init__(app)
+        self.encoder = JSONEncoder(default=self.default, ensure_ascii=self.ensure_ascii, separators=(",", ":"))
+
+    def response(self, *args, **kwargs):
+        if self._app.debug or self.compact is False:
+            return super().response(*args, **kwargs)
+        body = self.encoder.encode(self._prepare_response_obj(args, kwargs))
+        return self._app.response_class(body + "\n", mimetype=self.mimetype)
+
+
 class Service(Flask):
+    json_provider_class = CompactJson
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.synced_functions = {}
+
+    def ensure_sync(self, func):
+        """Flask asks of every hook and view, on every request, whether it is a coroutine function
+        (inspect's check, six times a keyed request); the answer never changes, so it is kept."""
+        synced = self.synced_functions.get(func)
+        if synced is None:
+            synced = self.synced_functions[func] = super().ensure_sync(func)
+        return synced
+
     def make_default_options_response(self):
         """OPTIONS: 204 with Allow and no body (Flask's own is a 200 with an empty HTML body)."""
         response = super().make_default_options_response()
@@ -141,7 +174,6 @@ def create_app(overrides=None):
     app.config.from_mapping(load_config())
     if overrides:
         app.config.update(overrides)
-    app.json.sort_keys = False
     # Werkzeug's own bounds, for bodies read after refuse_large_bodies: a form or file part past
     # them is a 413 too, and never spooled to a temporary file (that starts at 500 KB).
     app.config["MAX_CONTENT_LENGTH"] = app.config["MAX_FORM_MEMORY_SIZE"] = app.config["MAX_BODY_BYTES"]
