@@ -246,11 +246,21 @@ def authenticate(secret, source="the X-API-Key header"):
 
 def secret_hash(secret, source):
     """Return the hash of a well-formed secret, None for a malformed one; raise ApiKeyError for none."""
+    secret = given_secret(secret, source)
+    return hash_key(secret) if well_formed(secret) else None
+
+
+def given_secret(secret, source):
+    """Return the secret without surrounding whitespace; raise ApiKeyError when there is none."""
     secret = (secret or "").strip()
     if not secret:
         raise ApiKeyError("missing_api_key", f"This endpoint needs an API key in {source}.")
-    well_formed = KEY_PATTERN.fullmatch(secret) and not checksum_fails(secret)
-    return hash_key(secret) if well_formed else None
+    return secret
+
+
+def well_formed(secret):
+    """True for a secret in the form of a key, with the right checksum where it has one."""
+    return KEY_PATTERN.fullmatch(secret) is not None and not checksum_fails(secret)
 
 
 def found_key(key):
@@ -290,8 +300,10 @@ def admit(secret, scope, source="the X-API-Key header"):
     allowance; the key goes on g.api_key. A key refused by its scope or allow-list is not counted.
     The key may come from the worker's cache (keycache.py); where the count must confirm it, a stale
     one is read again, uncounted."""
-    key_hash = secret_hash(secret, source)
-    key, generation = keycache.find(key_hash) if key_hash else (None, None)
+    secret = given_secret(secret, source)
+    key_hash = hash_key(secret)
+    # Its form is checked only before the database is read: a kept hash is a real key's.
+    key, generation = keycache.find(key_hash, lambda: well_formed(secret))
     g.api_key = found_key(key)
     usage.admitted(g.api_key)
     try:

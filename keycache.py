@@ -99,15 +99,17 @@ class KeyCache:
         self.entries = {}
         self.reading = {} if greenlets_share_thread() else None
 
-    def find(self, key_hash):
+    def find(self, key_hash, well_formed=None):
         """Return (the active ApiKey for this hash or None, the generation the count must confirm,
-        or None when nothing needs confirming)."""
+        or None when nothing needs confirming). A key not kept is read only if well_formed()."""
         generation = self.generation.current()
         entry = self.entries.get(key_hash)
         now = time.time()
         if (entry is not None and entry.generation == generation and now < entry.usable_until
                 and now - entry.read_at < self.max_age):
             return entry.key, self.confirmed(entry.generation)
+        if well_formed is not None and not well_formed():
+            return None, None
         return self.read(key_hash, generation, now)
 
     def reload(self, key_hash):
@@ -157,7 +159,9 @@ class KeyCache:
 class Uncached:
     """Every lookup from the database: where no signal of another process's change is cheap."""
 
-    def find(self, key_hash):
+    def find(self, key_hash, well_formed=None):
+        if well_formed is not None and not well_formed():
+            return None, None
         return find_active_key(key_hash), None
 
     def reload(self, key_hash):
@@ -179,9 +183,10 @@ def init_app(app):
     app.extensions["keys"] = cache
 
 
-def find(key_hash):
-    """Return (the active ApiKey with this secret hash or None, the generation to confirm or None)."""
-    return current_app.extensions["keys"].find(key_hash)
+def find(key_hash, well_formed=None):
+    """Return (the active ApiKey with this secret hash or None, the generation to confirm or None);
+    a key not kept is read only if well_formed() (the secret's form and checksum)."""
+    return current_app.extensions["keys"].find(key_hash, well_formed)
 
 
 def reload(key_hash):

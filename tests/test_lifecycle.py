@@ -11,6 +11,7 @@ import pytest
 import accounts
 import auth
 import cli
+import keycache
 import models
 import securitylog
 from models import SCOPES, ApiKey, User, utcnow
@@ -45,7 +46,7 @@ def test_a_checksum_of_a_small_crc_is_padded_with_zeros():
 def test_a_bad_checksum_is_refused_without_a_lookup(client, api_key, monkeypatch):
     assert len(api_key) == auth.CHECKSUMMED_LENGTH
     looked_up = []
-    monkeypatch.setattr(auth, "find_active_key", lambda key_hash: looked_up.append(key_hash))
+    monkeypatch.setattr(keycache, "find_active_key", lambda key_hash: looked_up.append(key_hash))
     broken = api_key[:-1] + ("A" if api_key[-1] != "A" else "B")
     response = get(client, "/api/v1/protected/test", broken)
     assert response.status_code == 401 and response.json["error"]["code"] == "invalid_api_key"
