@@ -3,7 +3,12 @@
 alternating rounds. CPU time rather than wall time, so that other work on a shared machine counts
 for less; the test client's own cost is in both.
 
+With --instructions, the machine's load does not count at all: valgrind's callgrind counts the
+CPU instructions of one request through the WSGI app (no server, no test client), for this
+checkout, the other and bench/bare.py's route, the same count on every run of the same code.
+
     python bench/hotpath.py --against ../before [--rounds 6] [--requests 5000]
+    python bench/hotpath.py --against ../before --instructions [--requests 200]   # apt-get install valgrind
 """
 
 import argparse
@@ -40,6 +45,66 @@ app.extensions["usage"].close()
 """
 
 
+# Run under callgrind inside the checkout being measured (argv: database, requests, the bare app's
+# folder or ""): each measured request is one step of itertools.takewhile's iterator, so that the
+# inclusive cost of its C function (takewhile_next) is the requests' instructions and nothing else.
+COUNT_INSTRUCTIONS = """
+import itertools, os, sys
+sys.path.insert(0, os.getcwd())
+os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench", RATE_LIMIT_TIERS="free=1000000000/hour")
+from werkzeug.test import EnvironBuilder
+if sys.argv[3]:
+    sys.path.insert(0, sys.argv[3])
+    from bare import app
+    environ = EnvironBuilder(path="/bare").get_environ()
+else:
+    import accounts, auth, lifecycle
+    lifecycle.FIRST_TRY_SECONDS = (1e9, 1e9)  # no prune in the middle of the count
+    from app import create_app
+    app = create_app()
+    with app.app_context():
+        user = accounts.create_user("bench", "bench@example.com", "bench password")
+        _, secret = auth.issue_key(user, "bench", "development")
+    environ = EnvironBuilder(path="/api/v1/protected/test", headers={"X-API-Key": secret}).get_environ()
+
+def request(_):
+    answer = []
+    body = app(dict(environ), lambda status, headers, exc_info=None: answer.append(status))
+    b"".join(body)
+    getattr(body, "close", lambda: None)()
+    return answer == ["200 OK"]
+
+assert all(request(None) for _ in range(300))
+assert len(list(itertools.takewhile(request, range(int(sys.argv[2]))))) == int(sys.argv[2])
+"""
+
+
+def count_instructions(checkout, requests, bare=False):
+    """Instructions per request of protected/test in checkout, or of bench/bare.py's route."""
+    with tempfile.TemporaryDirectory(prefix="bench-hotpath-") as workdir:
+        out = f"{workdir}/callgrind.out"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c",
+                        COUNT_INSTRUCTIONS, f"{workdir}/bench.db", str(requests), str(ROOT / "bench") if bare else ""],
+                       cwd=checkout, capture_output=True, check=True)
+        report = subprocess.run(["callgrind_annotate", "--inclusive=yes", out], capture_output=True, text=True,
+                                check=True).stdout
+    line = next(line for line in report.splitlines() if ":takewhile_next " in line)
+    return int(line.split()[0].replace(",", "")) / requests
+
+
+def instructions(checkouts, requests):
+    counts = {"bare": count_instructions(ROOT, requests, bare=True)}
+    counts |= {name: count_instructions(path, requests) for name, path in checkouts.items()}
+    print(f"Instructions per request through the WSGI app (callgrind, {requests} requests after 300 unmeasured)")
+    print("| | instructions | ÷ bare |")
+    print("|---|---|---|")
+    print(f"| bench/bare.py `GET /bare` | {counts['bare']:,.0f} | 1.00 |")
+    for name, path in checkouts.items():
+        print(f"| protected/test, {path.name} ({name}) | {counts[name]:,.0f} | {counts[name] / counts['bare']:.2f} |")
+    print(f"this ÷ other: {counts['this'] / counts['other']:.3f}")
+    print(json.dumps(counts))
+
+
 def measure(checkout, requests):
     with tempfile.TemporaryDirectory(prefix="bench-hotpath-") as workdir:
         output = subprocess.run(["taskset", "-c", "1", sys.executable, "-c", MEASURE, f"{workdir}/bench.db",
@@ -51,9 +116,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", type=Path, required=True, metavar="DIR")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--requests", type=int, help="per round (default 5000), or counted (default 200)")
+    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
     args = parser.parse_args()
     checkouts = {"this": ROOT, "other": args.against.resolve()}
+    if args.instructions:
+        return instructions(checkouts, args.requests or 200)
+    args.requests = args.requests or 5000
     results = {name: [] for name in checkouts}
     for round_ in range(args.rounds):
         order = list(checkouts) if round_ % 2 == 0 else list(reversed(checkouts))
