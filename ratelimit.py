@@ -97,10 +97,11 @@ class Limiter:
         self.tiers = tiers
         self.public_rate = public_rate
 
-    def hit(self, item, identity, policy, report=True, generation=None):
+    def hit(self, item, identity, policy, environ=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
-        With report, the state goes into the response headers (see current_window). With a key
-        generation (Redis only), raise KeysChanged, counting nothing, once it is no longer current."""
+        With the request's WSGI environ, the state goes into its response headers (see
+        current_window). With a key generation (Redis only), raise KeysChanged, counting nothing,
+        once it is no longer current."""
         window_key = item.key_for(identity)
         try:
             if generation is None:
@@ -111,8 +112,8 @@ class Limiter:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None
         state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, item.get_expiry())
-        if report:
-            request.environ[RATE_LIMIT_STATE] = state
+        if environ is not None:
+            environ[RATE_LIMIT_STATE] = state
         if count > item.amount:
             metrics.rate_limited(policy)
             retry_after = max(1, seconds_until(reset))
@@ -173,16 +174,17 @@ def tier_names():
     return current_app.extensions["ratelimit"].tiers.keys()
 
 
-def count_request(key, generation=None):
-    """Count a request against the key's allowance and its usage; raise RateLimitExceeded when over,
-    or KeysChanged when the key generation it was read under is not the current one."""
+def count_request(key, environ, generation=None):
+    """Count a request (its WSGI environ) against the key's allowance and its usage; raise
+    RateLimitExceeded when over, or KeysChanged when the key generation it was read under is not
+    the current one."""
     limiter = current_app.extensions["ratelimit"]
     item = limiter.tiers.get(key.rate_limit_tier)
     if item is None:
         log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, key.rate_limit_tier)
         raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-    state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier, generation=generation)
-    usage.counted()
+    state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier, environ, generation)
+    usage.counted(environ)
     return state
 
 
@@ -192,7 +194,7 @@ def limit_client_ip():
     if limiter.public_rate is None:
         return
     try:
-        limiter.hit(limiter.public_rate, f"ip:{client_identity(request.remote_addr)}", PUBLIC_POLICY)
+        limiter.hit(limiter.public_rate, f"ip:{client_identity(request.remote_addr)}", PUBLIC_POLICY, request.environ)
     except LimitStorageUnavailable:
         # Public endpoints stay up without the limit storage; only keyed traffic fails closed.
         pass
@@ -249,7 +251,7 @@ def password_attempt(username):
     limiter = current_app.extensions["ratelimit"]
     for item, identity in login_failure_windows(username):
         try:
-            limiter.hit(item, identity, "login", report=False)
+            limiter.hit(item, identity, "login")
         except RateLimitExceeded as error:
             raise RateLimitExceeded("Too many failed log-ins.", retry_after=error.retry_after) from None
     slow = limiter.used_up(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username))
@@ -266,8 +268,7 @@ def password_accepted(username):
 def password_refused(username):
     """Count a wrong password towards the per-username slowdown (the attempt itself is counted)."""
     try:
-        current_app.extensions["ratelimit"].hit(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username), "login",
-                                                report=False)
+        current_app.extensions["ratelimit"].hit(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username), "login")
     except RateLimitExceeded:
         pass
 
@@ -289,20 +290,18 @@ def username_identity(username):
 
 def count_signup():
     """Count a sign-up attempt per client IP; raise RateLimitExceeded when too many."""
-    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, f"signup-ip:{client_identity(request.remote_addr)}", "signup",
-                                            report=False)
+    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, f"signup-ip:{client_identity(request.remote_addr)}", "signup")
 
 
 def count_key_creation(user):
     """Count a key created in the web application; raise RateLimitExceeded when too many."""
     current_app.extensions["ratelimit"].hit(KEY_CREATIONS_PER_ACCOUNT, f"key-creations:{user.id}",
-                                            "key-creation", report=False)
+                                            "key-creation")
 
 
 def count_totp_guess(user):
     """Count a TOTP code before it is checked, from any address; RateLimitExceeded past the cap."""
-    current_app.extensions["ratelimit"].hit(TOTP_FAILURES_PER_ACCOUNT, f"totp-guesses:{user.id}", "login",
-                                            report=False)
+    current_app.extensions["ratelimit"].hit(TOTP_FAILURES_PER_ACCOUNT, f"totp-guesses:{user.id}", "login")
 
 
 def totp_guess_accepted(user):
@@ -312,8 +311,7 @@ def totp_guess_accepted(user):
 
 def count_key_roll(user):
     """Count a roll in the web application, refused ones too; raise RateLimitExceeded when too many."""
-    current_app.extensions["ratelimit"].hit(KEY_ROLLS_PER_ACCOUNT, f"key-rolls:{user.id}", "key-roll",
-                                            report=False)
+    current_app.extensions["ratelimit"].hit(KEY_ROLLS_PER_ACCOUNT, f"key-rolls:{user.id}", "key-roll")
 
 
 def seconds_until(epoch):

@@ -198,12 +198,12 @@ def admit_socket():
     elif request.endpoint == "sockets.time_stream":
         secret = request.args.get("api_key")
         key = auth.authenticate(secret, "the api_key query parameter")
-        usage.admitted(key)
+        usage.admitted(key, request.environ)
         auth.require_access(key, "time:stream")
         g.socket_secret_hash = auth.hash_key(secret.strip())
         g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
-        ratelimit.count_request(key)
+        ratelimit.count_request(key, request.environ)
         usage.record_handshake(key)
 
 

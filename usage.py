@@ -113,10 +113,10 @@ USAGE_KEY_ID = "service.usage_key_id"
 USAGE_COUNTED = "service.usage_counted"
 
 
-def admitted(key):
-    """Note that this request is made with the key (found and active), so its answer is recorded:
-    refusals for scope and rate as well as successes."""
-    request.environ[USAGE_KEY_ID] = key.id
+def admitted(key, environ):
+    """Note in a request's WSGI environ that it is made with the key (found and active), so its
+    answer is recorded: refusals for scope and rate as well as successes."""
+    environ[USAGE_KEY_ID] = key.id
 
 
 def not_recorded():
@@ -124,9 +124,9 @@ def not_recorded():
     request.environ.pop(USAGE_KEY_ID, None)
 
 
-def counted():
-    """Note that this request passed its key's allowance: it adds to total_requests."""
-    request.environ[USAGE_COUNTED] = True
+def counted(environ):
+    """Note in a request's WSGI environ that it passed its key's allowance: it adds to total_requests."""
+    environ[USAGE_COUNTED] = True
 
 
 def record_handshake(key):

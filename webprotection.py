@@ -250,7 +250,7 @@ def second_factor():
 def count_ceremony():
     """Count a WebAuthn ceremony started from this client address (each stores a challenge)."""
     address = ratelimit.client_identity(request.remote_addr)
-    current_app.extensions["ratelimit"].hit(CEREMONIES_PER_IP, f"webauthn-ip:{address}", "webauthn", report=False)
+    current_app.extensions["ratelimit"].hit(CEREMONIES_PER_IP, f"webauthn-ip:{address}", "webauthn")
 
 
 def ceremony_options(purpose, user=None):

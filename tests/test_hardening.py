@@ -136,8 +136,8 @@ def delete_after_counting(monkeypatch, user):
     """Delete the account right after a request was admitted and counted, before its view reads."""
     count = ratelimit.count_request
 
-    def count_then_delete(key, generation=None):
-        state = count(key, generation)
+    def count_then_delete(key, environ, generation=None):
+        state = count(key, environ, generation)
         with accounts.db.atomic():
             ApiKey.delete().where(ApiKey.user == user.id).execute()
             User.delete().where(User.id == user.id).execute()

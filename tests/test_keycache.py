@@ -196,7 +196,7 @@ def test_no_generation_is_assumed_before_the_first_reply(windows):
 def test_windows_of_other_identities_count_whatever_the_generation(windows):
     limiter = ratelimit.Limiter(windows.storage, {}, None)
     limiter.windows.announce_key_change()
-    assert limiter.hit(RateLimitItemPerHour(5), "ip:1.2.3.4", "public", report=False).remaining == 4
+    assert limiter.hit(RateLimitItemPerHour(5), "ip:1.2.3.4", "public").remaining == 4
 
 
 @pytest.fixture

@@ -119,7 +119,7 @@ def redis_storage():
 def test_a_keyed_request_costs_one_redis_round_trip(redis_storage, monkeypatch):
     limiter = ratelimit.Limiter(redis_storage, {}, None)
     item = RateLimitItemPerHour(100)
-    limiter.hit(item, "warm", "free", report=False)  # loads the script
+    limiter.hit(item, "warm", "free")  # loads the script
     commands = []
     # The pool's one idle connection, which the next call takes: this client's alone is counted.
     pool = redis_storage.get_connection().connection_pool
@@ -132,7 +132,7 @@ def test_a_keyed_request_costs_one_redis_round_trip(redis_storage, monkeypatch):
         return send(*args, **kwargs)
 
     monkeypatch.setattr(connection, "send_command", counting_send)
-    state = limiter.hit(item, "w", "free", report=False)
+    state = limiter.hit(item, "w", "free")
     assert commands == ["EVALSHA"]
     assert state.remaining == 99 and 3599 <= state.reset - time.time() <= 3600
 
