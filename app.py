@@ -139,10 +139,11 @@ class CompactJson(DefaultJSONProvider):
         self.encoder = JSONEncoder(default=self.default, ensure_ascii=self.ensure_ascii, separators=(",", ":"))
 
     def response(self, *args, **kwargs):
-        if self._app.debug or self.compact is False:
+        # A view's dict or list comes as the one argument; other forms and debug's indented
+        # output go Flask's way.
+        if len(args) != 1 or kwargs or self._app.debug or self.compact is False:
             return super().response(*args, **kwargs)
-        body = self.encoder.encode(self._prepare_response_obj(args, kwargs))
-        return self._app.response_class(body + "\n", mimetype=self.mimetype)
+        return self._app.response_class(self.encoder.encode(args[0]) + "\n", mimetype=self.mimetype)
 
 
 class Service(Flask):

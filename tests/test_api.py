@@ -5,6 +5,7 @@ import re
 import time
 
 import pytest
+from flask.json.provider import DefaultJSONProvider
 
 import auth
 from api import VERSION
@@ -290,3 +291,15 @@ def test_secret_never_echoed_in_errors(client, api_key):
     for headers in ({"X-API-Key": api_key + "x"}, {"X-API-Key": api_key.upper()}):
         response = client.get("/api/v1/protected/test", headers=headers)
         assert headers["X-API-Key"] not in response.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_json_bodies_are_written_as_flasks_own_provider_writes_them(app, debug):
+    flasks_own = DefaultJSONProvider(app)
+    flasks_own.sort_keys = False
+    body = {"z": "caf\u00e9 \u2028 \U0001f600", "a": [1, 2.5, None, True], "at": datetime.datetime(2026, 1, 2, 3, 4, 5)}
+    app.debug = debug
+    for args, kwargs in [((body,), {}), ((1, 2), {}), ((), {"b": 1, "a": 2}), ((), {})]:
+        ours, theirs = app.json.response(*args, **kwargs), flasks_own.response(*args, **kwargs)
+        assert ours.get_data() == theirs.get_data() and ours.mimetype == theirs.mimetype == "application/json"
+    assert app.json.response(body).get_data().startswith(b'{"z":"caf\\u00e9') != debug
