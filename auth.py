@@ -296,10 +296,10 @@ def require_access(key, scope):
 
 
 def admit(secret, scope, environ, source="the X-API-Key header"):
-    """Authenticate a secret, check its scope and allow-list, then count it (the request of this
-    WSGI environ) against its key's allowance; the key goes on g.api_key. A key refused by its scope or allow-list is not counted.
-    The key may come from the worker's cache (keycache.py); where the count must confirm it, a stale
-    one is read again, uncounted."""
+    """Authenticate a secret, check its scope and allow-list, then count the request (of this WSGI
+    environ) against its key's allowance; the key goes on g.api_key. A key refused by its scope or
+    allow-list is not counted. The key may come from the worker's cache (keycache.py); where the
+    count must confirm it, a stale one is read again, uncounted."""
     secret = given_secret(secret, source)
     key_hash = hash_key(secret)
     # Its form is checked only before the database is read: a kept hash is a real key's.

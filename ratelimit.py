@@ -290,7 +290,8 @@ def username_identity(username):
 
 def count_signup():
     """Count a sign-up attempt per client IP; raise RateLimitExceeded when too many."""
-    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, f"signup-ip:{client_identity(request.remote_addr)}", "signup")
+    identity = f"signup-ip:{client_identity(request.remote_addr)}"
+    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, identity, "signup")
 
 
 def count_key_creation(user):
