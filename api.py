@@ -4,7 +4,7 @@ import json
 import math
 from pathlib import Path
 
-from flask import Blueprint, g, request
+from flask import Blueprint, request
 from werkzeug.exceptions import ServiceUnavailable
 
 import analytics
@@ -42,8 +42,8 @@ def status():
 
 @api.get("/protected/test")
 @require_api_key("test:read")
-def protected_test():
-    key = g.api_key
+def protected_test(api_key):
+    key = api_key
     return {
         "success": True,
         "message": "Your API key is valid.",
@@ -56,9 +56,9 @@ def protected_test():
 
 @api.get("/user/me")
 @require_api_key("user:read")
-def user_me():
+def user_me(api_key):
     # The account may have been deleted since the key was admitted: then the key is gone too.
-    user = auth.found_key(User.get_or_none(User.id == g.api_key.user_id))
+    user = auth.found_key(User.get_or_none(User.id == api_key.user_id))
     return {
         "user_id": user.id,
         "username": user.username,
@@ -70,8 +70,8 @@ def user_me():
 
 @api.get("/usage/stats")
 @require_api_key("usage:read")
-def usage_stats():
-    key, window = g.api_key, ratelimit.current_window()
+def usage_stats(api_key):
+    key, window = api_key, ratelimit.current_window()
     total = usage.total_requests(key)
     if total is None:
         auth.found_key(None)  # deleted with its account since it was admitted
@@ -86,8 +86,8 @@ def usage_stats():
 
 @api.get("/usage/history")
 @require_api_key("usage:read")
-def usage_history():
-    return analytics.history(g.api_key)
+def usage_history(api_key):
+    return analytics.history(api_key)
 
 
 @api.post("/keys/revoke")

@@ -210,7 +210,7 @@ def create_app(overrides=None):
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:
         app.wsgi_app = ProxyFix(CheckedClientAddress(app.wsgi_app), x_for=proxies, x_proto=proxies)
-    app.wsgi_app = envelope.Envelope(app.wsgi_app, app.extensions["usage"])
+    app.wsgi_app = envelope.Envelope(app)
     return app
 
 
@@ -261,9 +261,10 @@ def refuse_large_bodies():
     """Refuse a body larger than MAX_BODY_BYTES before it is read: a declared one at once, a chunked
     one once that many bytes came (they are kept for the view, in memory). Only a POST's chunked
     body is read: no other view takes one, and the server closes the connection after it."""
-    environ = request.environ
+    # Runs on every request: the environ without a context proxy (see envelope.py).
+    environ = envelope.current_environ.get()
     if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-        if request.method != "POST":
+        if envelope.request_method(environ) != "POST":
             return
         limit = current_app.config["MAX_BODY_BYTES"]
         # Werkzeug would stop reading at the limit without a word, and the form would be cut short.
@@ -300,7 +301,7 @@ def render_http_error(error):
     """Render any HTTP error as {"error": {"code", "message"}}, keeping its status and headers; a
     browser (a client that prefers HTML) gets templates/error.html anywhere outside the API."""
     response = error.get_response()
-    if not request.path.startswith(web.API_PREFIX) and prefers_html():
+    if not request.path.startswith(envelope.API_PREFIX) and prefers_html():
         response.set_data(render_template("error.html", error=error))
         response.content_type = "text/html; charset=utf-8"
         return response

@@ -8,11 +8,12 @@ import secrets
 import string
 import zlib
 
-from flask import current_app, g, request
+from flask import current_app, request
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import accounts
 import allowips
+import envelope
 import keycache
 import ratelimit
 import securitylog
@@ -297,42 +298,42 @@ def require_access(key, scope):
 
 def admit(secret, scope, environ, source="the X-API-Key header"):
     """Authenticate a secret, check its scope and allow-list, then count the request (of this WSGI
-    environ) against its key's allowance; the key goes on g.api_key. A key refused by its scope or
-    allow-list is not counted. The key may come from the worker's cache (keycache.py); where the
-    count must confirm it, a stale one is read again, uncounted."""
+    environ, which envelope.Envelope served) against its key's allowance; return the key. A key
+    refused by its scope or allow-list is not counted. The key may come from the worker's cache
+    (keycache.py); where the count must confirm it, a stale one is read again, uncounted."""
+    # The app from the environ, not current_app: see envelope.py.
+    service = environ[envelope.SERVICE_APP].extensions
+    keys, limiter = service["keys"], service["ratelimit"]
     secret = given_secret(secret, source)
     key_hash = hash_key(secret)
     # Its form is checked only before the database is read: a kept hash is a real key's.
-    key, generation = keycache.find(key_hash, lambda: well_formed(secret))
-    # g and request are context lookups on every use (~9,000 instructions each): the key and the
-    # environ are passed by name on this path.
-    key = g.api_key = found_key(key)
+    key, generation = keys.find(key_hash, lambda: well_formed(secret))
+    key = found_key(key)
     usage.admitted(key, environ)
     try:
         require_access(key, scope)
-        ratelimit.count_request(key, environ, generation)
+        limiter.count_request(key, environ, generation)
     except (KeysChanged, *REFUSALS) as refusal:
         if isinstance(refusal, REFUSALS) and generation is None:
             raise
         # A kept key not yet confirmed is read again before it is refused (a revoked key is a 401,
         # not a 403) or counted. This read comes after any change announced before the request
         # arrived, so the count needs no second confirmation.
-        key = g.api_key = found_key(keycache.reload(key_hash))
+        key = found_key(keys.reload(key_hash))
         require_access(key, scope)
-        ratelimit.count_request(key, environ)
+        limiter.count_request(key, environ)
     return key
 
 
 def require_api_key(scope):
     """Guard a view: X-API-Key must hold an active key with the scope and allowance left; the
-    request is counted."""
+    request is counted, and the view gets the key as its api_key argument."""
 
     def decorate(view):
         @functools.wraps(view)
         def guarded(*args, **kwargs):
-            environ = request.environ
-            admit(environ.get("HTTP_X_API_KEY"), scope, environ)
-            return view(*args, **kwargs)
+            environ = envelope.current_environ.get()
+            return view(*args, api_key=admit(environ.get("HTTP_X_API_KEY"), scope, environ), **kwargs)
 
         return guarded
 

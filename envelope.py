@@ -6,17 +6,30 @@ that key's usage.
 One middleware rather than two middlewares and four Flask hooks: each hook costs a call through
 Flask and a context lookup per request, which was a sixth of a keyed request's own time. Views and
 guards note what the envelope needs in the WSGI environ (ratelimit.RATE_LIMIT_STATE,
-usage.USAGE_KEY_ID, usage.USAGE_COUNTED); nothing else writes these headers."""
+usage.USAGE_KEY_ID, usage.USAGE_COUNTED); nothing else writes these headers.
 
+The envelope also holds the request it serves where the hot path reads it without Flask's context
+proxies (request, g, current_app: ~9,000 instructions a read, against ~100 for a ContextVar):
+current_environ, whose SERVICE_APP entry is the app."""
+
+import contextvars
 import time
 
 import logs
 import metrics
 import ratelimit
 import usage
-from web import API_PREFIX
 
+API_PREFIX = "/api/"
 API_PATH = API_PREFIX.lstrip("/")
+SERVICE_APP = "service.app"
+# Set for each request while the app runs; gevent gives every connection's greenlet its own context.
+current_environ = contextvars.ContextVar("environ")
+
+
+def request_method(environ):
+    """The method as Werkzeug gives it (request.method), by which Flask routes: "post" is a POST."""
+    return environ.get("REQUEST_METHOD", "GET").upper()
 # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
 API_HEADERS = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"))
 # Over HTTPS, tell browsers to come back only over HTTPS.
@@ -25,12 +38,14 @@ SECURE_SCHEMES = frozenset({"https", "wss"})
 
 
 class Envelope:
-    def __init__(self, wsgi_app, usage_counter):
-        self.wsgi_app = wsgi_app
-        self.usage_counter = usage_counter
+    def __init__(self, app):
+        self.wsgi_app = app.wsgi_app
+        self.app = app
+        self.usage_counter = app.extensions["usage"]
 
     def __call__(self, environ, start_response):
         started = time.perf_counter()
+        environ[SERVICE_APP] = self.app
         request_id = environ[logs.REQUEST_ID_ENVIRON] = logs.request_id_for(environ.get("HTTP_X_REQUEST_ID"))
         logs.current_request_id.set(request_id)
 
@@ -54,6 +69,7 @@ class Envelope:
             metrics.count(environ, code, time.perf_counter() - started)
             return start_response(status, headers, exc_info)
 
+        serving = current_environ.set(environ)
         try:
             return self.wsgi_app(environ, start_enveloped)
         except StopIteration:
@@ -61,3 +77,5 @@ class Envelope:
             # no latency: counted, not timed.
             metrics.count(environ, 101, None)
             raise
+        finally:
+            current_environ.reset(serving)

@@ -183,16 +183,6 @@ def init_app(app):
     app.extensions["keys"] = cache
 
 
-def find(key_hash, well_formed=None):
-    """Return (the active ApiKey with this secret hash or None, the generation to confirm or None);
-    a key not kept is read only if well_formed() (the secret's form and checksum)."""
-    return current_app.extensions["keys"].find(key_hash, well_formed)
-
-
-def reload(key_hash):
-    return current_app.extensions["keys"].reload(key_hash)
-
-
 def announce_change():
     """After a key's revocation, roll or deletion is committed: no process serves its old state."""
     current_app.extensions["keys"].announce_change()

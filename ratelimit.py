@@ -97,6 +97,18 @@ class Limiter:
         self.tiers = tiers
         self.public_rate = public_rate
 
+    def count_request(self, key, environ, generation=None):
+        """Count a request (its WSGI environ) against the key's allowance and its usage; raise
+        RateLimitExceeded when over, or KeysChanged when the key generation it was read under is
+        not the current one."""
+        item = self.tiers.get(key.rate_limit_tier)
+        if item is None:
+            log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, key.rate_limit_tier)
+            raise InternalServerError("This API key's rate limit tier is not configured on the server.")
+        state = self.hit(item, f"key:{key.id}", key.rate_limit_tier, environ, generation)
+        usage.counted(environ)
+        return state
+
     def hit(self, item, identity, policy, environ=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
         With the request's WSGI environ, the state goes into its response headers (see
@@ -172,20 +184,6 @@ def warn_about_unknown_tiers(tiers):
 def tier_names():
     """Return the names of the configured tiers."""
     return current_app.extensions["ratelimit"].tiers.keys()
-
-
-def count_request(key, environ, generation=None):
-    """Count a request (its WSGI environ) against the key's allowance and its usage; raise
-    RateLimitExceeded when over, or KeysChanged when the key generation it was read under is not
-    the current one."""
-    limiter = current_app.extensions["ratelimit"]
-    item = limiter.tiers.get(key.rate_limit_tier)
-    if item is None:
-        log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, key.rate_limit_tier)
-        raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-    state = limiter.hit(item, f"key:{key.id}", key.rate_limit_tier, environ, generation)
-    usage.counted(environ)
-    return state
 
 
 def limit_client_ip():

@@ -203,7 +203,7 @@ def admit_socket():
         g.socket_secret_hash = auth.hash_key(secret.strip())
         g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
-        ratelimit.count_request(key, request.environ)
+        current_app.extensions["ratelimit"].count_request(key, request.environ)
         usage.record_handshake(key)
 
 

@@ -14,6 +14,7 @@ import accounts
 import allowips
 import analytics
 import auth
+import envelope
 import ratelimit
 import reference
 import securitylog
@@ -36,7 +37,6 @@ MAX_ID = 2**63 - 1  # the largest id SQLite and PostgreSQL can hold; beyond it a
 EXPIRIES = {"7d": "7 days", "30d": "30 days", "90d": "90 days", "365d": "365 days", "never": "Never"}
 # When a rolled key's current secret stops working.
 GRACES = {"0": "now", "1h": "in 1 hour", "24h": "in 24 hours", "7d": "in 7 days"}
-API_PREFIX = "/api/"
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'"
 )
@@ -49,7 +49,7 @@ class SessionInterface(SecureCookieSessionInterface):
     def open_session(self, app, request):
         # The API authenticates by key only: a browser's login cookie must grant it nothing, and
         # skipping the cookie saves every API request building a signing serializer (~18 us).
-        if request.path.startswith(API_PREFIX):
+        if request.path.startswith(envelope.API_PREFIX):
             return None
         return super().open_session(app, request)
 
@@ -77,8 +77,9 @@ def protect_forms():
     """Check the CSRF token of every request that may change something, outside the API: it
     authenticates by key, never by the browser's cookie, so it has no token to ask for."""
     # A request no view matches runs none: it gets its 404 or 405, as with flask-wtf's own check.
-    if (request.method in FORM_METHODS and request.endpoint is not None and current_app.config["WTF_CSRF_ENABLED"]
-            and not request.path.startswith(API_PREFIX)):
+    # The method from the environ: this runs on every request (see envelope.py).
+    if (envelope.request_method(envelope.current_environ.get()) in FORM_METHODS and request.endpoint is not None and current_app.config["WTF_CSRF_ENABLED"]
+            and not request.path.startswith(envelope.API_PREFIX)):
         csrf.protect()
 
 

@@ -132,9 +132,10 @@ def test_the_security_log_keeps_its_newest_events_at_every_write(user, monkeypat
     assert events[0].id == max(event.id for event in SecurityEvent.select())
 
 
-def delete_after_counting(monkeypatch, user):
+def delete_after_counting(monkeypatch, app, user):
     """Delete the account right after a request was admitted and counted, before its view reads."""
-    count = ratelimit.count_request
+    limiter = app.extensions["ratelimit"]
+    count = limiter.count_request
 
     def count_then_delete(key, environ, generation=None):
         state = count(key, environ, generation)
@@ -143,12 +144,12 @@ def delete_after_counting(monkeypatch, user):
             User.delete().where(User.id == user.id).execute()
         return state
 
-    monkeypatch.setattr(auth.ratelimit, "count_request", count_then_delete)
+    monkeypatch.setattr(limiter, "count_request", count_then_delete)
 
 
 @pytest.mark.parametrize("path", ["/api/v1/user/me", "/api/v1/usage/stats"])
-def test_an_account_deleted_mid_request_is_a_401_not_a_500(client, user, pro_key, monkeypatch, path):
-    delete_after_counting(monkeypatch, user)
+def test_an_account_deleted_mid_request_is_a_401_not_a_500(app, client, user, pro_key, monkeypatch, path):
+    delete_after_counting(monkeypatch, app, user)
     response = client.get(path, headers={"X-API-Key": pro_key})
     assert response.status_code == 401
     assert response.json["error"]["code"] == "invalid_api_key"

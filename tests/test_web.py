@@ -12,6 +12,7 @@ from limits import RateLimitItemPerMinute
 import accounts
 import auth
 import ratelimit
+import envelope
 import web
 from models import ApiKey, UsageHour, User, start_of_hour, utcnow
 
@@ -204,7 +205,7 @@ def test_every_route_that_takes_a_post_outside_the_api_asks_for_the_csrf_token(a
     # Found from the URL map, so a form added later is checked without being listed here.
     app.config["WTF_CSRF_ENABLED"] = True
     posted = [rule for rule in app.url_map.iter_rules()
-              if rule.methods & web.FORM_METHODS and not rule.rule.startswith(web.API_PREFIX)]
+              if rule.methods & web.FORM_METHODS and not rule.rule.startswith(envelope.API_PREFIX)]
     assert len(posted) >= 10
     for rule in posted:
         path = rule.build({name: 1 for name in rule.arguments}, append_unknown=False)[1]
