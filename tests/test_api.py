@@ -8,6 +8,7 @@ import pytest
 from flask.json.provider import DefaultJSONProvider
 
 import auth
+import envelope
 from api import VERSION
 from models import ApiKey
 
@@ -291,6 +292,13 @@ def test_secret_never_echoed_in_errors(client, api_key):
     for headers in ({"X-API-Key": api_key + "x"}, {"X-API-Key": api_key.upper()}):
         response = client.get("/api/v1/protected/test", headers=headers)
         assert headers["X-API-Key"] not in response.get_data(as_text=True)
+
+
+def test_the_request_the_envelope_serves_is_held_only_while_it_is_served(client, api_key):
+    assert client.get("/api/v1/protected/test", headers={"X-API-Key": api_key}).status_code == 200
+    # Held for the guard while the app ran; forgotten after, so no later code reads a stale one.
+    with pytest.raises(LookupError):
+        envelope.current_environ.get()
 
 
 @pytest.mark.parametrize("debug", [False, True])

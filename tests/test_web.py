@@ -213,6 +213,16 @@ def test_every_route_that_takes_a_post_outside_the_api_asks_for_the_csrf_token(a
         assert response.status_code == 400 and "CSRF" in page(response), rule.rule
 
 
+def test_a_lowercase_post_is_a_post_to_the_csrf_check_too(app, logged_in):
+    # Werkzeug upper-cases the method, so Flask routes "post" to a POST view; the check, which
+    # reads the method from the environ, must do the same (gevent's server passes it as sent).
+    app.config["WTF_CSRF_ENABLED"] = True
+    response = logged_in.post("/settings/security/keys", data={"name": "k", "type": "production"}, headers=HTML,
+                              environ_overrides={"REQUEST_METHOD": "post"})
+    assert response.status_code == 400 and "CSRF" in page(response)
+    assert ApiKey.select().count() == 0
+
+
 @pytest.mark.parametrize("method, path, status", [("POST", "/no-such-page", 404), ("DELETE", "/healthz", 405)])
 def test_a_request_no_view_takes_gets_its_404_or_405_not_a_csrf_refusal(app, logged_in, method, path, status):
     app.config["WTF_CSRF_ENABLED"] = True
