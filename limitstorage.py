@@ -12,6 +12,7 @@ from gevent.event import AsyncResult
 from limits.errors import StorageError
 from limits.storage import MemoryStorage, RedisClusterStorage, RedisStorage, storage_from_string
 
+import locks
 from models import greenlets_share_thread
 
 
@@ -77,11 +78,12 @@ class SweptMemoryStorage(MemoryStorage):
 
 class SharedLock:
     """Stands in for limits' table of one lock per key with one lock for all keys. The sections
-    it guards are a few dict operations that never wait; a lock per key left three objects per
-    key for every full garbage collection to walk: pauses of 100 ms with 60,000 keys."""
+    it guards are a few dict operations that never wait (so a real lock: locks.py); a lock per key
+    left three objects per key for every full garbage collection to walk: pauses of 100 ms with
+    60,000 keys."""
 
     def __init__(self):
-        self.lock = threading.RLock()
+        self.lock = locks.short_rlock()
 
     def __getitem__(self, key):
         return self.lock

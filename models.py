@@ -147,6 +147,9 @@ class ApiKey(BaseModel):
     previous_expires_at = DateTimeField(null=True)
     # The networks the key may be used from (allowips.parse's form); NULL: any address.
     allow_ips = TextField(null=True)
+    # Not a column: (tier's limit item, its window's storage key), made by ratelimit.Limiter once
+    # for each key it counts; a kept key (keycache.py) serves many requests.
+    counted_window = None
 
     class Meta:
         table_name = "api_keys"

@@ -101,11 +101,16 @@ class Limiter:
         """Count a request (its WSGI environ) against the key's allowance and its usage; raise
         RateLimitExceeded when over, or KeysChanged when the key generation it was read under is
         not the current one."""
-        item = self.tiers.get(key.rate_limit_tier)
+        tier = key.rate_limit_tier
+        item = self.tiers.get(tier)
         if item is None:
-            log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, key.rate_limit_tier)
+            log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, tier)
             raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-        state = self.hit(item, f"key:{key.id}", key.rate_limit_tier, environ, generation)
+        # limits' key_for costs ~9,000 instructions: made once for a key the worker keeps.
+        window = key.counted_window
+        if window is None or window[0] is not item:
+            window = key.counted_window = (item, item.key_for(f"key:{key.id}"))
+        state = self.hit_window(item, window[1], tier, environ, generation)
         usage.counted(environ)
         return state
 
@@ -114,16 +119,20 @@ class Limiter:
         With the request's WSGI environ, the state goes into its response headers (see
         current_window). With a key generation (Redis only), raise KeysChanged, counting nothing,
         once it is no longer current."""
-        window_key = item.key_for(identity)
+        return self.hit_window(item, item.key_for(identity), policy, environ, generation)
+
+    def hit_window(self, item, window_key, policy, environ=None, generation=None):
+        """hit, for the window's storage key (item.key_for(identity))."""
+        expiry = item.get_expiry()
         try:
             if generation is None:
-                count, reset = self.count_hit(window_key, item.get_expiry())
+                count, reset = self.count_hit(window_key, expiry)
             else:
-                count, reset = self.windows.hit(window_key, item.get_expiry(), generation)
+                count, reset = self.windows.hit(window_key, expiry, generation)
         except StorageError as error:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None
-        state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, item.get_expiry())
+        state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, expiry)
         if environ is not None:
             environ[RATE_LIMIT_STATE] = state
         if count > item.amount:

@@ -9,6 +9,7 @@ import time
 
 from flask import current_app, request
 
+import locks
 import metrics
 from models import db, release_connection, start_of_hour, utcnow
 from writelock import write_transaction
@@ -30,7 +31,8 @@ class UsageCounter:
         self.database = database
         self.interval = interval
         self.pending = collections.Counter()
-        self.pending_lock = threading.Lock()
+        # Held only to swap or add to the counts, never across a wait (locks.py).
+        self.pending_lock = locks.short_lock()
         self.flush_lock = threading.Lock()
         self.stopped = threading.Event()
         self.flusher = None
