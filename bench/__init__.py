@@ -21,8 +21,9 @@ environment, seeded keys, copied accounts), wrk.py (a run and its parsed report)
 WebSocket clients: raw handshakes, the kernel-stamped time-socket reader, the asyncio echo client;
 percentiles), suite.py (the command line and the JSON report). bare.py and bare.conf.py are the
 ceiling: a bare Flask route and a bare flask-sock echo under the service's gunicorn settings.
-Standalone: hotpath.py (CPU time, or with --instructions CPU instructions, per protected/test
-against another checkout and the bare route), lifecycle.py (usage rows over a simulated year,
+Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the app, or
+with --served the gunicorn worker's instructions, per protected/test against another checkout and
+the bare route), lifecycle.py (usage rows over a simulated year,
 p99 during a prune) and plot.py (PNGs from a --json report).
 
 The parts import the service's modules (accounts, auth, app ...) from the project root, so a

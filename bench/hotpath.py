@@ -7,16 +7,27 @@ With --instructions, the machine's load does not count at all: valgrind's callgr
 CPU instructions of one request through the WSGI app (no server, no test client), for this
 checkout, the other and bench/bare.py's route, the same count on every run of the same code.
 
+With --served, callgrind counts the instructions of the gunicorn worker itself (gevent, parsing,
+the app, the access line, writing; the kernel's work is not counted) per request from one
+keep-alive client, for the same three. Under callgrind the worker runs ~50 times slower, so its
+once-a-second work (usage flush, metrics fold) weighs ~50 times more per request than at full
+speed: on the service's side the count is a little high.
+
     python bench/hotpath.py --against ../before [--rounds 6] [--requests 5000]
     python bench/hotpath.py --against ../before --instructions [--requests 200]   # apt-get install valgrind
+    python bench/hotpath.py --against ../before --served [--requests 500]
 """
 
 import argparse
+import http.client
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,10 +103,83 @@ def count_instructions(checkout, requests, bare=False):
     return int(line.split()[0].replace(",", "")) / requests
 
 
-def instructions(checkouts, requests):
-    counts = {"bare": count_instructions(ROOT, requests, bare=True)}
-    counts |= {name: count_instructions(path, requests) for name, path in checkouts.items()}
-    print(f"Instructions per request through the WSGI app (callgrind, {requests} requests after 300 unmeasured)")
+# Run inside the checkout being measured (argv: database): a user and a key; prints the secret.
+SEED = """
+import os, sys
+sys.path.insert(0, os.getcwd())
+os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench")
+import accounts, auth
+from app import create_app
+app = create_app()
+with app.app_context():
+    user = accounts.create_user("bench", "bench@example.com", "bench password")
+    print(auth.issue_key(user, "bench", "development")[1])
+app.extensions["usage"].close()
+"""
+
+
+def count_served(checkout, requests, bare=False):
+    """Instructions of the gunicorn worker per protected/test of checkout, or per bench/bare.py's route."""
+    with tempfile.TemporaryDirectory(prefix="bench-served-") as workdir:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = dict(os.environ, DATABASE_URL=f"sqlite:///{workdir}/bench.db", SECRET_KEY="bench",
+                   RATE_LIMIT_TIERS="free=1000000000/hour", PORT=str(port), WEB_CONCURRENCY="1")
+        if bare:
+            app, config, path, headers = "bench.bare:app", ROOT / "bench" / "bare.conf.py", "/bare", {}
+        else:
+            secret = subprocess.run([sys.executable, "-c", SEED, f"{workdir}/bench.db"], cwd=checkout, env=env,
+                                    capture_output=True, text=True, check=True).stdout.split()[-1]
+            app, config, path, headers = "app:app", checkout / "gunicorn.conf.py", "/api/v1/protected/test", {
+                "X-API-Key": secret}
+        chdir = ROOT if bare else checkout
+        server = subprocess.Popen(["valgrind", "--tool=callgrind", "--trace-children=yes",
+                                   f"--callgrind-out-file={workdir}/callgrind.%p", sys.executable, "-m", "gunicorn",
+                                   "-c", str(config), "--chdir", str(chdir), "--access-logfile", "/dev/null", app],
+                                  cwd=chdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            connection = connect(port, server)
+            worker = subprocess.check_output(["pgrep", "-P", str(server.pid)]).split()[0].decode()
+
+            def serve(count):
+                for _ in range(count):
+                    connection.request("GET", path, headers=headers)
+                    response = connection.getresponse()
+                    response.read()
+                    assert response.status == 200, response.status
+
+            serve(300)
+            subprocess.run(["callgrind_control", "--zero", worker], capture_output=True, check=True)
+            serve(requests)
+            subprocess.run(["callgrind_control", "--dump", worker], capture_output=True, check=True)
+            dump = max(Path(workdir).glob(f"callgrind.{worker}.*"))
+            total = next(line for line in dump.read_text().splitlines() if line.startswith(("summary:", "totals:")))
+        finally:
+            server.terminate()
+            server.wait()
+    return int(total.split()[1]) / requests
+
+
+def connect(port, server):
+    for _ in range(600):
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            connection.request("GET", "/")
+            connection.getresponse().read()
+            return connection
+        except OSError:
+            assert server.poll() is None, "the server under callgrind did not start"
+            time.sleep(0.2)
+    raise TimeoutError("the server under callgrind did not answer in 2 minutes")
+
+
+def instructions(checkouts, requests, served=False):
+    count = count_served if served else count_instructions
+    counts = {"bare": count(ROOT, requests, bare=True)}
+    counts |= {name: count(path, requests) for name, path in checkouts.items()}
+    where = "the gunicorn worker, served" if served else "the WSGI app"
+    print(f"Instructions per request through {where} (callgrind, {requests} requests after 300 unmeasured)")
     print("| | instructions | ÷ bare |")
     print("|---|---|---|")
     print(f"| bench/bare.py `GET /bare` | {counts['bare']:,.0f} | 1.00 |")
@@ -116,12 +200,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", type=Path, required=True, metavar="DIR")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--requests", type=int, help="per round (default 5000), or counted (default 200)")
+    parser.add_argument("--requests", type=int, help="per round (default 5000), or counted (default 200; served 500)")
     parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
+    parser.add_argument("--served", action="store_true", help="count the served worker's instructions instead")
     args = parser.parse_args()
     checkouts = {"this": ROOT, "other": args.against.resolve()}
-    if args.instructions:
-        return instructions(checkouts, args.requests or 200)
+    if args.instructions or args.served:
+        return instructions(checkouts, args.requests or (500 if args.served else 200), args.served)
     args.requests = args.requests or 5000
     results = {name: [] for name in checkouts}
     for round_ in range(args.rounds):
