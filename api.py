@@ -43,13 +43,12 @@ def status():
 @api.get("/protected/test")
 @require_api_key("test:read")
 def protected_test(api_key):
-    key = api_key
     return {
         "success": True,
         "message": "Your API key is valid.",
-        "api_key_name": key.name,
-        "api_key_type": key.key_type,
-        "rate_limit_tier": key.rate_limit_tier,
+        "api_key_name": api_key.name,
+        "api_key_type": api_key.key_type,
+        "rate_limit_tier": api_key.rate_limit_tier,
         "timestamp": models.now_strings()[0],
     }
 

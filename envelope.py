@@ -25,16 +25,16 @@ API_PATH = API_PREFIX.lstrip("/")
 SERVICE_APP = "service.app"
 # Set for each request while the app runs; gevent gives every connection's greenlet its own context.
 current_environ = contextvars.ContextVar("environ")
-
-
-def request_method(environ):
-    """The method as Werkzeug gives it (request.method), by which Flask routes: "post" is a POST."""
-    return environ.get("REQUEST_METHOD", "GET").upper()
 # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
 API_HEADERS = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"))
 # Over HTTPS, tell browsers to come back only over HTTPS.
 HSTS = ("Strict-Transport-Security", "max-age=31536000")
 SECURE_SCHEMES = frozenset({"https", "wss"})
+
+
+def request_method(environ):
+    """The method as Werkzeug gives it (request.method), by which Flask routes: "post" is a POST."""
+    return environ.get("REQUEST_METHOD", "GET").upper()
 
 
 class Envelope:

@@ -78,7 +78,8 @@ def protect_forms():
     authenticates by key, never by the browser's cookie, so it has no token to ask for."""
     # A request no view matches runs none: it gets its 404 or 405, as with flask-wtf's own check.
     # The method from the environ: this runs on every request (see envelope.py).
-    if (envelope.request_method(envelope.current_environ.get()) in FORM_METHODS and request.endpoint is not None and current_app.config["WTF_CSRF_ENABLED"]
+    method = envelope.request_method(envelope.current_environ.get())
+    if (method in FORM_METHODS and request.endpoint is not None and current_app.config["WTF_CSRF_ENABLED"]
             and not request.path.startswith(envelope.API_PREFIX)):
         csrf.protect()
 
