@@ -13,6 +13,7 @@ import models
 import ratelimit
 import usage
 from auth import require_api_key
+from fastlane import without_flask
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
 
@@ -41,6 +42,7 @@ def status():
 
 
 @api.get("/protected/test")
+@without_flask
 @require_api_key("test:read")
 def protected_test(api_key):
     return {
@@ -54,6 +56,7 @@ def protected_test(api_key):
 
 
 @api.get("/user/me")
+@without_flask
 @require_api_key("user:read")
 def user_me(api_key):
     # The account may have been deleted since the key was admitted: then the key is gone too.

@@ -30,6 +30,7 @@ import cli
 import cors
 import devserver
 import envelope
+import fastlane
 import health
 import keycache
 import keypage
@@ -207,6 +208,8 @@ def create_app(overrides=None):
     app.cli.add_command(cli.usage_cli)
     app.cli.add_command(cli.audit_command)
 
+    # Last: the lane serves only while every hook registered by now would do nothing for its requests.
+    app.wsgi_app = fastlane.Lane(app, app.wsgi_app)
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:
         app.wsgi_app = ProxyFix(CheckedClientAddress(app.wsgi_app), x_for=proxies, x_proto=proxies)

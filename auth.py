@@ -8,13 +8,14 @@ import secrets
 import string
 import zlib
 
-from flask import current_app, request
+from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import accounts
 import allowips
 import envelope
 import keycache
+import metrics
 import ratelimit
 import securitylog
 import usage
@@ -275,18 +276,26 @@ def require_scope(key, scope):
     if scope not in key.scope_list():
         # A scope guards more than the endpoint SCOPES names for it (usage:read: stats and history).
         needed_by = SCOPES[scope]
-        if not needed_by.endswith(" " + request.url_rule.rule):
-            needed_by = f"{request.method} {request.url_rule.rule}"
+        # From the environ: the fast lane serves keyed requests without Flask's request (fastlane.py).
+        environ = envelope.current_environ.get()
+        route = metrics.route(environ)
+        if not needed_by.endswith(" " + route):
+            needed_by = f"{envelope.request_method(environ)} {route}"
         raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {needed_by} needs.")
 
 
 def require_allowed_address(key):
     """Raise IpNotAllowed unless the key may be used from the client's address (the one the per-IP
-    limits use: request.remote_addr, from X-Forwarded-For behind TRUSTED_PROXIES)."""
-    if key.allowed_networks is not None and not allowips.permits(key.allowed_networks, request.remote_addr):
+    limits use: REMOTE_ADDR, from X-Forwarded-For behind TRUSTED_PROXIES)."""
+    if key.allowed_networks is None:
+        return
+    # From the environ: the fast lane serves keyed requests without Flask's request (fastlane.py).
+    environ = envelope.current_environ.get()
+    client_address = environ.get("REMOTE_ADDR")
+    if not allowips.permits(key.allowed_networks, client_address):
         # Not the owner's traffic: neither counted nor recorded in the key's usage.
-        usage.not_recorded()
-        address = allowips.client_ip(request.remote_addr or "") or "this address"
+        usage.not_recorded(environ)
+        address = allowips.client_ip(client_address or "") or "this address"
         raise IpNotAllowed(f"This API key may not be used from {address}: its IP allow-list does not include it.")
 
 

@@ -64,7 +64,7 @@ class Envelope:
             key_id = environ.get(usage.USAGE_KEY_ID)
             # A 401 here means the key was revoked or deleted meanwhile: no longer an active key's.
             if key_id is not None and code != 401:
-                self.usage_counter.add(key_id, environ["werkzeug.request"].url_rule.rule, code,
+                self.usage_counter.add(key_id, metrics.route(environ), code,
                                        environ.get(usage.USAGE_COUNTED, False))
             metrics.count(environ, code, time.perf_counter() - started)
             return start_response(status, headers, exc_info)

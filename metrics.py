@@ -49,6 +49,8 @@ def init_app(app):
 
 
 SOCKET_ENDPOINT = "metrics.socket_endpoint"
+# The route of a request served without Flask (fastlane.py), which has no matched rule.
+ROUTE = "service.route"
 
 
 class Tally:
@@ -119,11 +121,19 @@ tally = Tally()
 
 def count(environ, status, seconds):
     """Count a response (seconds None: a WebSocket, whose lifetime is no latency) by its route."""
-    # Flask's request (and with it the matched rule) is in the environ until its response is sent.
-    rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
-    endpoint = rule.rule if rule is not None else environ.get(SOCKET_ENDPOINT, UNMATCHED)
+    endpoint = route(environ) or environ.get(SOCKET_ENDPOINT, UNMATCHED)
     method = environ["REQUEST_METHOD"]
     tally.count((endpoint, method if method in METHODS else "OTHER", status), seconds)
+
+
+def route(environ):
+    """The rule a request was routed by (/api/v1/user/me), or None when no route matched."""
+    route = environ.get(ROUTE)
+    if route is None:
+        # Flask's request (and with it the matched rule) is in the environ until its response is sent.
+        rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
+        route = rule.rule if rule is not None else None
+    return route
 
 
 # Each (endpoint, method, status)'s children, found once: labels() costs as much as inc().

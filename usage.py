@@ -121,9 +121,9 @@ def admitted(key, environ):
     environ[USAGE_KEY_ID] = key.id
 
 
-def not_recorded():
+def not_recorded(environ):
     """Take back admitted: this request is not the key's to record (refused by its IP allow-list)."""
-    request.environ.pop(USAGE_KEY_ID, None)
+    environ.pop(USAGE_KEY_ID, None)
 
 
 def counted(environ):
