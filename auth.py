@@ -344,6 +344,8 @@ def require_api_key(scope):
             environ = envelope.current_environ.get()
             return view(*args, api_key=admit(environ.get("HTTP_X_API_KEY"), scope, environ), **kwargs)
 
+        # Itself, not a copy that functools.wraps would give a decorator around it (fastlane.py).
+        guarded.guard = guarded
         return guarded
 
     return decorate

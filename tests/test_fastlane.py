@@ -2,12 +2,15 @@
 when the app has no lane at all. The apps here have no application context around their requests,
 as under gunicorn, so a lane view that reached for current_app or g would fail here too."""
 
+import collections
 import re
 
 import pytest
-from flask import signals
+from limits.errors import StorageError
+from peewee import OperationalError
 
 import accounts
+import api
 import auth
 import fastlane
 import metrics
@@ -27,10 +30,12 @@ def lane_app(make_app, database_url):
 
 
 def lane_of(app):
-    """The Lane in the app's WSGI stack (inside the envelope and any ProxyFix)."""
+    """The Lane in the app's WSGI stack (inside the envelope and any ProxyFix), opened: the app has
+    served a request."""
+    app.test_client().get("/api/v1/status")
     wsgi_app = app.wsgi_app
     while not isinstance(wsgi_app, fastlane.Lane):
-        wsgi_app = wsgi_app.wsgi_app
+        wsgi_app = getattr(wsgi_app, "wsgi_app", None) or wsgi_app.app  # ProxyFix keeps it as .app
     return wsgi_app
 
 
@@ -41,12 +46,16 @@ def issue(app, name="Alice dev", **options):
         return auth.issue_key(user, name, "development", **options)
 
 
-def through_flask(app, send):
-    """Send a request; return its response and whether Flask dispatched it."""
-    dispatched = []
-    with signals.request_started.connected_to(lambda sender, **extra: dispatched.append(sender), app):
-        response = send()
-    return response, bool(dispatched)
+def through_flask(app, send, monkeypatch):
+    """Send a request; return its response and whether the lane handed it to Flask."""
+    lane, handed = lane_of(app), []
+    flask_app = lane.wsgi_app
+    monkeypatch.setattr(lane, "wsgi_app", lambda environ, start_response: (
+        handed.append(environ["PATH_INFO"]), flask_app(environ, start_response))[1])
+    try:
+        return send(), bool(handed)
+    finally:
+        monkeypatch.setattr(lane, "wsgi_app", flask_app)
 
 
 def answer(response):
@@ -59,10 +68,10 @@ def test_the_default_app_serves_its_two_plain_keyed_views_in_the_lane(lane_app):
 
 
 @pytest.mark.parametrize("path", ["/api/v1/protected/test", "/api/v1/user/me"])
-def test_a_plain_keyed_get_takes_the_lane(lane_app, path):
+def test_a_plain_keyed_get_takes_the_lane(lane_app, path, monkeypatch):
     _, secret = issue(lane_app)
     response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().get(
-        path, headers={"X-API-Key": secret}))
+        path, headers={"X-API-Key": secret}), monkeypatch)
     assert response.status_code == 200 and not dispatched
     assert response.headers["Content-Type"] == "application/json"
     assert response.headers["X-RateLimit-Remaining"] == "2"
@@ -74,31 +83,38 @@ def test_a_plain_keyed_get_takes_the_lane(lane_app, path):
     {"method": "OPTIONS"},
     {"method": "get"},
     {"method": "GET", "data": b"hello"},
-    {"method": "GET", "headers": {"Transfer-Encoding": "chunked"}, "input_stream": None},
+    {"method": "GET", "headers": {"Transfer-Encoding": "chunked"}},
     {"method": "GET", "headers": {"Origin": "https://example.com"}},
+    {"method": "GET", "headers": {"Connection": "Upgrade", "Upgrade": "websocket"}, "status": 400},
+    {"method": "GET", "headers": {"Host": "a..b"}, "status": 400},
+    {"method": "GET", "headers": {"Host": "x" * 64 + ".example.com"}, "status": 400},
     {"method": "GET", "path": "/api/v1/protected/test/"},
     {"method": "GET", "path": "//api/v1/protected/test"},
-], ids=["head", "options", "lowercase", "body", "chunked", "origin", "trailing-slash", "double-slash"])
-def test_anything_but_a_plain_get_of_the_exact_path_goes_through_flask(lane_app, request_options):
+], ids=["head", "options", "lowercase", "body", "chunked", "origin", "upgrade", "empty-label", "long-label",
+        "trailing-slash", "double-slash"])
+def test_anything_but_a_plain_get_of_the_exact_path_goes_through_flask(lane_app, request_options, monkeypatch):
     _, secret = issue(lane_app)
     options = dict(request_options)
-    if options.pop("input_stream", False) is None:
-        options["data"] = b"0\r\n\r\n"
-    path = options.pop("path", "/api/v1/protected/test")
+    path, status = options.pop("path", "/api/v1/protected/test"), options.pop("status", None)
     options["headers"] = {"X-API-Key": secret, **options.get("headers", {})}
-    _, dispatched = through_flask(lane_app, lambda: lane_app.test_client().open(path, **options))
+    response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().open(path, **options), monkeypatch)
     assert dispatched
+    if status is not None:  # refused by Flask, and not counted
+        assert response.status_code == status and "X-RateLimit-Remaining" not in response.headers
 
 
-def refusal_cases(app):
-    """(name, path, headers, client address) of requests the lane refuses, each refusal of the guard."""
+def cases(app):
+    """(name, path, headers, client address) of requests the lane serves or refuses: each refusal
+    of the guard, and the errors of the storage and the database."""
     _, secret = issue(app)
     _, second = issue(app, "Alice second")
     _, narrow = issue(app, "Narrow", scopes=["user:read"])
     _, office = issue(app, "Office", allow_ips=ALLOWED)
     revoked, revoked_secret = issue(app, "Revoked")
+    gold, gold_secret = issue(app, "Gold")
     with app.app_context():
         auth.revoke_key(revoked)
+        models.ApiKey.update(rate_limit_tier="gold").where(models.ApiKey.id == gold.id).execute()
     _, busy = issue(app, "Busy")
     for _ in range(3):  # the free tier's allowance: 3 a minute
         assert app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": busy}).status_code == 200
@@ -110,27 +126,75 @@ def refusal_cases(app):
         ("revoked", "/api/v1/user/me", {"X-API-Key": revoked_secret}, ALLOWED),
         ("scope", "/api/v1/protected/test", {"X-API-Key": narrow}, ALLOWED),
         ("allow-list", "/api/v1/user/me", {"X-API-Key": office}, OTHER),
+        ("tier not configured", "/api/v1/protected/test", {"X-API-Key": gold_secret}, ALLOWED),
         ("served", "/api/v1/protected/test", {"X-API-Key": secret}, ALLOWED),
         ("served", "/api/v1/user/me", {"X-API-Key": second}, ALLOWED),
         ("over the limit", "/api/v1/protected/test", {"X-API-Key": busy}, ALLOWED),
     ]
 
 
+def side_effects(app):
+    """The metrics' request counts and the usage counter's pending counts, to subtract."""
+    return (collections.Counter({labels: counts[0] for labels, counts in metrics.tally.requests.items()}),
+            collections.Counter(app.extensions["usage"].pending))
+
+
+def both_ways(app, monkeypatch, send):
+    """Send a request through the lane, then the same through Flask; return both answers, each with
+    the metrics and usage counts it added."""
+    lane = lane_of(app)
+    views, answers = lane.views, []
+    for lane_views in (views, {}):
+        monkeypatch.setattr(lane, "views", lane_views)
+        before = side_effects(app)
+        response, dispatched = through_flask(app, send, monkeypatch)
+        # In the lane, a refusal is rendered by Flask's handlers, but never dispatched by Flask.
+        assert dispatched == (not lane_views)
+        after = side_effects(app)
+        answers.append(answer(response) + (after[0] - before[0], after[1] - before[1]))
+    return answers
+
+
 def test_every_answer_of_the_lane_is_the_one_flask_gives(lane_app, monkeypatch):
-    lane = lane_of(lane_app)
-    views = lane.views
-    for name, path, headers, address in refusal_cases(lane_app):
-        answers = []
-        for lane_views in (views, {}):
-            monkeypatch.setattr(lane, "views", lane_views)
-            response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().get(
-                path, headers=headers, environ_base={"REMOTE_ADDR": address}))
-            # In the lane, a refusal is rendered by Flask's handlers, but never dispatched by Flask.
-            assert dispatched == (not lane_views), name
-            answers.append(answer(response))
-        assert answers[0] == answers[1], name
-        if name == "over the limit":
-            assert answers[0][0] == "429 TOO MANY REQUESTS"
+    for name, path, headers, address in cases(lane_app):
+        through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, lambda: lane_app.test_client().get(
+            path, headers=headers, environ_base={"REMOTE_ADDR": address}))
+        assert through_lane == through_flask_alone, name
+        assert through_lane[3], name  # the metrics counted it
+        status = {"served": "200 OK", "over the limit": "429 TOO MANY REQUESTS", "tier not configured": "500 INTERNAL SERVER ERROR"}
+        assert through_lane[0] == status.get(name, through_lane[0]), name
+
+
+def test_the_storage_s_and_the_database_s_errors_are_flask_s(lane_app, monkeypatch):
+    _, secret = issue(lane_app)
+
+    def send(path):
+        return lambda: lane_app.test_client().get(path, headers={"X-API-Key": secret})
+
+    def storage_down(*args):
+        raise StorageError(ConnectionError("storage down"))
+
+    def database_down(*args, **kwargs):
+        raise OperationalError("database down")
+
+    monkeypatch.setattr(lane_app.extensions["ratelimit"], "count_hit", storage_down)
+    through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/protected/test"))
+    assert through_lane == through_flask_alone and through_lane[0] == "503 SERVICE UNAVAILABLE"
+    monkeypatch.undo()
+    monkeypatch.setattr(api.User, "get_or_none", database_down)
+    through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/user/me"))
+    assert through_lane == through_flask_alone and through_lane[0] == "503 SERVICE UNAVAILABLE"
+
+
+def test_behind_trusted_proxies_the_lane_sees_the_forwarded_address(make_app, tmp_path, monkeypatch):
+    app = make_app({"DATABASE_URL": f"sqlite:///{tmp_path}/lane.db", "RATE_LIMIT_TIERS": TEST_TIERS,
+                    "RATELIMIT_STORAGE_URL": "memory://", "TRUSTED_PROXIES": 1, "TESTING": True})
+    _, office = issue(app, "Office", allow_ips=ALLOWED)
+    for forwarded, status in ((ALLOWED, "200 OK"), (OTHER, "403 FORBIDDEN")):
+        through_lane, through_flask_alone = both_ways(app, monkeypatch, lambda: app.test_client().get(
+            "/api/v1/user/me", headers={"X-API-Key": office, "X-Forwarded-For": forwarded},
+            environ_base={"REMOTE_ADDR": "10.0.0.1"}))
+        assert through_lane == through_flask_alone and through_lane[0] == status
 
 
 def test_the_lane_counts_and_records_each_request_under_its_route(lane_app):
@@ -170,7 +234,29 @@ def test_an_app_whose_flask_would_do_more_has_no_lane(make_app, tmp_path, overri
     assert lane_of(app).views == {}
 
 
-def test_a_hook_the_lane_does_not_know_turns_it_off(lane_app):
-    assert fastlane.flask_would_only_call_the_view(lane_app)
-    lane_app.before_request(lambda: None)
-    assert not fastlane.flask_would_only_call_the_view(lane_app)
+def test_a_hook_the_lane_does_not_know_turns_it_off(lane_app, monkeypatch):
+    ran = []
+    lane_app.before_request(lambda: ran.append(True))
+    _, secret = issue(lane_app)
+    response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().get(
+        "/api/v1/protected/test", headers={"X-API-Key": secret}), monkeypatch)
+    assert response.status_code == 200 and dispatched and ran
+    assert lane_of(lane_app).views == {}
+
+
+def test_once_the_lane_has_served_flask_refuses_new_hooks(lane_app, monkeypatch):
+    """The lane sets Flask's own first-request flag: this fails if Flask moves it."""
+    _, secret = issue(lane_app)
+    response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().get(
+        "/api/v1/protected/test", headers={"X-API-Key": secret}), monkeypatch)
+    assert response.status_code == 200 and not dispatched
+    with pytest.raises(AssertionError, match="can no longer be called"):
+        lane_app.before_request(lambda: None)
+
+
+def test_without_flask_goes_right_above_the_key_guard():
+    with pytest.raises(TypeError, match="right above require_api_key"):
+        fastlane.without_flask(lambda: {})
+    guarded = auth.require_api_key("test:read")(lambda api_key: {})
+    with pytest.raises(TypeError, match="right above require_api_key"):
+        fastlane.without_flask(api.ip_rate_limited(guarded))
