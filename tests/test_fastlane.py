@@ -29,14 +29,18 @@ def lane_app(make_app, database_url):
                      "RATE_LIMIT_TIERS": TEST_TIERS, "TESTING": True})
 
 
-def lane_of(app):
-    """The Lane in the app's WSGI stack (inside the envelope and any ProxyFix), opened: the app has
-    served a request."""
-    app.test_client().get("/api/v1/status")
+def find_lane(app):
+    """The Lane in the app's WSGI stack (inside the envelope and any ProxyFix)."""
     wsgi_app = app.wsgi_app
     while not isinstance(wsgi_app, fastlane.Lane):
         wsgi_app = getattr(wsgi_app, "wsgi_app", None) or wsgi_app.app  # ProxyFix keeps it as .app
     return wsgi_app
+
+
+def lane_of(app):
+    """The app's Lane, opened: the app has served a request."""
+    app.test_client().get("/api/v1/status")
+    return find_lane(app)
 
 
 def issue(app, name="Alice dev", **options):
@@ -247,9 +251,13 @@ def test_a_hook_the_lane_does_not_know_turns_it_off(lane_app, monkeypatch):
 def test_once_the_lane_has_served_flask_refuses_new_hooks(lane_app, monkeypatch):
     """The lane sets Flask's own first-request flag: this fails if Flask moves it."""
     _, secret = issue(lane_app)
-    response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().get(
-        "/api/v1/protected/test", headers={"X-API-Key": secret}), monkeypatch)
-    assert response.status_code == 200 and not dispatched
+    lane, handed = find_lane(lane_app), []
+    flask_app = lane.wsgi_app
+    monkeypatch.setattr(lane, "wsgi_app", lambda environ, start_response: handed.append(environ))
+    # The app's first request, and the lane serves it: Flask never sees a request.
+    response = lane_app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": secret})
+    assert response.status_code == 200 and not handed
+    monkeypatch.setattr(lane, "wsgi_app", flask_app)
     with pytest.raises(AssertionError, match="can no longer be called"):
         lane_app.before_request(lambda: None)
 
