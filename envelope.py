@@ -6,7 +6,8 @@ that key's usage.
 One middleware rather than two middlewares and four Flask hooks: each hook costs a call through
 Flask and a context lookup per request, which was a sixth of a keyed request's own time. Views and
 guards note what the envelope needs in the WSGI environ (ratelimit.RATE_LIMIT_STATE,
-usage.USAGE_KEY_ID, usage.USAGE_COUNTED); nothing else writes these headers.
+usage.USAGE_KEY_ID, usage.USAGE_COUNTED; the fast lane its route, metrics.ROUTE); nothing else
+writes these headers.
 
 The envelope also holds the request it serves where the hot path reads it without Flask's context
 proxies (request, g, current_app: ~9,000 instructions a read, against ~100 for a ContextVar):

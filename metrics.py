@@ -128,12 +128,12 @@ def count(environ, status, seconds):
 
 def route(environ):
     """The rule a request was routed by (/api/v1/user/me), or None when no route matched."""
-    route = environ.get(ROUTE)
-    if route is None:
-        # Flask's request (and with it the matched rule) is in the environ until its response is sent.
-        rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
-        route = rule.rule if rule is not None else None
-    return route
+    lane_route = environ.get(ROUTE)
+    if lane_route is not None:
+        return lane_route
+    # Flask's request (and with it the matched rule) is in the environ until its response is sent.
+    rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
+    return rule.rule if rule is not None else None
 
 
 # Each (endpoint, method, status)'s children, found once: labels() costs as much as inc().
