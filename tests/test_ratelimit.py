@@ -1,5 +1,6 @@
 """Tier parsing, fixed windows, and the usage counter's flushes."""
 
+import collections
 import subprocess
 import sys
 import threading
@@ -147,6 +148,62 @@ def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, mon
     monkeypatch.setattr(db.obj, "execute_sql", original)
     counter.close()
     assert ApiKey.get_by_id(kid).total_requests == 5
+
+
+def five_keys(user):
+    import auth
+
+    return [auth.issue_key(user, f"Key {index}", "production", "pro")[0].id for index in range(5)]
+
+
+def test_a_flush_writes_its_keys_in_slices_and_yields_between(app, user, monkeypatch):
+    monkeypatch.setattr(usage, "KEYS_PER_TRANSACTION", 2)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    keys = five_keys(user)
+    for count, kid in enumerate(keys, start=1):
+        for _ in range(count):
+            counter.add(kid, ENDPOINT, 200, True)
+    events = []
+    write_key = counter.write_key
+    monkeypatch.setattr(usage, "pause_between_transactions", lambda: events.append("yield"))
+    monkeypatch.setattr(counter, "write_key", lambda kid, *rest: (events.append((kid, db.obj.in_transaction())),
+                                                                  write_key(kid, *rest)))
+    counter.flush()
+    assert events == [(keys[0], True), (keys[1], True), "yield", (keys[2], True), (keys[3], True), "yield",
+                      (keys[4], True)]
+    assert [ApiKey.get_by_id(kid).total_requests for kid in keys] == [1, 2, 3, 4, 5]
+    counter.close()
+
+
+def test_a_failed_slice_keeps_its_counts_and_those_after_it_and_nothing_is_counted_twice(app, user, monkeypatch):
+    import peewee
+
+    monkeypatch.setattr(usage, "KEYS_PER_TRANSACTION", 2)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    keys = five_keys(user)
+    for kid in keys:
+        counter.add(kid, ENDPOINT, 200, True)
+        counter.add(kid, ENDPOINT, 429, False)
+    write_key = counter.write_key
+
+    def fail_on_the_fourth_key(kid, *rest):
+        write_key(kid, *rest)
+        if kid == keys[3]:
+            raise peewee.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(counter, "write_key", fail_on_the_fourth_key)
+    with pytest.raises(peewee.OperationalError):
+        counter.flush()
+    # The first slice was written; the second was rolled back and waits with the third.
+    assert [ApiKey.get_by_id(kid).total_requests for kid in keys] == [1, 1, 0, 0, 0]
+    assert {kid for kid, *_ in counter.pending} == set(keys[2:]) and sum(counter.pending.values()) == 6
+    monkeypatch.setattr(counter, "write_key", write_key)
+    counter.close()
+    assert [ApiKey.get_by_id(kid).total_requests for kid in keys] == [1] * 5
+    rows = collections.Counter()
+    for row in UsageHour.select():
+        rows[row.api_key_id, row.status] += row.requests
+    assert rows == {(kid, status): 1 for kid in keys for status in (200, 429)}
 
 
 def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro_key):
