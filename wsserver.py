@@ -6,7 +6,7 @@ the ticker, its reader answering pings). One client that sends without reading c
 worker's memory, and two greenlets waiting to write on one gevent socket raise
 ConcurrentObjectUseError. This adapter reaches into the library (its reader loop `_thread`,
 `_handle_events`, `input_buffer`, `sock`, `ws`, `environ`) and into gevent (`send(..., timeout=0.0)`,
-the real socket `_sock`);
+the real socket `_sock`, the wait for readable bytes `_wait(_read_event)`);
 tests/test_wsserver.py fails if a new version moves any of it.
 
 - Every write goes through one Outbox per socket: written at once when the kernel takes it,
@@ -343,6 +343,13 @@ class Server(simple_websocket.Server):
             self.next_ping = time.monotonic() + self.ping_interval * random.uniform(0.5, 1.0)
         self.held_back = False
         reads = 0
+        drained = False
+        # After a read shorter than asked for, which emptied the kernel's buffer, gevent's recv
+        # would first fail (EAGAIN: a system call and an exception a message, as many as the
+        # reads) and only then wait: wait for the client's next bytes first. Not under TLS,
+        # whose object may hold bytes it has already read.
+        wait_for_bytes = (functools.partial(self.raw._wait, self.raw._read_event)
+                          if type(self.raw) is gevent.socket.socket else None)
         if self.next_ping is not None:
             PINGER.watch(self)
         try:
@@ -354,9 +361,12 @@ class Server(simple_websocket.Server):
                 if (len(self.input_buffer) > 1 and not self.closed_by_server) or not self.outbox.fits(self.outbox.limit // 2):
                     if not self._hold_back() or not self.connected:
                         break
+                if drained and wait_for_bytes:
+                    wait_for_bytes()
                 data = self.raw.recv(self.receive_bytes)
                 if not data:
                     break
+                drained = len(data) < self.receive_bytes
                 self.ws.receive_data(data)
                 self.connected = self._handle_events() and self.connected
                 if self.dropping_input:

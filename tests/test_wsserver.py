@@ -4,6 +4,7 @@ loudly instead of quietly bringing back unbounded buffers."""
 
 import dataclasses
 import inspect
+import select
 
 import flask_sock
 import gevent
@@ -43,6 +44,9 @@ def test_the_library_internals_the_adapter_relies_on():
     # The outbox writes through the real, non-blocking socket under gevent's.
     with gevent.socket.socket() as sock:
         assert sock._sock.gettimeout() == 0.0
+        assert callable(sock._wait) and sock._read_event is not None
+    # The reader waits for a plain socket's next bytes as gevent's recv does after an EAGAIN.
+    assert "self._wait(self._read_event)" in inspect.getsource(gevent.socket.socket.recv)
     # The request id reaches the 101 as an extra header of the AcceptConnection the library sends.
     assert "self.ws.send(AcceptConnection(" in inspect.getsource(base._handle_events)
     assert "extra_headers" in {field.name for field in dataclasses.fields(wsproto.events.AcceptConnection)}
@@ -283,3 +287,27 @@ def test_the_outbox_writes_to_the_real_socket_only_when_it_is_a_plain_one():
     with plain, peer:
         outbox = wsserver.Outbox(plain, MIB, stall_timeout=5, on_stall=pytest.fail)
         assert outbox.send_now == plain._sock.send
+
+
+def test_the_reader_waits_for_the_clients_next_bytes_instead_of_reading_an_empty_socket(pair, monkeypatch):
+    server_sock, client_sock = pair
+    empty_reads = []
+    recv = gevent.socket.socket.recv
+
+    def noting_empty_reads(sock, *args):
+        if sock is server_sock and not select.select([sock.fileno()], [], [], 0)[0]:
+            empty_reads.append(1)
+        return recv(sock, *args)
+
+    monkeypatch.setattr(gevent.socket.socket, "recv", noting_empty_reads)
+    server = open_server(server_sock, ping_interval=None)
+    server.thread.start_now()
+    client_frames = FrameProtocol(client=True, extensions=[])
+    for index in range(5):
+        client_sock.sendall(client_frames.send_data(f"message {index}", fin=True))
+        assert server.receive(timeout=2) == f"message {index}"
+        gevent.sleep(0.05)
+    # At most the first read, before any message: each read after a message waited for the next.
+    assert len(empty_reads) <= 1
+    server.close()
+    server.thread.join(timeout=wsserver.LINGER_SECONDS + 1)
