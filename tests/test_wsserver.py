@@ -1,4 +1,4 @@
-"""The WebSocket adapter: its Outbox on real (gevent) socket pairs, and the library internals it
+"""The WebSocket adapter: its Outbox (outbox.py) on real (gevent) socket pairs, and the library internals it
 relies on, so that a new simple-websocket, flask-sock or gevent that moves them fails here
 loudly instead of quietly bringing back unbounded buffers."""
 
@@ -20,6 +20,7 @@ from wsproto.frame_protocol import FrameProtocol, Opcode
 
 import sockets
 import wsserver
+from outbox import ENTRY_OVERHEAD, Outbox
 
 MIB = 1024 * 1024
 
@@ -81,7 +82,7 @@ def test_gevent_send_with_timeout_zero_never_waits(pair):
 
 def test_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_in_order(pair):
     server, client = pair
-    outbox = wsserver.Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
+    outbox = Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
     frames = [bytes([i]) * 65536 for i in range(64)]
     with gevent.Timeout(1):
         for data in frames:
@@ -100,7 +101,7 @@ def test_a_peer_that_takes_nothing_is_cut_off_after_the_stall_timeout(pair):
         stalls.append(True)
         outbox.abort(b"bye")
 
-    outbox = wsserver.Outbox(server, MIB, stall_timeout=0.3, on_stall=give_up)
+    outbox = Outbox(server, MIB, stall_timeout=0.3, on_stall=give_up)
     for _ in range(8):
         outbox.send(b"y" * 65536)
     gevent.sleep(0.6)
@@ -112,18 +113,18 @@ def test_a_peer_that_takes_nothing_is_cut_off_after_the_stall_timeout(pair):
 
 def test_tiny_frames_count_with_what_each_costs_besides_its_bytes(pair):
     server, _ = pair
-    outbox = wsserver.Outbox(server, 256 * 1024, stall_timeout=30, on_stall=pytest.fail)
+    outbox = Outbox(server, 256 * 1024, stall_timeout=30, on_stall=pytest.fail)
     while not outbox.pending:
         outbox.send(b"f" * 4096)
     for _ in range(1000):
         outbox.send(b"\x8a\x00")  # an empty pong
-    assert outbox.pending_bytes >= 1000 * (2 + wsserver.ENTRY_OVERHEAD)
-    assert outbox.fits(1000) is (outbox.pending_bytes + 1000 + wsserver.ENTRY_OVERHEAD <= 256 * 1024)
+    assert outbox.pending_bytes >= 1000 * (2 + ENTRY_OVERHEAD)
+    assert outbox.fits(1000) is (outbox.pending_bytes + 1000 + ENTRY_OVERHEAD <= 256 * 1024)
 
 
 def test_wait_for_room_waits_and_never_lets_the_limit_pass(pair):
     server, client = pair
-    outbox = wsserver.Outbox(server, 256 * 1024, stall_timeout=30, on_stall=pytest.fail)
+    outbox = Outbox(server, 256 * 1024, stall_timeout=30, on_stall=pytest.fail)
     peak = []
 
     def writer():
@@ -143,7 +144,7 @@ def test_wait_for_room_waits_and_never_lets_the_limit_pass(pair):
 
 def test_a_frame_larger_than_the_limit_waits_only_for_an_empty_queue(pair):
     server, client = pair
-    outbox = wsserver.Outbox(server, 64 * 1024, stall_timeout=30, on_stall=pytest.fail)
+    outbox = Outbox(server, 64 * 1024, stall_timeout=30, on_stall=pytest.fail)
     outbox.send(b"a" * 200_000)
     greenlet = gevent.spawn(outbox.wait_for_room, 100_000)
     read_exactly(client, 200_000)
@@ -152,7 +153,7 @@ def test_a_frame_larger_than_the_limit_waits_only_for_an_empty_queue(pair):
 
 def test_a_failed_connection_closes_the_outbox(pair):
     server, client = pair
-    outbox = wsserver.Outbox(server, MIB, stall_timeout=30, on_stall=pytest.fail)
+    outbox = Outbox(server, MIB, stall_timeout=30, on_stall=pytest.fail)
     client.close()
     with pytest.raises(BrokenPipeError):
         for _ in range(100):
@@ -163,7 +164,7 @@ def test_a_failed_connection_closes_the_outbox(pair):
 
 def test_close_waits_for_what_is_queued(pair):
     server, client = pair
-    outbox = wsserver.Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
+    outbox = Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
     for _ in range(16):
         outbox.send(b"c" * 65536)
     outbox.close()
@@ -281,11 +282,11 @@ def test_the_outbox_writes_to_the_real_socket_only_when_it_is_a_plain_one():
             sent.append((data, timeout))
             return len(data)
 
-    wsserver.Outbox(TlsSocket(), MIB, stall_timeout=5, on_stall=pytest.fail).send(b"frame")
+    Outbox(TlsSocket(), MIB, stall_timeout=5, on_stall=pytest.fail).send(b"frame")
     assert sent == [(b"frame", 0.0)]
     plain, peer = gevent.socket.socketpair()
     with plain, peer:
-        outbox = wsserver.Outbox(plain, MIB, stall_timeout=5, on_stall=pytest.fail)
+        outbox = Outbox(plain, MIB, stall_timeout=5, on_stall=pytest.fail)
         assert outbox.send_now == plain._sock.send
 
 

@@ -1,0 +1,118 @@
+"""The one way bytes are written to a WebSocket client's socket (see wsserver.py): in order,
+without ever blocking the writer, and at most a limit of them held for a slow client."""
+
+import collections
+import functools
+
+import gevent
+import gevent.event
+import gevent.socket
+
+# What a queued entry costs besides its bytes (the bytes object's header and the deque's slot).
+ENTRY_OVERHEAD = 64
+
+
+class Outbox:
+    """The one way bytes are written to a client's socket, in order, without ever blocking."""
+
+    def __init__(self, raw, limit, stall_timeout, on_stall):
+        self.raw = raw
+        # The real socket's send, which gevent's send(..., timeout=0.0) would call in the end:
+        # the ticker writes to thousands of sockets a second. Not under TLS (gunicorn's
+        # --certfile), where the bytes must go through the SSL object.
+        if type(raw) is gevent.socket.socket:
+            self.send_now = raw._sock.send
+        else:
+            self.send_now = functools.partial(raw.send, timeout=0.0)
+        self.limit = limit
+        self.stall_timeout = stall_timeout
+        self.on_stall = on_stall
+        self.pending = collections.deque()
+        self.pending_bytes = 0
+        self.room = gevent.event.Event()
+        self.flusher = None
+        self.closing = False
+        self.closed = False
+
+    def send(self, data):
+        """Write data now if the kernel takes it, else queue it; never waits. A connection that
+        has failed is closed and BrokenPipeError raised."""
+        if self.closed or self.closing:
+            raise BrokenPipeError("The socket is closed.")
+        if self.pending:
+            self._queue(data)
+            return
+        try:
+            sent = self.send_now(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as error:
+            self.abort()
+            raise BrokenPipeError("The connection failed.") from error
+        if sent < len(data):
+            # A view marks the rest of a frame the kernel took only part of.
+            self._queue(memoryview(data)[sent:] if sent else data)
+
+    def fits(self, size):
+        return self.pending_bytes + size + ENTRY_OVERHEAD <= self.limit
+
+    def wait_for_room(self, size):
+        """Wait until size more bytes fit under the limit (or nothing is pending); False once
+        the socket is closed."""
+        while self.pending and not self.fits(size) and not self.closed:
+            self.room.clear()
+            self.room.wait()
+        return not self.closed
+
+    def close(self):
+        """Close the socket once what is queued has been written (or has stalled)."""
+        self.closing = True
+        if not self.pending:
+            self.abort()
+
+    def abort(self, last_words=b""):
+        """Drop what is queued, try last_words without waiting, close the socket, free memory."""
+        mid_frame = bool(self.pending) and isinstance(self.pending[0], memoryview)
+        self.pending.clear()
+        self.pending_bytes = 0
+        if last_words and not mid_frame and not self.closed:
+            try:
+                self.raw.send(last_words, timeout=0.0)
+            except OSError:
+                pass
+        self.closed = True
+        self.room.set()
+        self.raw.close()
+
+    def _queue(self, data):
+        self.pending.append(data)
+        # Counted with what an entry costs besides its bytes, so that many tiny frames (pongs)
+        # cannot hold many times the limit.
+        self.pending_bytes += len(data) + ENTRY_OVERHEAD
+        if self.flusher is None:
+            self.flusher = gevent.spawn(self._flush)
+
+    def _flush(self):
+        try:
+            while self.pending and not self.closed:
+                with gevent.Timeout(self.stall_timeout):
+                    sent = self.raw.send(self.pending[0])
+                self._sent(sent)
+        except gevent.Timeout:
+            self.on_stall()
+        except OSError:
+            self.abort()
+        finally:
+            self.flusher = None
+        if self.closing:
+            self.abort()
+
+    def _sent(self, count):
+        head = self.pending[0]
+        if count < len(head):
+            self.pending[0] = memoryview(head)[count:]
+            self.pending_bytes -= count
+        else:
+            self.pending.popleft()
+            self.pending_bytes -= count + ENTRY_OVERHEAD
+        self.room.set()
