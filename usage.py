@@ -26,7 +26,9 @@ KEYS_PER_TRANSACTION = 500
 
 
 def pause_between_transactions():
-    time.sleep(0)  # under gevent's worker, patched: a yield to the worker's other greenlets
+    # Under gevent's worker, patched: a pause in which the worker polls its sockets and serves
+    # the requests waiting on them (sleep(0) would run only greenlets already ready).
+    time.sleep(0.001)
 
 
 class UsageCounter:
@@ -88,7 +90,8 @@ class UsageCounter:
                         for key_id in keys[start:start + KEYS_PER_TRANSACTION]:
                             self.write_key(key_id, by_key[key_id], used_at, hour)
                     written = start + KEYS_PER_TRANSACTION
-            except Exception:
+            except BaseException:
+                # Also when the greenlet is killed or timed out at the pause: nothing is lost.
                 unwritten = set(keys[written:])
                 with self.pending_lock:
                     self.pending.update({entry: count for entry, count in counts.items() if entry[0] in unwritten})

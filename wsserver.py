@@ -240,8 +240,7 @@ class Server(simple_websocket.Server):
         # would first fail (EAGAIN: a system call and an exception a message, as many as the
         # reads) and only then wait: wait for the client's next bytes first. Not under TLS,
         # whose object may hold bytes it has already read.
-        wait_for_bytes = (functools.partial(self.raw._wait, self.raw._read_event)
-                          if type(self.raw) is gevent.socket.socket else None)
+        plain = type(self.raw) is gevent.socket.socket
         if self.next_ping is not None:
             PINGER.watch(self)
         try:
@@ -253,8 +252,10 @@ class Server(simple_websocket.Server):
                 if (len(self.input_buffer) > 1 and not self.closed_by_server) or not self.outbox.fits(self.outbox.limit // 2):
                     if not self._hold_back() or not self.connected:
                         break
-                if drained and wait_for_bytes:
-                    wait_for_bytes()
+                # Read afresh: another greenlet may have closed the socket meanwhile (which drops
+                # the watcher; a wait on it would never end), and recv then raises.
+                if drained and plain and self.raw._read_event is not None:
+                    self.raw._wait(self.raw._read_event)
                 data = self.raw.recv(self.receive_bytes)
                 if not data:
                     break

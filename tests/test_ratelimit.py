@@ -165,7 +165,8 @@ def test_a_flush_writes_its_keys_in_slices_and_yields_between(app, user, monkeyp
             counter.add(kid, ENDPOINT, 200, True)
     events = []
     write_key = counter.write_key
-    monkeypatch.setattr(usage, "pause_between_transactions", lambda: events.append("yield"))
+    monkeypatch.setattr(usage, "pause_between_transactions",
+                        lambda: events.append("yield" if not db.obj.in_transaction() else "yield in a transaction"))
     monkeypatch.setattr(counter, "write_key", lambda kid, *rest: (events.append((kid, db.obj.in_transaction())),
                                                                   write_key(kid, *rest)))
     counter.flush()

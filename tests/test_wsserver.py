@@ -46,6 +46,9 @@ def test_the_library_internals_the_adapter_relies_on():
     with gevent.socket.socket() as sock:
         assert sock._sock.gettimeout() == 0.0
         assert callable(sock._wait) and sock._read_event is not None
+    with gevent.socket.socket() as sock:
+        sock.close()
+        assert sock._read_event is None  # so the reader does not wait on a closed socket's watcher
     # The reader waits for a plain socket's next bytes as gevent's recv does after an EAGAIN.
     assert "self._wait(self._read_event)" in inspect.getsource(gevent.socket.socket.recv)
     # The request id reaches the 101 as an extra header of the AcceptConnection the library sends.
@@ -312,3 +315,26 @@ def test_the_reader_waits_for_the_clients_next_bytes_instead_of_reading_an_empty
     assert len(empty_reads) <= 1
     server.close()
     server.thread.join(timeout=wsserver.LINGER_SECONDS + 1)
+
+
+def test_a_socket_closed_by_another_greenlet_while_the_reader_yields_ends_the_reader(pair):
+    # The reader yields after every YIELD_EVERY_READS reads; a failed write elsewhere (the echo's
+    # send, the ticker, the pinger) closes the socket meanwhile. The reader must end, not wait
+    # for ever on the closed socket's watcher.
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=None)
+
+    def handler():
+        for _ in range(wsserver.YIELD_EVERY_READS):
+            server.receive()
+        server.outbox.abort()
+
+    handling = gevent.spawn(handler)
+    server.thread.start_now()
+    client_frames = FrameProtocol(client=True, extensions=[])
+    for index in range(wsserver.YIELD_EVERY_READS):
+        client_sock.sendall(client_frames.send_data(f"message {index}", fin=True))
+        gevent.sleep(0.01)  # one short read a message
+    handling.join(timeout=2)
+    server.thread.join(timeout=2)
+    assert handling.dead and server.thread.thread.dead
