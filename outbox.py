@@ -20,7 +20,8 @@ class Outbox:
         # The real socket's send, which gevent's send(..., timeout=0.0) would call in the end:
         # the ticker writes to thousands of sockets a second. Not under TLS (gunicorn's
         # --certfile), where the bytes must go through the SSL object.
-        if type(raw) is gevent.socket.socket:
+        self.plain = type(raw) is gevent.socket.socket
+        if self.plain:
             self.send_now = raw._sock.send
         else:
             self.send_now = functools.partial(raw.send, timeout=0.0)

@@ -9,9 +9,9 @@ ConcurrentObjectUseError. This adapter reaches into the library (its reader loop
 the real socket `_sock`, the wait for readable bytes `_wait(_read_event)`);
 tests/test_wsserver.py fails if a new version moves any of it.
 
-- Every write goes through one Outbox per socket (outbox.py): written at once when the kernel takes it,
-  else queued and written by that socket's own flusher greenlet. Nothing waits on a client
-  but the handler that talks to it.
+- Every write goes through one Outbox per socket (outbox.py): written at once when the kernel
+  takes it, else queued and written by that socket's own flusher greenlet. Nothing waits on a
+  client but the handler that talks to it.
 - At most OUTPUT_LIMIT bytes wait to be sent; a client that takes nothing for `send_timeout`
   seconds is cut off (a 1008 close frame if the kernel still takes one) and its memory freed.
 - The reader reads the next bytes only while the handler has at most one message it has not
@@ -27,7 +27,6 @@ import time
 
 import gevent
 import gevent.event
-import gevent.socket
 import simple_websocket
 from wsproto import ConnectionState
 from wsproto.events import AcceptConnection, CloseConnection, Message, Ping
@@ -240,7 +239,7 @@ class Server(simple_websocket.Server):
         # would first fail (EAGAIN: a system call and an exception a message, as many as the
         # reads) and only then wait: wait for the client's next bytes first. Not under TLS,
         # whose object may hold bytes it has already read.
-        plain = type(self.raw) is gevent.socket.socket
+        plain = self.outbox.plain
         if self.next_ping is not None:
             PINGER.watch(self)
         try:
