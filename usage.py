@@ -4,6 +4,7 @@ key's rows in one transaction."""
 
 import collections
 import logging
+import random
 import threading
 import time
 
@@ -11,7 +12,7 @@ from flask import current_app, request
 
 import locks
 import metrics
-from models import db, release_connection, start_of_hour, utcnow
+from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcnow
 from writelock import write_transaction
 
 # The HTTP status recorded for a time socket's accepted handshake.
@@ -23,6 +24,9 @@ FLUSH_INTERVAL = 1.0
 # A flush writes this many keys a transaction (~7 ms on SQLite) and yields between: a worker
 # serving thousands of keys a second is not stopped for all of their rows at once.
 KEYS_PER_TRANSACTION = 500
+# How long a graceful stop keeps trying to write what is pending while the database refuses,
+# within gunicorn's graceful_timeout (20 s), which also covers the requests still running.
+CLOSE_RETRY_SECONDS = 15
 
 
 def pause_between_transactions():
@@ -34,7 +38,13 @@ def pause_between_transactions():
 class UsageCounter:
     """Counts requests per key, endpoint, status and whether they were counted against the key's
     allowance, in memory, and adds them to the database at most FLUSH_INTERVAL later, so no
-    request pays for a write."""
+    request pays for a write.
+
+    A count leaves `pending` only once the transaction that wrote it has committed: a failed,
+    interrupted or killed flush loses nothing it had not written, and writes nothing twice. Every
+    process writes the rows of a transaction in one order (by key, then endpoint and status), so
+    two processes flushing the same keys wait at most for each other's one transaction and never
+    deadlock."""
 
     def __init__(self, database, interval=FLUSH_INTERVAL):
         self.database = database
@@ -42,6 +52,10 @@ class UsageCounter:
         self.pending = collections.Counter()
         # Held only to swap or add to the counts, never across a wait (locks.py).
         self.pending_lock = locks.short_lock()
+        # Held for one transaction of a flush, or for total()'s read: a reader never sees a count
+        # both in the database and still pending, and waits for at most one transaction.
+        self.write_lock = threading.Lock()
+        # One flush at a time: two would both write the counts they found pending.
         self.flush_lock = threading.Lock()
         self.stopped = threading.Event()
         self.flusher = None
@@ -57,7 +71,7 @@ class UsageCounter:
     def total(self, key_id):
         """Return the key's lifetime count: what the database holds plus what is pending here; None
         when the key is no longer in the database."""
-        with self.flush_lock:
+        with self.write_lock:
             row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
             if row is None:
                 return None
@@ -66,68 +80,90 @@ class UsageCounter:
                                     if pending_id == key_id and counted)
 
     def flush(self):
-        """Write the pending counts, KEYS_PER_TRANSACTION keys a transaction, letting the worker's
-        other requests run between transactions; on failure keep what was not written for the
-        next try."""
+        """Write what is pending, KEYS_PER_TRANSACTION keys a transaction, letting the worker's
+        other requests run between transactions; raise the database's error after keeping what
+        was not written for the next try."""
         with self.flush_lock:
-            with self.pending_lock:
-                counts, self.pending = self.pending, collections.Counter()
-            if not counts:
-                return
-            started = time.perf_counter()
-            used_at = utcnow()
-            hour = start_of_hour(used_at)
-            by_key = collections.defaultdict(collections.Counter)
-            for (key_id, *outcome), count in counts.items():
-                by_key[key_id][tuple(outcome)] += count
-            keys = list(by_key)
-            written = 0
-            try:
-                for start in range(0, len(keys), KEYS_PER_TRANSACTION):
-                    if start:
-                        pause_between_transactions()
-                    with write_transaction(self.database):
-                        for key_id in keys[start:start + KEYS_PER_TRANSACTION]:
-                            self.write_key(key_id, by_key[key_id], used_at, hour)
-                    written = start + KEYS_PER_TRANSACTION
-            except BaseException:
-                # Also when the greenlet is killed or timed out at the pause: nothing is lost.
-                unwritten = set(keys[written:])
-                with self.pending_lock:
-                    self.pending.update({entry: count for entry, count in counts.items() if entry[0] in unwritten})
-                raise
-            finally:
-                release_connection(self.database)
-                metrics.usage_flushed(time.perf_counter() - started)
-                with self.pending_lock:
-                    waiting = sum(self.pending.values())
-                metrics.usage_pending(waiting)
+            self.flush_pending()
 
-    def write_key(self, key_id, outcomes, used_at, hour):
-        """Add one key's counts, {(endpoint, status, counted): n}, to its total, hours and days."""
+    def flush_pending(self):
+        with self.pending_lock:
+            counts = dict(self.pending)
+        if not counts:
+            return
+        started = time.perf_counter()
+        by_key = collections.defaultdict(dict)
+        for entry, count in counts.items():
+            by_key[entry[0]][entry] = count
+        keys = sorted(by_key)
+        used_at = utcnow()
+        try:
+            for start in range(0, len(keys), KEYS_PER_TRANSACTION):
+                if start:
+                    pause_between_transactions()
+                batch = {entry: count for key_id in keys[start:start + KEYS_PER_TRANSACTION]
+                         for entry, count in by_key[key_id].items()}
+                with self.write_lock:
+                    with write_transaction(self.database):
+                        self.write(batch, used_at)
+                    with self.pending_lock:
+                        self.pending.subtract(batch)
+                        for entry in batch:
+                            if self.pending[entry] <= 0:
+                                del self.pending[entry]
+        finally:
+            release_connection(self.database)
+            metrics.usage_flushed(time.perf_counter() - started)
+            with self.pending_lock:
+                waiting = sum(self.pending.values())
+            metrics.usage_pending(waiting)
+
+    def write(self, batch, used_at):
+        """Add a batch of counts, {(key_id, endpoint, status, counted): n}, to the keys' totals, hours
+        and days: one statement a table, its rows in the order every process uses."""
         statements = self.database.statements
-        total = sum(count for (_, _, counted), count in outcomes.items() if counted)
-        if total:
-            self.database.execute_sql(statements.add_usage, (total, used_at, key_id))
+        hour = start_of_hour(used_at)
+        totals = collections.Counter()
         breakdown = collections.Counter()
-        for (endpoint, status, _), count in outcomes.items():
-            breakdown[endpoint, status] += count
-        for (endpoint, status), count in breakdown.items():
-            self.database.execute_sql(statements.add_usage_hours, (key_id, hour, endpoint, status, count, key_id))
-            self.database.execute_sql(statements.add_usage_days,
-                                      (key_id, hour.date(), endpoint, status, count, key_id))
+        for (key_id, endpoint, status, counted), count in batch.items():
+            if counted:
+                totals[key_id] += count
+            breakdown[key_id, endpoint, status] += count
+        cursor = self.database.cursor()
+        if totals:
+            cursor.executemany(statements.add_usage,
+                               [(count, used_at, key_id) for key_id, count in sorted(totals.items())])
+        rows = sorted(breakdown.items())
+        cursor.executemany(statements.add_usage_hours,
+                           [(key_id, hour, endpoint, status, count, key_id)
+                            for (key_id, endpoint, status), count in rows])
+        cursor.executemany(statements.add_usage_days,
+                           [(key_id, hour.date(), endpoint, status, count, key_id)
+                            for (key_id, endpoint, status), count in rows])
 
     def flush_periodically(self):
-        while not self.stopped.wait(self.interval):
+        # Each process's own jitter keeps several processes' flushes from staying in step.
+        while not self.stopped.wait(self.interval * random.uniform(0.8, 1.0)):
             try:
                 self.flush()
             except Exception:
                 log.exception("Could not write usage counts; they stay pending for the next try.")
 
-    def close(self):
-        """Stop the periodic flush and write what is pending (graceful shutdown)."""
+    def close(self, retry_seconds=CLOSE_RETRY_SECONDS):
+        """Stop the periodic flush and write what is pending (graceful shutdown), trying again
+        while the database refuses, for at most retry_seconds; raise the last error after that."""
         self.stopped.set()
-        self.flush()
+        deadline = time.monotonic() + retry_seconds
+        while True:
+            try:
+                self.flush()
+                return
+            except DATABASE_ERRORS:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("Could not write %d pending usage counts before stopping; trying again.",
+                            sum(self.pending.values()))
+                time.sleep(random.uniform(0.1, 0.3))
 
 
 def init_app(app):

@@ -104,18 +104,23 @@ def test_usage_counter_adds_hourly_counts_in_the_same_flush(app, user, api_key, 
 
 
 def fail_statements_starting(monkeypatch, prefix):
-    """Make the database raise OperationalError for SQL starting with prefix; return the real execute_sql."""
+    """Make the database raise OperationalError for SQL starting with prefix, alone or in a batch."""
     import peewee
 
-    original = db.obj.execute_sql
+    class FailingCursor:
+        def __init__(self, cursor):
+            self.cursor = cursor
 
-    def fail(sql, *args, **kwargs):
-        if sql.startswith(prefix):
-            raise peewee.OperationalError("disk I/O error")
-        return original(sql, *args, **kwargs)
+        def executemany(self, sql, rows):
+            if sql.startswith(prefix):
+                raise peewee.OperationalError("disk I/O error")
+            return self.cursor.executemany(sql, rows)
 
-    monkeypatch.setattr(db.obj, "execute_sql", fail)
-    return original
+        def __getattr__(self, name):
+            return getattr(self.cursor, name)
+
+    cursor = db.obj.cursor
+    monkeypatch.setattr(db.obj, "cursor", lambda *args, **kwargs: FailingCursor(cursor(*args, **kwargs)))
 
 
 def test_a_failed_hourly_write_rolls_back_the_lifetime_count(app, user, pro_key, monkeypatch):
@@ -124,11 +129,11 @@ def test_a_failed_hourly_write_rolls_back_the_lifetime_count(app, user, pro_key,
     counter = usage.UsageCounter(db.obj, interval=3600)
     kid = key_id(pro_key)
     counter.add(kid, ENDPOINT, 200, True)
-    original = fail_statements_starting(monkeypatch, "INSERT INTO usage_hours")
-    with pytest.raises(peewee.OperationalError):
-        counter.flush()
+    with monkeypatch.context() as failing:
+        fail_statements_starting(failing, "INSERT INTO usage_hours")
+        with pytest.raises(peewee.OperationalError):
+            counter.flush()
     assert ApiKey.get_by_id(kid).total_requests == 0
-    monkeypatch.setattr(db.obj, "execute_sql", original)
     counter.close()
     assert ApiKey.get_by_id(kid).total_requests == 1
     assert UsageHour.get(UsageHour.api_key == kid).requests == 1
@@ -141,11 +146,11 @@ def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, mon
     kid = key_id(pro_key)
     for _ in range(4):
         counter.add(kid, ENDPOINT, 200, True)
-    original = fail_statements_starting(monkeypatch, "UPDATE")
-    with pytest.raises(peewee.OperationalError):
-        counter.flush()
-    counter.add(kid, ENDPOINT, 200, True)
-    monkeypatch.setattr(db.obj, "execute_sql", original)
+    with monkeypatch.context() as failing:
+        fail_statements_starting(failing, "UPDATE")
+        with pytest.raises(peewee.OperationalError):
+            counter.flush()
+        counter.add(kid, ENDPOINT, 200, True)
     counter.close()
     assert ApiKey.get_by_id(kid).total_requests == 5
 
@@ -164,14 +169,13 @@ def test_a_flush_writes_its_keys_in_slices_and_yields_between(app, user, monkeyp
         for _ in range(count):
             counter.add(kid, ENDPOINT, 200, True)
     events = []
-    write_key = counter.write_key
+    write = counter.write
     monkeypatch.setattr(usage, "pause_between_transactions",
                         lambda: events.append("yield" if not db.obj.in_transaction() else "yield in a transaction"))
-    monkeypatch.setattr(counter, "write_key", lambda kid, *rest: (events.append((kid, db.obj.in_transaction())),
-                                                                  write_key(kid, *rest)))
+    monkeypatch.setattr(counter, "write", lambda batch, *rest: (
+        events.append((sorted({kid for kid, *_ in batch}), db.obj.in_transaction())), write(batch, *rest)))
     counter.flush()
-    assert events == [(keys[0], True), (keys[1], True), "yield", (keys[2], True), (keys[3], True), "yield",
-                      (keys[4], True)]
+    assert events == [(keys[0:2], True), "yield", (keys[2:4], True), "yield", (keys[4:5], True)]
     assert [ApiKey.get_by_id(kid).total_requests for kid in keys] == [1, 2, 3, 4, 5]
     counter.close()
 
@@ -185,20 +189,20 @@ def test_a_failed_slice_keeps_its_counts_and_those_after_it_and_nothing_is_count
     for kid in keys:
         counter.add(kid, ENDPOINT, 200, True)
         counter.add(kid, ENDPOINT, 429, False)
-    write_key = counter.write_key
+    write = counter.write
 
-    def fail_on_the_fourth_key(kid, *rest):
-        write_key(kid, *rest)
-        if kid == keys[3]:
+    def fail_on_the_fourth_key(batch, *rest):
+        write(batch, *rest)
+        if any(kid == keys[3] for kid, *_ in batch):
             raise peewee.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(counter, "write_key", fail_on_the_fourth_key)
+    monkeypatch.setattr(counter, "write", fail_on_the_fourth_key)
     with pytest.raises(peewee.OperationalError):
         counter.flush()
     # The first slice was written; the second was rolled back and waits with the third.
     assert [ApiKey.get_by_id(kid).total_requests for kid in keys] == [1, 1, 0, 0, 0]
     assert {kid for kid, *_ in counter.pending} == set(keys[2:]) and sum(counter.pending.values()) == 6
-    monkeypatch.setattr(counter, "write_key", write_key)
+    monkeypatch.setattr(counter, "write", write)
     counter.close()
     assert [ApiKey.get_by_id(kid).total_requests for kid in keys] == [1] * 5
     rows = collections.Counter()

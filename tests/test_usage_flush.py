@@ -1,0 +1,159 @@
+"""The usage flush under the conditions of a real deployment: several processes writing the same
+keys, a database that refuses for a while, a stop in the middle."""
+
+import threading
+
+import peewee
+import pytest
+
+import auth
+import services
+import usage
+from models import ApiKey, Statements, db, open_database
+
+ENDPOINT = "/api/v1/protected/test"
+
+
+def keys_of(user, count):
+    return [auth.issue_key(user, f"Key {index}", "production", "pro")[0].id for index in range(count)]
+
+
+def test_a_flush_writes_every_table_in_key_order_whatever_order_requests_came_in(app, user, monkeypatch):
+    keys = keys_of(user, 4)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    for kid in reversed(keys):
+        counter.add(kid, ENDPOINT, 429, False)
+        counter.add(kid, ENDPOINT, 200, True)
+    batches = []
+    cursor = db.obj.cursor
+
+    class RecordingCursor:
+        def __init__(self, real):
+            self.real = real
+
+        def executemany(self, sql, rows):
+            rows = list(rows)
+            batches.append((sql.split()[0:3], rows))
+            return self.real.executemany(sql, rows)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    monkeypatch.setattr(db.obj, "cursor", lambda *args, **kwargs: RecordingCursor(cursor(*args, **kwargs)))
+    counter.flush()
+    assert len(batches) == 3
+    updated = [row[2] for row in batches[0][1]]
+    assert updated == keys
+    for _, rows in batches[1:]:
+        assert [(row[0], row[3]) for row in rows] == [(kid, status) for kid in keys for status in (200, 429)]
+    assert [ApiKey.get_by_id(kid).total_requests for kid in keys] == [1] * 4
+
+
+def test_a_graceful_stop_tries_again_while_the_database_refuses(app, user):
+    kid, = keys_of(user, 1)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    for _ in range(3):
+        counter.add(kid, ENDPOINT, 200, True)
+    write = counter.write
+    refusals = []
+
+    def refuse_twice(batch, used_at):
+        if len(refusals) < 2:
+            refusals.append(1)
+            raise peewee.OperationalError("the database system is starting up")
+        write(batch, used_at)
+
+    counter.write = refuse_twice
+    counter.close(retry_seconds=10)
+    assert len(refusals) == 2
+    assert ApiKey.get_by_id(kid).total_requests == 3
+    assert counter.pending == {}
+
+
+def test_a_graceful_stop_gives_up_after_its_time_and_says_so(app, user):
+    kid, = keys_of(user, 1)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    counter.add(kid, ENDPOINT, 200, True)
+
+    def refuse(batch, used_at):
+        raise peewee.OperationalError("could not connect to server")
+
+    counter.write = refuse
+    with pytest.raises(peewee.OperationalError):
+        counter.close(retry_seconds=0.3)
+    assert sum(counter.pending.values()) == 1
+
+
+def test_an_interrupted_flush_keeps_every_count_and_a_reader_never_sees_one_twice(app, user):
+    kid, = keys_of(user, 1)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    for _ in range(5):
+        counter.add(kid, ENDPOINT, 200, True)
+    write = counter.write
+
+    def written_then_killed(batch, used_at):
+        write(batch, used_at)
+        raise KeyboardInterrupt  # a BaseException, as a killed greenlet's GreenletExit
+
+    counter.write = written_then_killed
+    with pytest.raises(KeyboardInterrupt):
+        counter.flush()
+    # Rolled back with its transaction, so the five are still pending, and counted once.
+    assert ApiKey.get_by_id(kid).total_requests == 0
+    assert counter.total(kid) == 5
+    counter.write = write
+    counter.close()
+    assert ApiKey.get_by_id(kid).total_requests == 5
+    assert counter.total(kid) == 5
+
+
+def deadlocks(database_name):
+    with services.admin_connection() as connection:
+        return connection.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = %s",
+                                  (database_name,)).fetchone()[0]
+
+
+def test_processes_flushing_the_same_keys_in_opposite_orders_never_deadlock_on_postgresql(make_app):
+    url = services.postgres_url()
+    app = make_app({"DATABASE_URL": url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True,
+                    "RATE_LIMIT_TIERS": "free=3/minute,pro=100/minute", "MAX_KEYS_PER_USER": 100})
+    import accounts
+
+    with app.app_context():
+        user = accounts.create_user("alice", "alice@example.com", "correct horse battery")
+        keys = keys_of(user, 60)
+    before = deadlocks(services.session_database())
+    rounds = 15
+    # Two processes' connections: each counter writes through its own database object.
+    counters = []
+    for _ in range(2):
+        database = open_database(url)
+        database.statements = Statements(database)
+        counters.append(usage.UsageCounter(database, interval=3600))
+    orders = [keys, list(reversed(keys))]
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def flush_rounds(counter, order):
+        try:
+            for _ in range(rounds):
+                for kid in order:
+                    counter.add(kid, ENDPOINT, 200, True)
+                barrier.wait(timeout=30)
+                counter.flush()
+        except Exception as error:  # noqa: BLE001  reported below with the deadlock count
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=flush_rounds, args=pair) for pair in zip(counters, orders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for counter in counters:
+        counter.close()
+        counter.database.close_all()
+    assert errors == []
+    assert deadlocks(services.session_database()) == before
+    with app.app_context():
+        assert {ApiKey.get_by_id(kid).total_requests for kid in keys} == {2 * rounds}
