@@ -9,7 +9,8 @@ lane only when Flask would do nothing for it beyond calling its view:
   `request`, `g` or `current_app`) right above auth.require_api_key, on a GET route without URL
   variables;
 - it is exactly `GET` on exactly that path, with no body (no Content-Length but 0, no
-  Transfer-Encoding), no Origin, no Upgrade, and a Host that Werkzeug's routing accepts;
+  Transfer-Encoding), no Origin, no Upgrade, a Host that Werkzeug's routing accepts, and a scheme
+  other than ws or wss (which a proxy may forward: Werkzeug routes those to WebSocket rules only);
 - and, as the app stands at its first request, no hook, signal receiver or setting would act on
   it (see flask_would_only_call_the_view: with CORS_ORIGINS set, whose hook adds Vary: Origin to
   every API response, there is no lane). From that request on, Flask refuses new hooks.
@@ -28,6 +29,9 @@ import models
 
 # What CONTENT_LENGTH holds for a request without a body: absent (servers), or 0 (Werkzeug's test client).
 NO_BODY = frozenset({None, "", "0"})
+# The schemes for which Werkzeug's routing matches WebSocket rules only (MapAdapter.websocket): a
+# plain view's path then gets Flask's 426, uncounted.
+WEBSOCKET_SCHEMES = frozenset({"ws", "wss"})
 # Hooks that do nothing for a bodiless GET of the API, as (module, qualified name): the body limit,
 # the CSRF checks (only for form methods; flask-wtf's own is off, as web.py checks forms itself)
 # and the pruner's start, which the lane makes itself.
@@ -67,7 +71,7 @@ class Lane:
         view = self.views.get(environ["PATH_INFO"])
         if (view is None or environ["REQUEST_METHOD"] != "GET" or environ.get("CONTENT_LENGTH") not in NO_BODY
                 or "HTTP_TRANSFER_ENCODING" in environ or "HTTP_ORIGIN" in environ or "HTTP_UPGRADE" in environ
-                or not routable_host(environ.get("HTTP_HOST"))):
+                or environ["wsgi.url_scheme"] in WEBSOCKET_SCHEMES or not routable_host(environ.get("HTTP_HOST"))):
             return self.wsgi_app(environ, start_response)
         environ[metrics.ROUTE] = environ["PATH_INFO"]
         try:

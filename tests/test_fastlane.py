@@ -143,9 +143,9 @@ def side_effects(app):
             collections.Counter(app.extensions["usage"].pending))
 
 
-def both_ways(app, monkeypatch, send):
+def both_ways(app, monkeypatch, send, lane_declines=False):
     """Send a request through the lane, then the same through Flask; return both answers, each with
-    the metrics and usage counts it added."""
+    the metrics and usage counts it added. lane_declines: the lane must hand the request to Flask."""
     lane = lane_of(app)
     views, answers = lane.views, []
     for lane_views in (views, {}):
@@ -153,7 +153,7 @@ def both_ways(app, monkeypatch, send):
         before = side_effects(app)
         response, dispatched = through_flask(app, send, monkeypatch)
         # In the lane, a refusal is rendered by Flask's handlers, but never dispatched by Flask.
-        assert dispatched == (not lane_views)
+        assert dispatched == (lane_declines or not lane_views)
         after = side_effects(app)
         answers.append(answer(response) + (after[0] - before[0], after[1] - before[1]))
     return answers
@@ -199,6 +199,24 @@ def test_behind_trusted_proxies_the_lane_sees_the_forwarded_address(make_app, tm
             "/api/v1/user/me", headers={"X-API-Key": office, "X-Forwarded-For": forwarded},
             environ_base={"REMOTE_ADDR": "10.0.0.1"}))
         assert through_lane == through_flask_alone and through_lane[0] == status
+
+
+@pytest.mark.parametrize("scheme", ["ws", "wss"])
+def test_behind_trusted_proxies_a_forwarded_websocket_scheme_gets_flask_s_426_uncounted(
+        make_app, tmp_path, monkeypatch, scheme):
+    """Attacker's review: the lane answered 200 and counted the request where Flask, routing a ws or
+    wss scheme to WebSocket rules only, answers 426 and counts nothing."""
+    app = make_app({"DATABASE_URL": f"sqlite:///{tmp_path}/lane.db", "RATE_LIMIT_TIERS": TEST_TIERS,
+                    "RATELIMIT_STORAGE_URL": "memory://", "TRUSTED_PROXIES": 1, "TESTING": True})
+    _, secret = issue(app)
+    through_lane, through_flask_alone = both_ways(app, monkeypatch, lambda: app.test_client().get(
+        "/api/v1/protected/test", headers={"X-API-Key": secret, "X-Forwarded-Proto": scheme}),
+        lane_declines=True)
+    assert through_lane == through_flask_alone and through_lane[0] == "426 UPGRADE REQUIRED"
+    assert not through_lane[4]  # no usage counted
+    # The schemes the lane declines are those Werkzeug routes to WebSocket rules only.
+    assert all(app.url_map.bind("localhost", url_scheme=other).websocket == (other in fastlane.WEBSOCKET_SCHEMES)
+               for other in ("http", "https", "ws", "wss", "WS"))
 
 
 def test_the_lane_counts_and_records_each_request_under_its_route(lane_app):
