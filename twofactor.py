@@ -97,8 +97,7 @@ def qr_svg(uri):
 
 
 def matching_step(secret, code):
-    """The time step (of those accepted around now) whose code this is, or None."""
-    code = normalize(code)
+    """The time step (of those accepted around now) whose code this (normalised) code is, or None."""
     if not CODE_PATTERN.fullmatch(code):
         return None
     totp = pyotp.TOTP(secret, digits=DIGITS, interval=STEP_SECONDS)
@@ -110,12 +109,16 @@ def matching_step(secret, code):
 
 
 def normalize(code):
+    """A code as it is checked: spaces and dashes removed, upper case. A code is normalised once,
+    where it enters (webprotection.submitted_code); the functions here take what this returns, so
+    the throttle and the check always judge the same string."""
     return re.sub(r"[\s-]", "", code or "").upper()
 
 
 def use_totp(user, code):
-    """True when code is a TOTP code of the account newer than the last one accepted, which it then
-    becomes: a code is accepted once, by one request of any worker (compare-and-set on last_step)."""
+    """True when code (normalised) is a TOTP code of the account newer than the last one accepted,
+    which it then becomes: a code is accepted once, by one request of any worker (compare-and-set
+    on last_step)."""
     record = record_for(user)
     if record is None:
         return False
@@ -145,7 +148,8 @@ def enable(user, code):
 def new_recovery_codes(user):
     codes = [make_recovery_code() for _ in range(RECOVERY_CODES)]
     RecoveryCode.delete().where(RecoveryCode.user == user.id).execute()
-    RecoveryCode.insert_many([{"user": user.id, "code_hash": recovery_hash(user.id, code)} for code in codes]).execute()
+    RecoveryCode.insert_many([{"user": user.id, "code_hash": recovery_hash(user.id, normalize(code))}
+                              for code in codes]).execute()
     return codes
 
 
@@ -156,12 +160,13 @@ def make_recovery_code():
 
 def recovery_hash(user_id, code):
     # The account's id in the hash: the same code in two accounts has two hashes.
-    return hashlib.sha256(f"{user_id}:{normalize(code)}".encode()).hexdigest()
+    return hashlib.sha256(f"{user_id}:{code}".encode()).hexdigest()
 
 
 def use_recovery_code(user, code):
-    """True when code is one of the account's unused recovery codes, which it then no longer is."""
-    if len(normalize(code)) != RECOVERY_CODE_CHARACTERS:
+    """True when code (normalised) is one of the account's unused recovery codes, which it then no
+    longer is."""
+    if len(code) != RECOVERY_CODE_CHARACTERS:
         return False
     used = (RecoveryCode.update(used_at=utcnow())
             .where((RecoveryCode.user == user.id) & (RecoveryCode.code_hash == recovery_hash(user.id, code))
@@ -173,7 +178,7 @@ def use_recovery_code(user, code):
 
 
 def use_code(user, code):
-    """Check a second-factor code (TOTP or recovery code); raise WrongCode when it is neither."""
+    """Check a second-factor code (normalised: TOTP or recovery code); raise WrongCode when it is neither."""
     if not (use_totp(user, code) or use_recovery_code(user, code)):
         if securitylog.failures_this_hour(user.id, "user.2fa_failed") < securitylog.FAILURES_RECORDED_PER_HOUR:
             securitylog.record(user.id, "user.2fa_failed")

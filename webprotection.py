@@ -67,27 +67,34 @@ def code_identity(user):
     return f"2fa:{user.id}"
 
 
-def check_code(user, code):
-    """Check a second-factor code under the throttle; None when it passed, else a (flash, status)."""
+def submitted_code():
+    """The form's code, normalised: the one string the throttle and the check both judge, so that
+    no way of writing a code (123-456, 123 456) is checked without being counted as what it is."""
+    return twofactor.normalize(request.form.get("code", ""))
+
+
+def check_code(user, code, check=twofactor.use_code):
+    """Run check(user, code) (raising ValueError for a wrong code) under the throttle on a
+    submitted_code; return (what check returned, None) when it passed, else (None, (flash, status))."""
     identity = code_identity(user)
-    totp = bool(twofactor.CODE_PATTERN.fullmatch(code.strip()))
+    totp = bool(twofactor.CODE_PATTERN.fullmatch(code))
     try:
         time.sleep(ratelimit.password_attempt(identity))
         if totp:
             # Per address alone, many addresses would make 6 digits guessable within a day.
             ratelimit.count_totp_guess(user)
     except ratelimit.RateLimitExceeded as error:
-        recovery = " A recovery code or a passkey still works." if totp else ""
-        return f"Too many wrong codes. Try again in {error.retry_after} seconds.{recovery}", 429
+        recovery = " A recovery code or a passkey still works." if totp and twofactor.is_enabled(user) else ""
+        return None, (f"Too many wrong codes. Try again in {error.retry_after} seconds.{recovery}", 429)
     try:
-        twofactor.use_code(user, code)
-    except twofactor.WrongCode as error:
+        passed = check(user, code)
+    except ValueError as error:  # a WrongCode, or a set-up to start again
         ratelimit.password_refused(identity)
-        return str(error), 400
+        return None, (str(error), 400)
     ratelimit.password_accepted(identity)
     if totp:
         ratelimit.totp_guess_accepted(user)
-    return None
+    return passed, None
 
 
 # The Security tab: TOTP.
@@ -118,18 +125,10 @@ def enable():
     if secret is None:
         flash("Start the setup again: there is no authenticator waiting for a code.", "error")
         return redirect(url_for("web.settings_security"))
-    identity = code_identity(g.user)
-    try:
-        time.sleep(ratelimit.password_attempt(identity))
-        codes = twofactor.enable(g.user, request.form.get("code", ""))
-    except ratelimit.RateLimitExceeded as error:
-        flash(f"Too many wrong codes. Try again in {error.retry_after} seconds.", "error")
-        return render_setup(secret, 429)
-    except ValueError as error:
-        ratelimit.password_refused(identity)
-        flash(str(error), "error")
-        return render_setup(secret, 400)
-    ratelimit.password_accepted(identity)
+    codes, refused = check_code(g.user, submitted_code(), twofactor.enable)
+    if refused:
+        flash(refused[0], "error")
+        return render_setup(secret, refused[1])
     return render_template("two_factor_codes.html", codes=codes)
 
 
@@ -152,7 +151,7 @@ def disable():
         flash("The password is not correct.", "error")
         return web.render_security_tab(status=400)
     ratelimit.password_accepted(username)
-    refused = check_code(g.user, request.form.get("code", ""))
+    _, refused = check_code(g.user, submitted_code())
     if refused:
         flash(refused[0], "error")
         return web.render_security_tab(status=refused[1])
@@ -235,7 +234,7 @@ def second_factor():
     has_passkeys = bool(passkeys.owned(pending.user))
     if request.method == "GET":
         return render_template("login_2fa.html", has_passkeys=has_passkeys)
-    refused = check_code(pending.user, request.form.get("code", ""))
+    _, refused = check_code(pending.user, submitted_code())
     if refused:
         twofactor.count_pending_failure(pending)
         flash(refused[0], "error")

@@ -126,3 +126,20 @@ def test_code_guesses_past_the_throttle_are_refused_without_locking_the_owner_ou
     # The owner, from their own address, is not locked out.
     owner.login(owner.username)
     assert second_step(owner, code_at(secret, 1)).status_code == 302 and owner.logged_in()
+
+
+def test_codes_written_with_dashes_or_spaces_count_against_the_per_account_cap(server):
+    """Guesses from many addresses, on every worker, meet one cap however the code is written."""
+    owner = Browser(server).signup()
+    secret, codes = enable(owner)
+    log_out(owner)
+    statuses = []
+    for guess in ["000-000", "000 000", "00 00-00"] * 4:
+        attacker = Browser(server)
+        attacker.login(owner.username)
+        statuses.append(second_step(attacker, guess).status_code)
+    assert statuses == [400] * 10 + [429] * 2
+    owner.login(owner.username)
+    code = code_at(secret, 1)
+    assert second_step(owner, f"{code[:3]} {code[3:]}").status_code == 429
+    assert second_step(owner, codes[0]).status_code == 302 and owner.logged_in()
