@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -26,9 +27,10 @@ import startup  # noqa: E402
 startup.read_env_file()
 LOG_FORMAT = logs.log_format(os.environ)
 METRICS_FILE = re.compile(r"(counter|histogram|summary|gauge_[a-z]+)_[0-9]+\.db")
-# The folder where each worker keeps its metrics, summed by /metrics; chosen by on_starting.
-metrics_dir = None
-private_metrics_dir = False
+# The workers a reload replaces, oldest first, and the age of the first of their replacements:
+# set by on_reload in the master before it forks the new workers, which inherit them.
+replaced_workers = []
+first_replacement_age = None
 
 bind = f"0.0.0.0:{os.environ.get('PORT') or 5000}"
 workers = int(os.environ.get("WEB_CONCURRENCY") or 1)
@@ -157,7 +159,8 @@ util.write_error = write_json_error
 def on_starting(server):
     """Start the metrics afresh, make SIGINT a graceful stop, and warn when several workers would
     each keep their own limits, or instances their own session secret."""
-    prepare_metrics_dir()
+    # On the arbiter, not in this module: a reload reads this file again, and its globals anew.
+    server.private_metrics_dir = prepare_metrics_dir()
     # gunicorn's SIGINT is a quick stop that cuts sockets and can interrupt the last usage flush;
     # Ctrl-C should stop the service as gracefully as SIGTERM does.
     server.handle_int = server.handle_term
@@ -174,40 +177,66 @@ def on_starting(server):
 def prepare_metrics_dir():
     """Use PROMETHEUS_MULTIPROC_DIR when the operator set it, emptied of an earlier run's metric
     files (which would add their counts to this run's); else make a private folder in shared
-    memory. Runs before any worker starts, so every worker imports prometheus_client with it set
-    and picks the multiprocess mode."""
-    global metrics_dir, private_metrics_dir
+    memory and return it, for on_exit to remove. Runs before any worker starts, so every worker
+    imports prometheus_client with it set and picks the multiprocess mode."""
     chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if chosen:
         os.makedirs(chosen, mode=0o700, exist_ok=True)
         for name in os.listdir(chosen):
             if METRICS_FILE.fullmatch(name):
                 os.remove(os.path.join(chosen, name))
-        metrics_dir = chosen
-        return
+        return None
     # Not beside the database: prometheus_client writes through mmap, and on a full disk a worker
     # would die of SIGBUS instead of answering with the 503s a full disk otherwise brings.
     shared_memory = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="apiservice-metrics-",
-                                                                            dir=shared_memory)
-    private_metrics_dir = True
+    private = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="apiservice-metrics-",
+                                                                        dir=shared_memory)
+    return private
 
 
 def on_exit(server):
-    if private_metrics_dir:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+    private = getattr(server, "private_metrics_dir", None)
+    if private:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def on_reload(server):
+    """Keep the old workers serving until their replacements have loaded the app. gunicorn would
+    stop them as soon as the new ones are forked, and requests would wait the new workers' start
+    (up to 2 s); instead each new worker stops the one it replaces once it serves (post_worker_init),
+    and child_exit lowers the count as each old one leaves."""
+    global replaced_workers, first_replacement_age
+    replaced_workers = sorted(server.WORKERS, key=lambda pid: server.WORKERS[pid].age)
+    first_replacement_age = server.worker_age + 1
+    server.num_workers = server.cfg.workers + len(replaced_workers)
+
+
+def retire_replaced_workers(worker):
+    """In a worker started by a reload, once it serves: stop the old worker it replaces (the last
+    replacement also stops any beyond the new worker count)."""
+    if first_replacement_age is None:
+        return
+    index = worker.age - first_replacement_age
+    if not 0 <= index < worker.cfg.workers:
+        return
+    last = index == worker.cfg.workers - 1
+    for pid in replaced_workers[index:] if last else replaced_workers[index:index + 1]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 def post_worker_init(worker):
     """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
     gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
     and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second."""
-    import signal
-
     import metrics
     from sockets import close_all_sockets
 
     gevent.spawn(metrics.fold_every_second)
+    # A greenlet runs once the worker's servers listen, so the old worker stops after this one serves.
+    gevent.spawn(retire_replaced_workers, worker)
 
     def chain(previous):
         def handler(signum, frame):
@@ -273,7 +302,11 @@ def worker_exit(server, worker):
 
 def child_exit(server, worker):
     """Drop a dead worker's gauges (open sockets, pending counts) from /metrics; its counters stay
-    in the sums. Runs in the master, so a worker killed outright is covered too."""
+    in the sums; after a reload, count one worker fewer for each old one that leaves. Runs in the
+    master, so a worker killed outright is covered too."""
     from prometheus_client import multiprocess
 
-    multiprocess.mark_process_dead(worker.pid, metrics_dir)
+    multiprocess.mark_process_dead(worker.pid, os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    if worker.pid in replaced_workers:
+        replaced_workers.remove(worker.pid)
+        server.num_workers -= 1

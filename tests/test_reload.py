@@ -1,0 +1,98 @@
+"""A reload (SIGHUP to gunicorn's master) under steady load: no request refused, failed or held."""
+
+import os
+import re
+import signal
+import threading
+import time
+
+import requests
+
+from liveserver import ROOT, make_key, service_env, start_procfile, wait_for
+
+SLOW_IMPORT = ROOT / "tests" / "fixtures" / "slow_app_import"
+
+
+def metrics_folder(master_pid):
+    """The private folder where the master's workers keep their metrics, from the files they map."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            maps = open(f"/proc/{pid}/maps").read() if parent == master_pid else ""
+        except OSError:
+            continue
+        found = re.search(r"(/\S*apiservice-metrics-[^/\s]+)/", maps)
+        if found:
+            return found.group(1)
+    raise AssertionError("no worker maps a metrics file")
+
+
+class SteadyLoad:
+    """Client threads calling a URL back to back, keeping each answer's status and duration."""
+
+    def __init__(self, url, headers, threads=4):
+        self.url, self.headers = url, headers
+        self.results = []
+        self.running = True
+        self.threads = [threading.Thread(target=self.call) for _ in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def call(self):
+        session = requests.Session()
+        while self.running:
+            started = time.monotonic()
+            try:
+                outcome = session.get(self.url, headers=self.headers, timeout=10).status_code
+            except requests.RequestException as error:
+                outcome = repr(error)
+            self.results.append((outcome, time.monotonic() - started))
+
+    def stop(self):
+        self.running = False
+        for thread in self.threads:
+            thread.join()
+        return self.results
+
+
+def test_a_reload_refuses_fails_and_holds_no_request_and_leaves_no_file(tmp_path):
+    # Workers that take 1.5 s to load the app: before, every request of the reload waited for them.
+    env = service_env(tmp_path, WEB_CONCURRENCY="2", PYTHONPATH=str(SLOW_IMPORT), SLOW_APP_IMPORT_SECONDS="1.5")
+    key = make_key(dict(env, PYTHONPATH="", SLOW_APP_IMPORT_SECONDS="0"))
+    server = start_procfile(tmp_path, env)
+    try:
+        load = SteadyLoad(server.base + "/api/v1/protected/test", {"X-API-Key": key})
+        time.sleep(0.5)
+        folder = metrics_folder(server.process.pid)
+        for reloads in (1, 2):
+            os.kill(server.process.pid, signal.SIGHUP)
+            # Both old workers have gone once their replacements serve.
+            wait_for(lambda: server.output().count("Worker exiting") >= 2 * reloads, seconds=20)
+            time.sleep(0.5)
+        results = load.stop()
+    finally:
+        server.stop()
+    outcomes = {outcome for outcome, _ in results}
+    assert outcomes == {200}, outcomes
+    slowest = max(duration for _, duration in results)
+    assert slowest < 1, f"a request waited {slowest:.2f} s during a reload"
+    assert len(results) > 100
+    assert not os.path.exists(folder)
+    assert "Traceback" not in server.output()
+
+
+def test_gunicorn_still_calls_on_reload_before_it_forks_the_new_workers():
+    # gunicorn.conf.py's on_reload raises the arbiter's num_workers and reads WORKERS and
+    # worker_age, which are not public API: this fails loudly if a new gunicorn moves them.
+    import inspect
+
+    from gunicorn.arbiter import Arbiter
+
+    reload = inspect.getsource(Arbiter.reload)
+    assert reload.index("self.cfg.on_reload(self)") < reload.index("self.spawn_worker()") \
+        < reload.index("self.manage_workers()")
+    manage = inspect.getsource(Arbiter.manage_workers)
+    assert "while len(workers) > self.num_workers" in manage
+    spawn = inspect.getsource(Arbiter.spawn_worker)
+    assert "self.worker_age += 1" in spawn and "self.WORKERS[pid] = worker" in spawn
+    assert "self.cfg.child_exit(self, worker)" in inspect.getsource(Arbiter.reap_workers)
