@@ -1,6 +1,7 @@
 """The data life cycle: hourly and daily usage rows past their retention, keys revoked or expired
-long ago (with their usage rows) and expired sessions are deleted in small batches, by one process
-of all workers and instances at a time, in the background of every run mode and on demand."""
+long ago (with their usage rows) and expired sessions are deleted in small batches, and TOTP
+set-ups past their life discarded, by one process of all workers and instances at a time, in the
+background of every run mode and on demand."""
 
 import datetime
 import logging
@@ -9,6 +10,7 @@ import threading
 import time
 
 import accounts
+import twofactor
 from models import ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, db, release_connection, utcnow
 from writelock import write_transaction
 
@@ -56,6 +58,9 @@ def prune(config, now=None, pause=0):
         time.sleep(pause)
     idle = Session.last_seen_at < accounts.idle_cutoff()
     pruned["sessions"] += delete_in_batches(Session, Session.token_hash, idle, pause)
+    with write_transaction(db.obj):
+        twofactor.discard_old_setups(now)
+    release_connection()
     return pruned
 
 

@@ -122,6 +122,10 @@ class Session(BaseModel):
     last_seen_at = DateTimeField(default=utcnow, index=True)
     # A new key's secret until the next page shows it, encrypted with a key only the cookie holds.
     pending_secret = TextField(null=True)
+    # The TOTP secret this session's set-up waits to confirm (twofactor.py), sealed, and when it was
+    # made: no other session sees it, and it ends with the session.
+    totp_setup = TextField(null=True)
+    totp_setup_at = DateTimeField(null=True)
 
     class Meta:
         table_name = "sessions"
@@ -187,8 +191,8 @@ class SecurityEvent(BaseModel):
 # Account protection (issue 29): two-factor log-in and passkeys; twofactor.py and passkeys.py own them.
 
 class TwoFactor(BaseModel):
-    """An account's TOTP authenticator: enabled once a code confirmed it (a pending setup has no
-    enabled_at). The secret is Fernet-encrypted with a key derived from SECRET_KEY."""
+    """An account's TOTP authenticator, made when a code confirmed it (a set-up waiting for its
+    code is kept with its session). The secret is Fernet-encrypted with a key derived from SECRET_KEY."""
 
     user = ForeignKeyField(User, primary_key=True, on_delete="CASCADE")
     sealed_secret = TextField()

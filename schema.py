@@ -59,8 +59,21 @@ def copy_hours_into_days(database):
                              f"VALUES ({', '.join([database.param] * 5)})", (key_id, day, endpoint, status, requests))
 
 
+def keep_totp_setups_with_their_session(database, migrator):
+    """Version 6: a TOTP set-up waiting for its code belongs to the session that started it. The
+    unconfirmed secrets kept so far with the account, which any session could see, are discarded.
+    (A database without these tables gets them from the models, whole.)"""
+    if database.table_exists("sessions"):
+        have = {column.name for column in database.get_columns("sessions")}
+        columns = {"totp_setup": TextField(null=True), "totp_setup_at": DateTimeField(null=True)}
+        migrate(*(migrator.add_column("sessions", name, field) for name, field in columns.items() if name not in have))
+    if database.table_exists("two_factor"):
+        database.execute_sql("DELETE FROM two_factor WHERE enabled_at IS NULL")
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
-STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown]
+STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
+         keep_totp_setups_with_their_session]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days}

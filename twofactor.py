@@ -12,11 +12,10 @@ import pyotp
 import segno
 from cryptography.fernet import Fernet, InvalidToken
 from flask import current_app
-from peewee import IntegrityError
 
 import accounts
 import securitylog
-from models import PendingLogin, RecoveryCode, TwoFactor, User, db, utcnow
+from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
 
 ISSUER = "API-key demo service"
 # RFC 6238 with the parameters every authenticator app assumes: SHA-1, 6 digits, 30 s.
@@ -29,6 +28,10 @@ RECOVERY_CODES = 10
 # of them is as good as a slow one.
 RECOVERY_CODE_CHARACTERS = 16
 RECOVERY_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+# A set-up's secret not confirmed within this is discarded.
+SETUP_LIFE = datetime.timedelta(minutes=10)
+NO_SETUP = ("Start the setup again: there is no authenticator waiting for a code "
+            f"(a set-up lasts {SETUP_LIFE.seconds // 60} minutes).")
 PENDING_LOGIN_LIFE = datetime.timedelta(minutes=5)
 # Wrong codes one pending log-in may take before the password must be given again (and counted
 # by its own throttle).
@@ -69,22 +72,40 @@ def is_enabled(user):
     return TwoFactor.select().where((TwoFactor.user == user.id) & TwoFactor.enabled_at.is_null(False)).exists()
 
 
-def start_setup(user):
-    """Make (or keep) the account's pending secret; return it. Raise ValueError when 2FA is on."""
-    record = record_for(user)
-    if record is not None and record.enabled_at is None and unseal(record.sealed_secret) is None:
-        record.delete_instance()  # sealed under a former SECRET_KEY: start afresh
-        record = None
-    if record is None:
-        try:
-            with db.atomic():
-                TwoFactor.create(user=user.id, sealed_secret=seal(pyotp.random_base32()))
-        except IntegrityError:
-            pass  # another request (a double click) made one first: show that one
-        record = TwoFactor.get(TwoFactor.user == user.id)
-    if record.enabled_at is not None:
+def start_setup(user, session):
+    """Make a new secret for the session's set-up, in place of any it had; return it. Raise
+    ValueError when 2FA is on."""
+    if is_enabled(user):
         raise ValueError("Two-factor authentication is already on.")
-    return unseal(record.sealed_secret)
+    # Kept with the session, not the account: whoever else holds a session of the account (a
+    # thief whose session a password change ended, say) never sees the secret the owner scans.
+    secret = pyotp.random_base32()
+    Session.update(totp_setup=seal(secret), totp_setup_at=utcnow()).where(
+        Session.token_hash == session.token_hash).execute()
+    return secret
+
+
+def setup_secret(session):
+    """The secret the session's set-up waits to confirm, as the database holds it now; None when
+    there is none, it is older than SETUP_LIFE, or it was sealed under a former SECRET_KEY."""
+    row = Session.get_or_none(Session.token_hash == session.token_hash)
+    if row is None or row.totp_setup is None or utcnow() - row.totp_setup_at > SETUP_LIFE:
+        return None
+    return unseal(row.totp_setup)
+
+
+def end_setup(session):
+    """Discard the session's set-up (the secret with it)."""
+    _end_setups(Session.token_hash == session.token_hash)
+
+
+def discard_old_setups(now=None):
+    """Discard every set-up older than SETUP_LIFE (the hourly prune)."""
+    _end_setups(Session.totp_setup_at < (now or utcnow()) - SETUP_LIFE)
+
+
+def _end_setups(where):
+    Session.update(totp_setup=None, totp_setup_at=None).where(where & Session.totp_setup.is_null(False)).execute()
 
 
 def provisioning_uri(user, secret):
@@ -130,16 +151,20 @@ def use_totp(user, code):
                 .where((TwoFactor.user == user.id) & (TwoFactor.last_step < step)).execute())
 
 
-def enable(user, code):
-    """Turn 2FA on once code confirms the pending secret; return the recovery codes (shown once)."""
+def enable(user, code, session):
+    """Turn 2FA on once code (normalised) confirms the secret of the session's set-up; return the
+    recovery codes (shown once)."""
     with db.atomic():
         accounts.lock_user(user)
-        record = record_for(user)
-        if record is None or record.enabled_at is not None:
-            raise ValueError("Start the setup again: there is no authenticator waiting for a code.")
-        if not use_totp(user, code):
+        secret = setup_secret(session)
+        if secret is None or record_for(user) is not None:
+            raise ValueError(NO_SETUP)
+        # Stored as the last step used: the confirming code cannot log in.
+        step = matching_step(secret, code)
+        if step is None:
             raise WrongCode("That code is not correct. Check the time on your device and try the next code.")
-        TwoFactor.update(enabled_at=utcnow()).where(TwoFactor.user == user.id).execute()
+        TwoFactor.create(user=user.id, sealed_secret=seal(secret), enabled_at=utcnow(), last_step=step)
+        _end_setups(Session.user == user.id)  # this one's and any other session's
         codes = new_recovery_codes(user)
         securitylog.record(user.id, "user.2fa_enabled")
     return codes

@@ -104,7 +104,7 @@ def check_code(user, code, check=twofactor.use_code):
 @recent_login_required
 def setup():
     try:
-        secret = twofactor.start_setup(g.user)
+        secret = twofactor.start_setup(g.user, g.session)
     except ValueError as error:
         flash(str(error), "error")
         return redirect(url_for("web.settings_security"))
@@ -120,12 +120,12 @@ def render_setup(secret, status=200):
 @web.login_required
 @recent_login_required
 def enable():
-    record = twofactor.record_for(g.user)
-    secret = twofactor.unseal(record.sealed_secret) if record and record.enabled_at is None else None
+    secret = twofactor.setup_secret(g.session)
     if secret is None:
-        flash("Start the setup again: there is no authenticator waiting for a code.", "error")
+        twofactor.end_setup(g.session)  # one past its life is discarded, not kept
+        flash(twofactor.NO_SETUP, "error")
         return redirect(url_for("web.settings_security"))
-    codes, refused = check_code(g.user, submitted_code(), twofactor.enable)
+    codes, refused = check_code(g.user, submitted_code(), functools.partial(twofactor.enable, session=g.session))
     if refused:
         flash(refused[0], "error")
         return render_setup(secret, refused[1])

@@ -14,13 +14,15 @@ import flask
 import psycopg
 import pytest
 import requests
+from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
+import accounts
 import auth
 import models
 import schema
 from conftest import TEST_TIERS
 from liveserver import cli, service_env, start_procfile
-from models import ApiKey, User, db
+from models import ApiKey, TwoFactor, User, db
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SECRETS = json.loads((FIXTURES / "release1.json").read_text())
@@ -97,6 +99,28 @@ def test_a_second_release_database_gets_allow_lists(database_url, tmp_path, monk
     response = app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": secret},
                                      environ_base={"REMOTE_ADDR": "198.51.100.1"})
     assert response.status_code == 200
+
+
+def test_a_fifth_version_database_keeps_totp_set_ups_with_their_session(database_url, make_app):
+    """Version 5 to the latest: sessions gain the set-up's columns; an authenticator turned on stays,
+    and a secret never confirmed, which version 5 kept with the account for any session, is gone."""
+    with make_app({"DATABASE_URL": database_url}).app_context():
+        owner = accounts.create_user("alice", "alice@example.com", "correct horse battery")
+        other = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+        TwoFactor.create(user=owner.id, sealed_secret="on", enabled_at=models.utcnow(), last_step=7)
+        TwoFactor.create(user=other.id, sealed_secret="waiting")
+        token = accounts.start_session(owner)
+        # The sessions table as version 5 made it.
+        migrator = (PostgresqlMigrator if database_url.startswith("postgresql") else SqliteMigrator)(db.obj)
+        migrate(migrator.drop_column("sessions", "totp_setup"), migrator.drop_column("sessions", "totp_setup_at"))
+        db.execute_sql("UPDATE schema_version SET version = 5")
+    app = make_app({"DATABASE_URL": database_url})
+    assert app.extensions["schema"] == (5, schema.LATEST)
+    with app.app_context():
+        assert {"totp_setup", "totp_setup_at"} <= {column.name for column in db.get_columns("sessions")}
+        assert [(row.user_id, row.last_step) for row in TwoFactor.select()] == [(owner.id, 7)]
+        session = accounts.find_session(token)
+        assert session.user_id == owner.id and session.totp_setup is None
 
 
 def test_a_new_database_starts_at_the_latest_version(app):

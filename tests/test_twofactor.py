@@ -10,6 +10,7 @@ import time
 import pyotp
 import pytest
 
+import lifecycle
 import passkeys
 import securitylog
 import twofactor
@@ -24,12 +25,21 @@ def code_at(secret, offset=0):
     return pyotp.TOTP(secret).at(time.time() + offset * twofactor.STEP_SECONDS)
 
 
+def start_setup(client):
+    """Start the set-up in the logged-in client; return the secret its page shows."""
+    page = client.post("/settings/security/2fa/setup").get_data(as_text=True)
+    assert "<svg" in page
+    return re.search(r'data-totp-secret="([A-Z2-7]+)"', page)[1]
+
+
+def confirm(client, code):
+    return client.post("/settings/security/2fa/enable", data={"code": code})
+
+
 def enable(client):
     """Turn 2FA on for the logged-in client; return (secret, recovery codes)."""
-    page = client.post("/settings/security/2fa/setup").get_data(as_text=True)
-    secret = re.search(r'data-totp-secret="([A-Z2-7]+)"', page)[1]
-    assert "<svg" in page
-    page = client.post("/settings/security/2fa/enable", data={"code": code_at(secret)}).get_data(as_text=True)
+    secret = start_setup(client)
+    page = confirm(client, code_at(secret)).get_data(as_text=True)
     return secret, re.findall(r'class="recovery-code">([A-Z2-7-]+)<', page)
 
 
@@ -262,15 +272,6 @@ def test_wrong_codes_sent_at_once_still_end_the_pending_log_in(logged_in):
     assert PendingLogin.select().count() == 0
 
 
-def test_two_setups_at_once_show_one_secret(logged_in, user, monkeypatch):
-    """Attacker's review (a double click): both requests find no authenticator and both add one;
-    the second must show the first's secret, not fail on the duplicate row."""
-    first = twofactor.start_setup(user)
-    monkeypatch.setattr(twofactor, "record_for", lambda user: None)
-    assert twofactor.start_setup(user) == first
-    assert TwoFactor.select().count() == 1
-
-
 def test_totp_guesses_from_many_addresses_meet_a_cap_per_account_and_a_recovery_code_still_works(
         app, logged_in, user):
     # Per address alone (5 a minute per account and address), 30 addresses guessed 14 codes a
@@ -318,15 +319,70 @@ def test_a_totp_code_counts_against_the_per_account_cap_however_it_is_written(ap
 
 
 def test_a_code_may_be_written_with_spaces_or_dashes(logged_in):
-    page = logged_in.post("/settings/security/2fa/setup").get_data(as_text=True)
-    secret = re.search(r'data-totp-secret="([A-Z2-7]+)"', page)[1]
+    secret = start_setup(logged_in)
     code = code_at(secret)
-    assert logged_in.post("/settings/security/2fa/enable", data={"code": f"{code[:3]} {code[3:]}"}).status_code == 200
+    assert confirm(logged_in, f"{code[:3]} {code[3:]}").status_code == 200
     logged_in.post("/logout")
     log_in(logged_in)
     code = code_at(secret, 1)
     assert logged_in.post("/login/2fa", data={"code": f" {code[:3]}-{code[3:]} "}).status_code == 302
     assert is_logged_in(logged_in)
+
+
+def test_each_set_up_shows_a_new_secret_that_only_its_session_can_confirm(app, logged_in, user):
+    first = start_setup(logged_in)
+    other = app.test_client()
+    log_in(other)
+    second = start_setup(other)
+    assert second != first
+    assert confirm(other, code_at(first)).status_code == 400  # another session's secret
+    again = start_setup(logged_in)
+    assert again != first
+    assert confirm(logged_in, code_at(first)).status_code == 400  # the secret it replaced
+    assert not twofactor.is_enabled(user)
+    assert confirm(logged_in, code_at(again)).status_code == 200
+    assert twofactor.unseal(TwoFactor.get().sealed_secret) == again
+    # Once 2FA is on, no set-up is left waiting, in any session.
+    assert Session.select().where(Session.totp_setup.is_null(False)).count() == 0
+    assert confirm(other, code_at(second)).status_code == 302
+
+
+def test_a_set_up_not_confirmed_within_ten_minutes_is_discarded(logged_in, user, monkeypatch):
+    secret = start_setup(logged_in)
+    later = utcnow() + twofactor.SETUP_LIFE + datetime.timedelta(seconds=1)
+    monkeypatch.setattr(twofactor, "utcnow", lambda: later)
+    response = confirm(logged_in, code_at(secret))
+    assert response.status_code == 302 and response.headers["Location"] == "/settings/security"
+    assert not twofactor.is_enabled(user) and Session.get().totp_setup is None
+
+
+@pytest.mark.parametrize("ending", ["password change", "sign out everywhere"])
+def test_a_set_up_ends_with_its_session(app, logged_in, user, ending):
+    """Attacker's review: an unconfirmed secret was kept with the account for ever and shown to
+    whoever started the set-up next, so a thief whose session a password change ended knew the
+    codes of the 2FA the owner turned on later."""
+    thief = app.test_client()
+    log_in(thief)
+    noted = start_setup(thief)
+    if ending == "password change":
+        logged_in.post("/settings/profile/password", data={"current_password": PASSWORD,
+                                                            "new_password": "a brand new password"})
+    else:
+        logged_in.post("/settings/security/sessions/revoke")
+        log_in(logged_in)
+    assert not is_logged_in(thief) and Session.select().where(Session.totp_setup.is_null(False)).count() == 0
+    secret = start_setup(logged_in)
+    assert secret != noted
+    assert confirm(logged_in, code_at(secret)).status_code == 200
+
+
+def test_the_hourly_prune_discards_set_ups_past_their_life(app, logged_in):
+    start_setup(logged_in)
+    waiting = Session.totp_setup.is_null(False)
+    lifecycle.prune(app.config, now=utcnow() + twofactor.SETUP_LIFE - datetime.timedelta(seconds=5))
+    assert Session.select().where(waiting).count() == 1
+    lifecycle.prune(app.config, now=utcnow() + twofactor.SETUP_LIFE + datetime.timedelta(seconds=1))
+    assert Session.select().where(waiting).count() == 0 and Session.select().count() == 1
 
 
 def test_an_account_keeps_at_most_its_newest_pending_log_ins(app, logged_in):

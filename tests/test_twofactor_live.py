@@ -33,12 +33,22 @@ def code_at(secret, offset=0):
     return pyotp.TOTP(secret).at(time.time() + offset * STEP)
 
 
-def enable(browser):
-    """Turn 2FA on; return (secret, recovery codes)."""
+def start_setup(browser):
+    """Start the set-up; return the secret its page shows."""
     page = browser.post("/settings/security/2fa/setup", form_page="/settings/security").text
     secret = re.search(r'data-totp-secret="([A-Z2-7]+)"', page)[1]
     secrets_seen.append(secret)
-    response = browser.post("/settings/security/2fa/enable", {"code": code_at(secret)}, form_page="/settings/security")
+    return secret
+
+
+def confirm(browser, code):
+    return browser.post("/settings/security/2fa/enable", {"code": code}, form_page="/settings/security")
+
+
+def enable(browser):
+    """Turn 2FA on; return (secret, recovery codes)."""
+    secret = start_setup(browser)
+    response = confirm(browser, code_at(secret))
     assert response.status_code == 200, response.text
     return secret, re.findall(r'class="recovery-code">([A-Z2-7-]+)<', response.text)
 
@@ -143,3 +153,20 @@ def test_codes_written_with_dashes_or_spaces_count_against_the_per_account_cap(s
     code = code_at(secret, 1)
     assert second_step(owner, f"{code[:3]} {code[3:]}").status_code == 429
     assert second_step(owner, codes[0]).status_code == 302 and owner.logged_in()
+
+
+def test_a_set_up_s_secret_is_its_session_s_alone(server):
+    """On every worker: a second session of the account starting the set-up gets its own secret,
+    and neither can confirm the other's; after "Sign out everywhere" the secret is gone."""
+    owner = Browser(server).signup()
+    other = Browser(server)
+    other.login(owner.username)
+    noted = start_setup(other)
+    secret = start_setup(owner)
+    assert secret != noted
+    assert confirm(owner, code_at(noted)).status_code == 400
+    owner.post("/settings/security/sessions/revoke", form_page="/settings/security")
+    owner.login(owner.username)
+    assert not other.logged_in()
+    assert confirm(owner, code_at(secret)).status_code == 302  # no set-up waiting any more
+    assert confirm(owner, code_at(start_setup(owner))).status_code == 200
