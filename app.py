@@ -10,13 +10,13 @@ if __name__ == "__main__":
 import io
 import logging
 import os
-import re
 import secrets
 import sys
 import time
 from json import JSONEncoder
 from pathlib import Path
 
+import click
 from flask import Flask, current_app, json, render_template, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import (BadRequest, HTTPException, InternalServerError, RequestEntityTooLarge,
@@ -38,8 +38,8 @@ import lifecycle
 import logs
 import metrics
 import models
-import passkeys
 import ratelimit
+import settings
 import sockets
 import startup
 import usage
@@ -48,65 +48,17 @@ import webprotection
 from models import DATABASE_ERRORS, User
 
 ROOT = Path(__file__).resolve().parent
-INSTANCE = ROOT / "instance"
+INSTANCE = settings.INSTANCE
 
 log = logging.getLogger(__name__)
 
 
 def load_config(environ=os.environ):
-    """Return every setting of the contract's configuration table, defaults filled in."""
-    webauthn_rp_id, webauthn_origin = passkeys.relying_party(environ)
-    return {
-        "DATABASE_URL": environ.get("DATABASE_URL") or f"sqlite:///{INSTANCE / 'service.db'}",
-        "SECRET_KEY": environ.get("SECRET_KEY") or instance_secret_key(),
-        "RATELIMIT_STORAGE_URL": environ.get("RATELIMIT_STORAGE_URL") or "memory://",
-        "RATE_LIMIT_TIERS": environ.get("RATE_LIMIT_TIERS") or "free=1000/hour",
-        "PUBLIC_RATE_LIMIT": environ.get("PUBLIC_RATE_LIMIT") or "600/minute",
-        "TRUSTED_PROXIES": int(environ.get("TRUSTED_PROXIES") or 0),
-        "HOST": environ.get("HOST") or "127.0.0.1",
-        "PORT": int(environ.get("PORT") or 5000),
-        "WS_SEND_TIMEOUT": seconds(environ, "WS_SEND_TIMEOUT", 30),
-        "MAX_KEYS_PER_USER": count(environ, "MAX_KEYS_PER_USER", 20),
-        "MAX_BODY_BYTES": count(environ, "MAX_BODY_BYTES", 65536, minimum=1024),
-        "LOG_FORMAT": logs.log_format(environ),
-        "METRICS_TOKEN": metrics_token(environ),
-        "CORS_ORIGINS": cors.allowed_origins(environ),
-        # Passkeys: "" is the request's own host and origin.
-        "WEBAUTHN_RP_ID": webauthn_rp_id,
-        "WEBAUTHN_ORIGIN": webauthn_origin,
-        "USAGE_HOURLY_RETENTION_DAYS": count(environ, "USAGE_HOURLY_RETENTION_DAYS", 90),
-        "USAGE_DAILY_RETENTION_DAYS": count(environ, "USAGE_DAILY_RETENTION_DAYS", 400),
-        "REVOKED_KEY_RETENTION_DAYS": count(environ, "REVOKED_KEY_RETENTION_DAYS", 90, minimum=0),
-    }
-
-
-def count(environ, name, default, minimum=1):
-    """A whole number of at least minimum from the environment, or a sentence saying what is wrong."""
-    text = environ.get(name) or str(default)
-    if not re.fullmatch(r"\s*[0-9]{1,18}\s*", text) or int(text) < minimum:
-        raise ValueError(f"{name} must be a whole number of at least {minimum}, not {text!r}.")
-    return int(text)
-
-
-def metrics_token(environ):
-    """METRICS_TOKEN, when set: 16 or more visible ASCII characters, since anyone may try it."""
-    token = environ.get("METRICS_TOKEN") or ""
-    if token and not re.fullmatch(r"[!-~]{16,}", token):
-        raise ValueError("METRICS_TOKEN must be at least 16 visible ASCII characters without spaces; "
-                         "`python -c 'import secrets; print(secrets.token_urlsafe())'` makes one.")
-    return token
-
-
-def seconds(environ, name, default):
-    """A positive number of seconds from the environment, or a sentence saying what is wrong."""
-    text = environ.get(name) or str(default)
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be a number of seconds above 0, not {text!r}.")
-    return value
+    """Return every setting of the contract's configuration table, defaults filled in (settings.py
+    parses and checks them); an unset SECRET_KEY is the one kept in instance/."""
+    config = settings.load(environ)
+    config["SECRET_KEY"] = config["SECRET_KEY"] or instance_secret_key()
+    return config
 
 
 def instance_secret_key():
@@ -376,7 +328,16 @@ def serve(config):
     ])
 
 
-app = create_app()
+try:
+    app = create_app()
+except settings.ConfigError as error:
+    # `python app.py` and the flask command (a click command is running) end on the sentence. In a
+    # gunicorn worker it is raised: the master checked the settings before forking
+    # (gunicorn.conf.py), and gunicorn stops on a worker that fails to boot but would start one
+    # that exits with 2 again and again.
+    if __name__ != "__main__" and click.get_current_context(silent=True) is None:
+        raise
+    settings.exit_with(error)
 
 if __name__ == "__main__":
     serve(app.config)

@@ -1,44 +1,16 @@
 """Cross-origin access to /api/v1/ from browsers, opt-in through CORS_ORIGINS."""
 
-import re
-
 from flask import current_app, request
 
+from settings import ANY_ORIGIN
+
 PREFIX = "/api/v1/"
-ANY_ORIGIN = "*"
-ORIGIN_PATTERN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
-DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 # A browser script may read only the response headers named here (besides a few simple ones).
 EXPOSED_HEADERS = ", ".join(["X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy",
                              "RateLimit", "Retry-After", "X-Request-ID"])
 PREFLIGHT_HEADERS = [("Access-Control-Allow-Methods", "GET, POST"),
                      ("Access-Control-Allow-Headers", "X-API-Key, X-Request-ID, Content-Type"),
                      ("Access-Control-Max-Age", "600")]
-
-
-def allowed_origins(environ):
-    """CORS_ORIGINS as a tuple of origins, ("*",) for any, () when unset; ValueError with a sentence
-    for an entry a browser would never send as its Origin."""
-    entries = [entry.strip() for entry in (environ.get("CORS_ORIGINS") or "").split(",") if entry.strip()]
-    if ANY_ORIGIN in entries:
-        if len(entries) > 1:
-            raise ValueError("CORS_ORIGINS is either * alone or a list of origins, not both.")
-        return (ANY_ORIGIN,)
-    return tuple(dict.fromkeys(origin(entry) for entry in entries))
-
-
-def origin(entry):
-    """An origin as browsers send it in the Origin header: scheme://host[:port], lowercase, without
-    the scheme's default port."""
-    text = entry.lower()
-    match = ORIGIN_PATTERN.fullmatch(text)
-    if not match:
-        raise ValueError(f"CORS_ORIGINS entry {entry!r} is not an origin like https://app.example.com "
-                         "(a scheme, ://, a host and an optional port; no wildcard, no path, not even a "
-                         "trailing /).")
-    if match[3] and match[3] == DEFAULT_PORTS.get(match[1]):
-        return text.removesuffix(match[3])
-    return text
 
 
 def init_app(app):

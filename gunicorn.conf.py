@@ -1,5 +1,5 @@
-"""gunicorn settings for both run modes. gunicorn reads this before the app exists, so it reads
-its own environment (PORT, WEB_CONCURRENCY)."""
+"""gunicorn settings for both run modes. gunicorn reads this before the app exists: here, in the
+master, every setting is checked (settings.py), and PORT and WEB_CONCURRENCY are read."""
 
 import gc
 import json
@@ -21,19 +21,26 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 import lingering  # noqa: E402
 import logs  # noqa: E402
+import settings  # noqa: E402
 import startup  # noqa: E402
 
 # Before anything here reads the environment; a variable set in the real environment wins.
 startup.read_env_file()
-LOG_FORMAT = logs.log_format(os.environ)
+# Before any worker is forked: a bad setting ends gunicorn on its sentence (exit 2), where workers
+# failing to boot would log a traceback each. gunicorn lets SystemExit out of reading this file.
+try:
+    SETTINGS = settings.load(os.environ)
+except settings.ConfigError as error:
+    settings.exit_with(error)
+LOG_FORMAT = SETTINGS["LOG_FORMAT"]
 METRICS_FILE = re.compile(r"(counter|histogram|summary|gauge_[a-z]+)_[0-9]+\.db")
 # The workers a reload replaces, oldest first, and the age of the first of their replacements:
 # set by on_reload in the master before it forks the new workers, which inherit them.
 replaced_workers = []
 first_replacement_age = None
 
-bind = f"0.0.0.0:{os.environ.get('PORT') or 5000}"
-workers = int(os.environ.get("WEB_CONCURRENCY") or 1)
+bind = f"0.0.0.0:{SETTINGS['PORT']}"
+workers = SETTINGS["WEB_CONCURRENCY"]
 worker_class = "gevent"
 # The default of 1,000 would silently cap open connections (and sockets) per worker.
 worker_connections = 10_000

@@ -9,11 +9,12 @@ import time
 
 import gevent
 from gevent.event import AsyncResult
-from limits.errors import StorageError
+from limits.errors import ConfigurationError, StorageError
 from limits.storage import MemoryStorage, RedisClusterStorage, RedisStorage, storage_from_string
 
 import locks
 from models import greenlets_share_thread
+from settings import ConfigError
 
 
 class SweptMemoryStorage(MemoryStorage):
@@ -96,13 +97,19 @@ class SharedLock:
 
 
 def open_storage(url):
-    """Return the limits storage for a storage URI; its errors surface as StorageError."""
+    """Return the limits storage for a storage URI; its errors surface as StorageError. A URI the
+    storage refuses (a missing driver, a bad option) raises ConfigError."""
     if url.strip() == "memory://":
         return SweptMemoryStorage(wrap_exceptions=True)
+    options = {}
     if url.startswith(("redis://", "rediss://", "redis+")):
         # Without timeouts a Redis that hangs would hang every protected request with it.
-        return storage_from_string(url, wrap_exceptions=True, socket_timeout=1, socket_connect_timeout=1)
-    return storage_from_string(url, wrap_exceptions=True)
+        options = {"socket_timeout": 1, "socket_connect_timeout": 1}
+    try:
+        return storage_from_string(url, wrap_exceptions=True, **options)
+    except (ConfigurationError, ValueError) as error:
+        # limits and redis-py name what is wrong without quoting the URI (which may hold a password).
+        raise ConfigError(f"RATELIMIT_STORAGE_URL cannot be used: {error}") from None
 
 
 class KeysChanged(Exception):

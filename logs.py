@@ -9,7 +9,6 @@ import re
 
 from pythonjsonlogger.json import JsonFormatter
 
-LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 # A key with its prefix in any case, an api_key value, and any run of 32 or more letters and
@@ -47,14 +46,6 @@ def escape_controls(text):
 def escaped(match):
     character = match[0]
     return "\\\\" if character == "\\" else f"\\x{ord(character):02x}"
-
-
-def log_format(environ):
-    """LOG_FORMAT from the environment: text (the default) or json, or a sentence saying what is wrong."""
-    value = (environ.get("LOG_FORMAT") or "text").strip().lower()
-    if value not in LOG_FORMATS:
-        raise ValueError(f"LOG_FORMAT must be text or json, not {environ.get('LOG_FORMAT')!r}.")
-    return value
 
 
 def request_id_for(header):

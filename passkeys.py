@@ -40,22 +40,6 @@ class PasskeyRefused(ValueError):
     """The browser's answer does not prove a registered passkey (or a new one) for this ceremony."""
 
 
-def relying_party(environ):
-    """WEBAUTHN_RP_ID and WEBAUTHN_ORIGIN from the environment ("" each: the request's host and
-    origin), or a sentence saying what is wrong."""
-    rp_id = (environ.get("WEBAUTHN_RP_ID") or "").strip().lower()
-    origin = (environ.get("WEBAUTHN_ORIGIN") or "").strip().rstrip("/")
-    if rp_id and not re.fullmatch(r"[a-z0-9.-]{1,253}", rp_id):
-        raise ValueError(f"WEBAUTHN_RP_ID must be a host name such as example.com (no scheme or port), not {rp_id!r}.")
-    if origin:
-        parts = urlsplit(origin)
-        if parts.scheme not in ("https", "http") or not parts.hostname or parts.path or parts.query:
-            raise ValueError(f"WEBAUTHN_ORIGIN must be a scheme and host such as https://example.com, not {origin!r}.")
-        if rp_id and not (parts.hostname == rp_id or parts.hostname.endswith("." + rp_id)):
-            raise ValueError(f"WEBAUTHN_ORIGIN's host must be WEBAUTHN_RP_ID ({rp_id}) or below it, not {origin!r}.")
-    return rp_id, origin
-
-
 def rp_id():
     return current_app.config["WEBAUTHN_RP_ID"] or urlsplit(request.host_url).hostname
 

@@ -6,7 +6,6 @@ import functools
 import ipaddress
 import logging
 import math
-import re
 import time
 
 from flask import current_app, request
@@ -16,6 +15,7 @@ from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
 import metrics
+import settings
 import usage
 from limitstorage import open_storage, redis_windows, window_counter
 from models import ApiKey, db
@@ -28,8 +28,6 @@ PERIODS = {
     "hour": RateLimitItemPerHour,
     "day": RateLimitItemPerDay,
 }
-RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
-TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
 PUBLIC_POLICY = "public"
 # Web application throttles. Failed password checks are limited per client IP and per (username,
 # IP), so others' failures never refuse the owner; past LOGIN_SLOWDOWN_AFTER failures for a
@@ -64,26 +62,15 @@ class LimitStorageUnavailable(ServiceUnavailable):
     description = "The rate-limit storage is unavailable; try again shortly."
 
 
-def parse_rate(text):
-    """Return the limits item for 'N/period', or raise ValueError."""
-    match = RATE_PATTERN.fullmatch(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a rate like 1000/hour (period second, minute, hour or day).")
-    return PERIODS[match[2]](int(match[1]))
+def limit_item(rate):
+    """Return the limits item for an (amount, period) that settings.py parsed."""
+    amount, period = rate
+    return PERIODS[period](amount)
 
 
 def parse_tiers(spec):
-    """Return {tier: item} from 'free=1000/hour,pro=10000/hour', or raise ValueError."""
-    tiers = {}
-    for entry in spec.split(","):
-        name, sep, rate = entry.partition("=")
-        name = name.strip()
-        if not sep or not TIER_NAME_PATTERN.fullmatch(name):
-            raise ValueError(f"RATE_LIMIT_TIERS entry {entry.strip()!r} is not like free=1000/hour.")
-        if name in tiers:
-            raise ValueError(f"RATE_LIMIT_TIERS names the tier {name!r} twice.")
-        tiers[name] = parse_rate(rate)
-    return tiers
+    """Return {tier: item} from 'free=1000/hour,pro=10000/hour', or raise settings.ConfigError."""
+    return {name: limit_item(rate) for name, rate in settings.tiers(spec).items()}
 
 
 class Limiter:
@@ -176,8 +163,8 @@ class Limiter:
 def init_app(app):
     """Parse the tiers and the public rate, open the limit storage and register the header hook."""
     tiers = parse_tiers(app.config["RATE_LIMIT_TIERS"])
-    public = app.config["PUBLIC_RATE_LIMIT"].strip()
-    public_rate = None if public.lower() == "off" else parse_rate(public)
+    public = settings.public_rate(app.config["PUBLIC_RATE_LIMIT"])
+    public_rate = None if public is None else limit_item(public)
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
     app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate)
     warn_about_unknown_tiers(tiers)

@@ -10,6 +10,8 @@ import socket
 import sys
 from pathlib import Path
 
+import settings
+
 # Why gunicorn cannot run here (the ImportError's words), or None where it can; set by prepare().
 gunicorn_unavailable = None
 
@@ -32,6 +34,11 @@ def prepare():
     run, patch the standard library for gevent before the app and its modules are imported (as
     gunicorn's gevent worker does before it imports the app; models.py and accounts.py rely on it)."""
     global gunicorn_unavailable
+    # gunicorn reads WEB_CONCURRENCY as it is imported, below, and fails on a bad one with a traceback.
+    try:
+        settings.workers(os.environ)
+    except settings.ConfigError as error:
+        settings.exit_with(error)
     gunicorn_unavailable = gunicorn_problem()
     if gunicorn_unavailable is None:
         read_env_file()

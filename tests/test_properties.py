@@ -17,12 +17,13 @@ import ratelimit
 import sockets
 from clock import FakeTime
 from contract import DOCUMENT
+from settings import TIER_NAME_PATTERN, rate
 
 # The app fixture is only read from in these tests, so sharing it across examples is safe.
 uses_app = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 
 ANY_TEXT = st.text(st.characters(exclude_categories=()))
-TIER_NAMES = st.from_regex(ratelimit.TIER_NAME_PATTERN, fullmatch=True)
+TIER_NAMES = st.from_regex(TIER_NAME_PATTERN, fullmatch=True)
 AMOUNTS = st.integers(min_value=1, max_value=10**10 - 1)
 SPACE = st.sampled_from(["", " ", "  ", "\t"])
 
@@ -81,14 +82,14 @@ def test_tier_parsing_rejects_garbage_with_value_error_only(spec):
         tiers = ratelimit.parse_tiers(spec)
     except ValueError:
         return
-    assert tiers and all(ratelimit.TIER_NAME_PATTERN.fullmatch(name) for name in tiers)
+    assert tiers and all(TIER_NAME_PATTERN.fullmatch(name) for name in tiers)
     assert all(item.amount >= 1 for item in tiers.values())
 
 
 @given(ANY_TEXT)
 def test_rate_parsing_rejects_garbage_with_value_error_only(text):
     try:
-        item = ratelimit.parse_rate(text)
+        item = ratelimit.limit_item(rate(text, "PUBLIC_RATE_LIMIT"))
     except ValueError:
         return
     assert item.amount >= 1 and item.GRANULARITY.name in ratelimit.PERIODS

@@ -13,6 +13,7 @@ import pytest
 import lifecycle
 import passkeys
 import securitylog
+import settings
 import twofactor
 import webprotection
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
@@ -217,12 +218,12 @@ def test_passkey_options_ask_for_user_verification_and_a_discoverable_credential
 ])
 def test_webauthn_settings_are_checked(environ, problem):
     with pytest.raises(ValueError, match=problem):
-        passkeys.relying_party(environ)
+        settings.relying_party(environ)
 
 
 def test_webauthn_settings_default_to_the_request():
-    assert passkeys.relying_party({}) == ("", "")
-    assert passkeys.relying_party({"WEBAUTHN_RP_ID": "Example.com", "WEBAUTHN_ORIGIN": "https://app.example.com/"}) == (
+    assert settings.relying_party({}) == ("", "")
+    assert settings.relying_party({"WEBAUTHN_RP_ID": "Example.com", "WEBAUTHN_ORIGIN": "https://app.example.com/"}) == (
         "example.com", "https://app.example.com")
 
 

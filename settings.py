@@ -1,0 +1,225 @@
+"""Every setting the environment gives the service, parsed, defaulted and checked in one place.
+
+gunicorn's master runs this before it forks a worker (gunicorn.conf.py), so it imports the
+standard library only: the app, peewee, limits and redis must wait for gevent's patching in each
+worker, and whatever the master imports, its workers inherit unpatched."""
+
+import re
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+INSTANCE = Path(__file__).resolve().parent / "instance"
+
+RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
+RATE_FORM = "a rate like 1000/hour (a whole number from 1, a slash, and second, minute, hour or day)"
+TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
+LOG_FORMATS = ("text", "json")
+ANY_ORIGIN = "*"
+ORIGIN_PATTERN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
+DEFAULT_PORTS = {"http": ":80", "https": ":443"}
+# The schemes of playhouse.db_url for the two databases the service's SQL is written for, and of
+# limits' synchronous storages; tests/test_settings.py checks both against the libraries, whose
+# own lists cannot be read here without importing them.
+DATABASE_SCHEMES = frozenset({
+    "sqlite", "sqlite+pool", "postgres", "postgresql", "postgres+pool", "postgresql+pool", "postgresext",
+    "postgresqlext", "postgresext+pool", "postgresqlext+pool", "psycopg3", "psycopg3+pool"})
+STORAGE_SCHEMES = frozenset({
+    "memory", "redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel", "valkey", "valkeys",
+    "valkey+unix", "valkey+cluster", "valkey+sentinel", "memcached", "mongodb", "mongodb+srv"})
+
+
+class ConfigError(ValueError):
+    """A setting the service cannot use; the message is one sentence that names the variable."""
+
+
+def load(environ):
+    """Every setting of the configuration table, defaults filled in, SECRET_KEY as given ("" when
+    unset: app.py keeps one in instance/); ConfigError for the first that is wrong."""
+    webauthn_rp_id, webauthn_origin = relying_party(environ)
+    return {
+        "DATABASE_URL": database_url(environ),
+        "SECRET_KEY": environ.get("SECRET_KEY") or "",
+        "RATELIMIT_STORAGE_URL": storage_url(environ),
+        "RATE_LIMIT_TIERS": checked(tiers, environ.get("RATE_LIMIT_TIERS") or "free=1000/hour"),
+        "PUBLIC_RATE_LIMIT": checked(public_rate, environ.get("PUBLIC_RATE_LIMIT") or "600/minute"),
+        "TRUSTED_PROXIES": count(environ, "TRUSTED_PROXIES", 0, minimum=0),
+        "HOST": environ.get("HOST") or "127.0.0.1",
+        "PORT": count(environ, "PORT", 5000, maximum=65535),
+        "WEB_CONCURRENCY": workers(environ),
+        "WS_SEND_TIMEOUT": seconds(environ, "WS_SEND_TIMEOUT", 30),
+        "MAX_KEYS_PER_USER": count(environ, "MAX_KEYS_PER_USER", 20),
+        "MAX_BODY_BYTES": count(environ, "MAX_BODY_BYTES", 65536, minimum=1024),
+        "LOG_FORMAT": log_format(environ),
+        "METRICS_TOKEN": metrics_token(environ),
+        "CORS_ORIGINS": allowed_origins(environ),
+        # Passkeys: "" is the request's own host and origin.
+        "WEBAUTHN_RP_ID": webauthn_rp_id,
+        "WEBAUTHN_ORIGIN": webauthn_origin,
+        "USAGE_HOURLY_RETENTION_DAYS": count(environ, "USAGE_HOURLY_RETENTION_DAYS", 90),
+        "USAGE_DAILY_RETENTION_DAYS": count(environ, "USAGE_DAILY_RETENTION_DAYS", 400),
+        "REVOKED_KEY_RETENTION_DAYS": count(environ, "REVOKED_KEY_RETENTION_DAYS", 90, minimum=0),
+    }
+
+
+def exit_with(error):
+    """End the process on a configuration error: its sentence on one line of stderr, status 2."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def checked(parse, text):
+    """text, once parse accepts it: app.config keeps the text, which ratelimit.py parses again
+    (the tests' configurations give it text too)."""
+    parse(text)
+    return text
+
+
+def count(environ, name, default, minimum=1, maximum=None):
+    """A whole number from minimum to maximum from the environment, or a sentence saying what is wrong."""
+    text = environ.get(name) or str(default)
+    value = int(text) if re.fullmatch(r"\s*[0-9]{1,18}\s*", text) else None
+    if value is None or value < minimum or (maximum is not None and value > maximum):
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
+        raise ConfigError(f"{name} must be a whole number {bounds}, not {text!r}.")
+    return value
+
+
+def workers(environ):
+    """WEB_CONCURRENCY: gunicorn's worker processes."""
+    return count(environ, "WEB_CONCURRENCY", 1)
+
+
+def seconds(environ, name, default):
+    """A positive number of seconds from the environment, or a sentence saying what is wrong."""
+    text = environ.get(name) or str(default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{name} must be a number of seconds above 0, not {text!r}.")
+    return value
+
+
+def rate(text, setting, alternative=""):
+    """(amount, period) of a rate like 1000/hour; ConfigError naming the setting otherwise."""
+    match = RATE_PATTERN.fullmatch(text)
+    if not match:
+        raise ConfigError(f"{setting} must be {RATE_FORM}{alternative}, not {text.strip()!r}.")
+    return int(match[1]), match[2]
+
+
+def tiers(spec):
+    """{tier: (amount, period)} from RATE_LIMIT_TIERS ('free=1000/hour,pro=10000/hour')."""
+    parsed = {}
+    for entry in spec.split(","):
+        name, sep, text = entry.partition("=")
+        name = name.strip()
+        if not sep or not TIER_NAME_PATTERN.fullmatch(name):
+            raise ConfigError(f"RATE_LIMIT_TIERS entry {entry.strip()!r} is not like free=1000/hour (a tier "
+                              "name of lower-case letters, digits, - or _, then = and a rate).")
+        if name in parsed:
+            raise ConfigError(f"RATE_LIMIT_TIERS names the tier {name!r} twice.")
+        parsed[name] = rate(text, f"RATE_LIMIT_TIERS's tier {name!r}")
+    return parsed
+
+
+def public_rate(text):
+    """(amount, period) of PUBLIC_RATE_LIMIT, or None when it is off."""
+    if text.strip().lower() == "off":
+        return None
+    return rate(text, "PUBLIC_RATE_LIMIT", " or off")
+
+
+def database_url(environ):
+    """DATABASE_URL: a SQLite or PostgreSQL URL, by default a SQLite file in instance/. Only its
+    scheme is ever quoted: the rest may hold a password."""
+    url = environ.get("DATABASE_URL") or f"sqlite:///{INSTANCE / 'service.db'}"
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if scheme not in DATABASE_SCHEMES:
+        raise ConfigError("DATABASE_URL must be a SQLite or PostgreSQL URL such as sqlite:///path/service.db "
+                          f"or postgresql://user:password@host/name, not {described(scheme)}.")
+    return url
+
+
+def storage_url(environ):
+    """RATELIMIT_STORAGE_URL: a storage URI of the limits library; as with DATABASE_URL, only its
+    scheme and port are ever quoted."""
+    url = environ.get("RATELIMIT_STORAGE_URL") or "memory://"
+    scheme = url.strip().partition("://")[0] if "://" in url else ""
+    if scheme not in STORAGE_SCHEMES:
+        raise ConfigError("RATELIMIT_STORAGE_URL must be memory:// or a storage URI such as "
+                          f"redis://host:6379/0, not {described(scheme)}.")
+    # Sentinel, cluster and memcached URIs may name several hosts, each with its port.
+    for host in urlsplit(url.strip()).netloc.rpartition("@")[2].split(","):
+        try:
+            urlsplit(f"//{host}").port
+        except ValueError:
+            raise ConfigError("RATELIMIT_STORAGE_URL has a port that is not a whole number from 0 to 65535.") from None
+    if scheme.endswith("+sentinel") and not urlsplit(url.strip()).path.strip("/"):
+        raise ConfigError(f"RATELIMIT_STORAGE_URL must name the Sentinel's service after the hosts, as in "
+                          f"{scheme}://host:26379/mymaster.")
+    return url
+
+
+def described(scheme):
+    return f"a {scheme}:// URL" if scheme else "a value without a scheme (such as postgresql://)"
+
+
+def log_format(environ):
+    """LOG_FORMAT from the environment: text (the default) or json, or a sentence saying what is wrong."""
+    value = (environ.get("LOG_FORMAT") or "text").strip().lower()
+    if value not in LOG_FORMATS:
+        raise ConfigError(f"LOG_FORMAT must be text or json, not {environ.get('LOG_FORMAT')!r}.")
+    return value
+
+
+def metrics_token(environ):
+    """METRICS_TOKEN, when set: 16 or more visible ASCII characters, since anyone may try it."""
+    token = environ.get("METRICS_TOKEN") or ""
+    if token and not re.fullmatch(r"[!-~]{16,}", token):
+        raise ConfigError("METRICS_TOKEN must be at least 16 visible ASCII characters without spaces; "
+                          "`python -c 'import secrets; print(secrets.token_urlsafe())'` makes one.")
+    return token
+
+
+def allowed_origins(environ):
+    """CORS_ORIGINS as a tuple of origins, ("*",) for any, () when unset; a sentence for an entry a
+    browser would never send as its Origin."""
+    entries = [entry.strip() for entry in (environ.get("CORS_ORIGINS") or "").split(",") if entry.strip()]
+    if ANY_ORIGIN in entries:
+        if len(entries) > 1:
+            raise ConfigError("CORS_ORIGINS is either * alone or a list of origins, not both.")
+        return (ANY_ORIGIN,)
+    return tuple(dict.fromkeys(origin(entry) for entry in entries))
+
+
+def origin(entry):
+    """An origin as browsers send it in the Origin header: scheme://host[:port], lowercase, without
+    the scheme's default port."""
+    text = entry.lower()
+    match = ORIGIN_PATTERN.fullmatch(text)
+    if not match:
+        raise ConfigError(f"CORS_ORIGINS entry {entry!r} is not an origin like https://app.example.com "
+                          "(a scheme, ://, a host and an optional port; no wildcard, no path, not even a "
+                          "trailing /).")
+    if match[3] and match[3] == DEFAULT_PORTS.get(match[1]):
+        return text.removesuffix(match[3])
+    return text
+
+
+def relying_party(environ):
+    """WEBAUTHN_RP_ID and WEBAUTHN_ORIGIN from the environment ("" each: the request's host and
+    origin), or a sentence saying what is wrong."""
+    rp_id = (environ.get("WEBAUTHN_RP_ID") or "").strip().lower()
+    site = (environ.get("WEBAUTHN_ORIGIN") or "").strip().rstrip("/")
+    if rp_id and not re.fullmatch(r"[a-z0-9.-]{1,253}", rp_id):
+        raise ConfigError(f"WEBAUTHN_RP_ID must be a host name such as example.com (no scheme or port), not {rp_id!r}.")
+    if site:
+        parts = urlsplit(site)
+        if parts.scheme not in ("https", "http") or not parts.hostname or parts.path or parts.query:
+            raise ConfigError(f"WEBAUTHN_ORIGIN must be a scheme and host such as https://example.com, not {site!r}.")
+        if rp_id and not (parts.hostname == rp_id or parts.hostname.endswith("." + rp_id)):
+            raise ConfigError(f"WEBAUTHN_ORIGIN's host must be WEBAUTHN_RP_ID ({rp_id}) or below it, not {site!r}.")
+    return rp_id, site
