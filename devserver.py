@@ -335,7 +335,7 @@ def serve(app, host, port, reason):
             signal.signal(getattr(signal, name), request_stop)
     log.info("gunicorn is not available (%s): serving with gevent's WSGI server, one process, on http://%s:%d "
              "(pid %d)", reason, host, port, os.getpid())
-    warning = startup.secret_key_warning(os.environ)
+    warning = startup.secret_key_warning(os.environ, workers=1)
     if warning:
         log.warning(warning)
     # As gunicorn.conf.py's post_worker_init: what is loaded by now lives as long as the process.

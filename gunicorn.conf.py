@@ -165,7 +165,7 @@ util.write_error = write_json_error
 
 def on_starting(server):
     """Start the metrics afresh, make SIGINT a graceful stop, and warn when several workers would
-    each keep their own limits, or instances their own session secret."""
+    each keep their own limits, or instances their own session secret, or the secret is weak."""
     # On the arbiter, not in this module: a reload reads this file again, and its globals anew.
     server.private_metrics_dir = prepare_metrics_dir()
     # gunicorn's SIGINT is a quick stop that cuts sockets and can interrupt the last usage flush;
@@ -176,7 +176,8 @@ def on_starting(server):
         server.log.warning(
             "RATELIMIT_STORAGE_URL is memory://, so each of the %d workers keeps its own rate limits "
             "and time-socket caps; set a redis:// URL to share them.", server.cfg.workers)
-    warning = startup.secret_key_warning(os.environ)
+    # The worker count gunicorn settled on: -w and GUNICORN_CMD_ARGS override WEB_CONCURRENCY.
+    warning = startup.secret_key_warning(os.environ, server.cfg.workers)
     if warning:
         server.log.warning(warning)
 

@@ -6,6 +6,7 @@ first), the port check, and the start-up warnings."""
 # nothing that gevent patches (no thread, lock or socket).
 import errno
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -16,6 +17,16 @@ import settings
 gunicorn_unavailable = None
 
 SECRET_KEY_COMMAND = "python -c \"import secrets; print(secrets.token_hex())\""
+MIN_SECRET_KEY_LENGTH = 32
+MIN_SECRET_KEY_CHARACTERS = 8
+# Keys from tutorials, templates and .env examples, in lower case without separators; a key that
+# holds one of the phrases (django-insecure-..., your-secret-key-change-me-...) is one too.
+PLACEHOLDER_SECRET_KEYS = {
+    "changeme", "change", "changeit", "secret", "secretkey", "mysecret", "mysecretkey", "yoursecretkey",
+    "supersecret", "supersecretkey", "topsecret", "dev", "devkey", "devsecret", "development", "test",
+    "testing", "testsecret", "default", "password", "key", "flask", "django", "abc123"}
+PLACEHOLDER_PHRASES = ("changeme", "changethis", "changeinproduction", "replaceme", "replacethis", "yoursecret",
+                       "insecure", "notsecret", "notasecret", "placeholder", "example", "secretkeyhere", "donotuse")
 
 
 def read_env_file():
@@ -114,21 +125,40 @@ def next_free_port(host, port, tries=50):
     return port + 1
 
 
-def secret_key_warning(environ):
-    """A sentence when SECRET_KEY is not set (so it is generated and kept in this machine's
-    instance/) while the service looks deployed: behind a proxy (TRUSTED_PROXIES) or in several
-    workers (WEB_CONCURRENCY); else None."""
-    if environ.get("SECRET_KEY"):
-        return None
+def secret_key_warning(environ, workers):
+    """A sentence when SECRET_KEY is set but weak (weak_secret_key), or when it is not set (so it is
+    generated and kept in this machine's instance/) while the service looks deployed: behind a
+    proxy (TRUSTED_PROXIES) or in several workers (the count the server really starts); else None."""
+    secret = environ.get("SECRET_KEY")
+    if secret:
+        problem = weak_secret_key(secret)
+        if problem is None:
+            return None
+        return (f"SECRET_KEY {problem}: whoever guesses it can forge a session for any account, and with a copy "
+                f"of the database read the two-factor secrets it seals. Set a random one of at least "
+                f"{MIN_SECRET_KEY_LENGTH} characters ({SECRET_KEY_COMMAND} makes one); the change ends every "
+                f"session and each account's authenticator codes until its owner sets two-factor log-in up "
+                f"again (docs/deploying.md).")
     proxies = (environ.get("TRUSTED_PROXIES") or "0").strip()
-    workers = (environ.get("WEB_CONCURRENCY") or "1").strip()
     if proxies not in ("", "0"):
         looks = f"TRUSTED_PROXIES={proxies}"
-    elif workers.isdigit() and int(workers) > 1:
-        looks = f"WEB_CONCURRENCY={workers}"
+    elif workers > 1:
+        looks = f"{workers} workers"
     else:
         return None
     return (f"SECRET_KEY is not set, so the session secret is generated and kept in instance/ on this "
             f"machine, while the service looks deployed ({looks}). Every instance needs the same SECRET_KEY: "
             f"without it, sessions fail on the other instances and end at every redeploy. Set SECRET_KEY in "
             f"the environment ({SECRET_KEY_COMMAND} makes one).")
+
+
+def weak_secret_key(secret):
+    """What makes a SECRET_KEY easy to guess (a clause), or None."""
+    plain = re.sub(r"[^a-z0-9]", "", secret.lower())
+    if plain in PLACEHOLDER_SECRET_KEYS or any(phrase in plain for phrase in PLACEHOLDER_PHRASES):
+        return "is a well-known placeholder"
+    if len(secret) < MIN_SECRET_KEY_LENGTH:
+        return f"is only {len(secret)} characters long"
+    if len(set(secret)) < MIN_SECRET_KEY_CHARACTERS:
+        return f"is made of fewer than {MIN_SECRET_KEY_CHARACTERS} different characters"
+    return None

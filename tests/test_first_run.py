@@ -6,6 +6,7 @@ the service for real, in both run modes where `python app.py` has two."""
 
 import fnmatch
 import re
+import secrets
 import shutil
 import socket
 import sqlite3
@@ -36,6 +37,7 @@ SETTINGS = {
     "WEB_CONCURRENCY", "LOG_FORMAT", "METRICS_TOKEN", "WS_SEND_TIMEOUT", "PROMETHEUS_MULTIPROC_DIR",
 }
 EXAMPLE_LINE = re.compile(r"# ([A-Z_]+)=(.*)")
+STRONG_KEY = "k3" * 16 + "0123456789abcdef"
 
 
 def example_settings():
@@ -177,19 +179,46 @@ def copy_of_the_service(tmp_path):
     return copy
 
 
-@pytest.mark.parametrize("settings, warned", [
-    ({}, False),
-    ({"SECRET_KEY": "set"}, False),
-    ({"TRUSTED_PROXIES": "0", "WEB_CONCURRENCY": "1"}, False),
-    ({"TRUSTED_PROXIES": "1"}, True),
-    ({"WEB_CONCURRENCY": "4"}, True),
-    ({"TRUSTED_PROXIES": "2", "SECRET_KEY": "set"}, False),
+@pytest.mark.parametrize("settings, workers, warned", [
+    ({}, 1, False),
+    ({"SECRET_KEY": STRONG_KEY}, 4, False),
+    ({"TRUSTED_PROXIES": "0", "WEB_CONCURRENCY": "1"}, 1, False),
+    ({"TRUSTED_PROXIES": "1"}, 1, True),
+    # The count the server starts, whatever WEB_CONCURRENCY says (gunicorn's -w wins over it).
+    ({}, 4, True),
+    ({"WEB_CONCURRENCY": "4"}, 1, False),
+    ({"TRUSTED_PROXIES": "2", "SECRET_KEY": STRONG_KEY}, 1, False),
 ])
-def test_secret_key_warning_only_where_the_service_looks_deployed(settings, warned):
-    warning = startup.secret_key_warning(settings)
+def test_secret_key_warning_only_where_the_service_looks_deployed(settings, workers, warned):
+    warning = startup.secret_key_warning(settings, workers)
     assert (warning is not None) == warned
     if warned:
         assert "Every instance needs the same SECRET_KEY" in warning
+
+
+@pytest.mark.parametrize("key, problem", [
+    ("changeme", "is a well-known placeholder"),
+    ("secret", "is a well-known placeholder"),
+    ("dev", "is a well-known placeholder"),
+    ("Change-Me", "is a well-known placeholder"),
+    ("django-insecure-3kq8v1x0z7m2n5b4c6l9j8h7g6f5d4s3a2", "is a well-known placeholder"),
+    ("your-secret-key-goes-here-0123456789abcdef", "is a well-known placeholder"),
+    ("hunter2hunter2", "is only 14 characters long"),
+    ("0123456789abcdef0123456789abcde", "is only 31 characters long"),
+    ("x" * 64, "is made of fewer than 8 different characters"),
+])
+def test_a_weak_secret_key_is_warned_about_in_any_deployment(key, problem):
+    warning = startup.secret_key_warning({"SECRET_KEY": key}, 1)
+    assert warning.startswith(f"SECRET_KEY {problem}: ")
+    if len(key) > 8:  # the sentence's own words hold "secret" and "dev"
+        assert key not in warning
+
+
+def test_a_random_secret_key_is_not_warned_about():
+    # As SECRET_KEY_COMMAND makes them, and as secrets.token_urlsafe() does.
+    for _ in range(200):
+        assert startup.secret_key_warning({"SECRET_KEY": secrets.token_hex()}, 8) is None
+        assert startup.secret_key_warning({"SECRET_KEY": secrets.token_urlsafe()}, 8) is None
 
 
 def test_a_generated_secret_key_is_warned_about_at_start_when_deployed(tmp_path, run_mode):
@@ -208,6 +237,41 @@ def test_a_generated_secret_key_is_warned_about_at_start_when_deployed(tmp_path,
     finally:
         server.stop()
     assert (copy / "instance" / "secret_key").exists()
+
+
+@pytest.mark.parametrize("how", ["-w", "GUNICORN_CMD_ARGS"])
+def test_the_missing_secret_key_warning_counts_the_workers_gunicorn_starts(tmp_path, how):
+    copy = copy_of_the_service(tmp_path)
+    port = free_port()
+    env = env_without(service_env(tmp_path, PORT=str(port), TRUSTED_PROXIES="0"), "SECRET_KEY", "WEB_CONCURRENCY")
+    argv = ["gunicorn", "-c", "gunicorn.conf.py", "app:app"]
+    if how == "-w":
+        argv[1:1] = ["-w", "2"]
+    else:
+        env["GUNICORN_CMD_ARGS"] = "--workers 2"
+    server = Server(argv, env, port, tmp_path / "server.log", cwd=copy)
+    try:
+        assert "looks deployed (2 workers)" in server.wait_for_output("Every instance needs the same SECRET_KEY")
+        assert requests.get(server.base + "/api/v1/status", timeout=10).status_code == 200
+    finally:
+        server.stop()
+    assert "Traceback" not in server.output()
+
+
+@pytest.mark.parametrize("run_mode, key", [("gunicorn", "changeme"), ("fallback", "dev")])
+def test_a_weak_secret_key_is_warned_about_at_every_start(tmp_path, run_mode, key):
+    port = free_port()
+    env = service_env(tmp_path, PORT=str(port), SECRET_KEY=key)
+    if run_mode == "fallback":
+        argv, env = [sys.executable, "app.py"], without_gunicorn(env)
+    else:
+        argv = ["gunicorn", "-c", "gunicorn.conf.py", "app:app"]
+    for start in range(2):
+        server = Server(argv, env, port, tmp_path / f"server-{start}.log", run_mode)
+        try:
+            assert server.wait_for_output("SECRET_KEY is a well-known placeholder: ")
+        finally:
+            server.stop()
 
 
 def test_python_version_file_names_the_version_the_service_needs():
