@@ -12,6 +12,7 @@ import logging
 import os
 import secrets
 import sys
+import tempfile
 import time
 from json import JSONEncoder
 from pathlib import Path
@@ -62,13 +63,23 @@ def load_config(environ=os.environ):
 
 
 def instance_secret_key():
-    """Return the session secret kept in instance/, generating it on first use."""
+    """Return the session secret kept in instance/, generating it on first use; workers that start
+    together all get the one written first."""
     path = INSTANCE / "secret_key"
     if not path.exists():
         make_instance_folder()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(secrets.token_hex())
+        # Written whole under a name of its own (0600), then linked into place: the secret_key file
+        # appears once, with its content, and another process never reads it half written.
+        fd, written = tempfile.mkstemp(prefix=".secret_key-", dir=INSTANCE)
+        try:
+            with os.fdopen(fd, "w") as file:
+                file.write(secrets.token_hex())
+            try:
+                os.link(written, path)
+            except FileExistsError:
+                pass  # another process's secret came first
+        finally:
+            os.remove(written)
     return path.read_text().strip()
 
 

@@ -2,7 +2,10 @@
 
 import math
 import os
+import secrets
 import stat
+import threading
+import time
 
 import pytest
 
@@ -28,6 +31,32 @@ def test_session_secret_file_is_private(monkeypatch, tmp_path):
     monkeypatch.setattr("app.INSTANCE", tmp_path)
     instance_secret_key()
     assert stat.S_IMODE(os.stat(tmp_path / "secret_key").st_mode) == 0o600
+
+
+def test_workers_that_start_together_share_one_whole_session_secret(monkeypatch, tmp_path):
+    monkeypatch.setattr("app.INSTANCE", tmp_path)
+    token_hex = secrets.token_hex
+
+    def slow_token_hex():
+        # A worker between making its secret and writing it, as under load.
+        time.sleep(0.05)
+        return token_hex()
+
+    monkeypatch.setattr(secrets, "token_hex", slow_token_hex)
+    start = threading.Barrier(4)
+    keys = []
+
+    def worker():
+        start.wait()
+        keys.append(instance_secret_key())
+
+    workers = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert len(keys) == 4 and len(set(keys)) == 1 and len(keys[0]) == 64
+    assert [path.name for path in tmp_path.iterdir()] == ["secret_key"]
 
 
 @pytest.mark.parametrize("path, keyed", [
