@@ -65,8 +65,10 @@ class Envelope:
             key_id = environ.get(usage.USAGE_KEY_ID)
             # A 401 here means the key was revoked or deleted meanwhile: no longer an active key's.
             if key_id is not None and code != 401:
+                # A request that passed the limit but failed (503: the database went away) was
+                # not served: it stays in the history, not in total_requests.
                 self.usage_counter.add(key_id, metrics.route(environ), code,
-                                       environ.get(usage.USAGE_COUNTED, False))
+                                       code < 500 and environ.get(usage.USAGE_COUNTED, False))
             metrics.count(environ, code, time.perf_counter() - started)
             return start_response(status, headers, exc_info)
 

@@ -9,7 +9,7 @@ import pytest
 import auth
 import services
 import usage
-from models import ApiKey, Statements, db, open_database
+from models import ApiKey, Statements, UsageHour, db, open_database
 
 ENDPOINT = "/api/v1/protected/test"
 
@@ -157,3 +157,20 @@ def test_processes_flushing_the_same_keys_in_opposite_orders_never_deadlock_on_p
     assert deadlocks(services.session_database()) == before
     with app.app_context():
         assert {ApiKey.get_by_id(kid).total_requests for kid in keys} == {2 * rounds}
+
+
+def test_a_request_that_passed_the_limit_but_failed_on_the_database_is_not_counted(app, client, api_key,
+                                                                                   monkeypatch):
+    def database_gone(self, key_id):
+        raise peewee.OperationalError("the database system is shutting down")
+
+    with monkeypatch.context() as outage:
+        outage.setattr(usage.UsageCounter, "total", database_gone)
+        refused = client.get("/api/v1/usage/stats", headers={"X-API-Key": api_key})
+    assert refused.status_code == 503
+    app.extensions["usage"].flush()
+    key = ApiKey.get(ApiKey.key_hash == auth.hash_key(api_key))
+    assert key.total_requests == 0
+    assert [(row.status, row.requests) for row in UsageHour.select()] == [(503, 1)]
+    served = client.get("/api/v1/usage/stats", headers={"X-API-Key": api_key})
+    assert served.json["total_requests"] == 1

@@ -1,0 +1,234 @@
+"""The documented scale-out under the faults production meets: two instances of two workers on one
+PostgreSQL and one Redis of the test's own, a steady keyed load, and then Redis killed, PostgreSQL
+stopped at once, a worker SIGKILLed and each master reloaded, with keys revoked in between."""
+
+import collections
+import os
+import random
+import re
+import signal
+import threading
+import time
+
+import psycopg
+import pytest
+import requests
+
+from liveserver import ROOT, service_env, start_procfile, wait_for
+from privateservers import PrivatePostgres, PrivateRedis
+
+KEYS = 8
+REVOKED_PER_ROUND = 5
+ROUNDS = 4
+TIMEOUT = 5
+
+MAKE_KEYS = """
+import accounts, auth
+from app import app
+with app.app_context():
+    user = accounts.create_user("carol", "carol@example.com", "a long password 42")
+    for index in range({count}):
+        print(auth.issue_key(user, f"key {{index}}", "production")[1])
+"""
+
+
+def make_keys(env, count):
+    import subprocess
+    import sys
+
+    made = subprocess.run([sys.executable, "-c", MAKE_KEYS.format(count=count)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return made.stdout.split()
+
+
+def children(pid):
+    found = []
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{child}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(child))
+        except OSError:
+            continue
+    return found
+
+
+def metrics_folder(master_pid):
+    for pid in children(master_pid):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                found = re.search(r"(/\S*apiservice-metrics-[^/\s]+)/", maps.read())
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
+    raise AssertionError("no worker maps a metrics file")
+
+
+Call = collections.namedtuple("Call", "started instance key outcome code duration")
+
+
+class Load:
+    """Client threads calling protected/test on both instances with the keys in turn, back to back."""
+
+    def __init__(self, servers, keys, threads=6):
+        self.servers, self.keys = servers, keys
+        self.calls = []
+        self.running = True
+        self.threads = [threading.Thread(target=self.run, args=(n,)) for n in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def run(self, offset):
+        sessions = [requests.Session() for _ in self.servers]
+        # Every process serves every key, in an order of its own, as behind a load balancer.
+        pick = random.Random(offset)
+        while self.running:
+            instance, key = pick.randrange(len(self.servers)), pick.choice(self.keys)
+            started = time.monotonic()
+            code = None
+            try:
+                response = sessions[instance].get(self.servers[instance].base + "/api/v1/protected/test",
+                                                  headers={"X-API-Key": key}, timeout=TIMEOUT)
+                outcome = response.status_code
+                if outcome != 200:
+                    code = response.json()["error"]["code"]
+            except requests.RequestException as error:
+                outcome, sessions[instance] = type(error).__name__, requests.Session()
+            self.calls.append(Call(started, instance, key, outcome, code, time.monotonic() - started))
+            # About 40 requests a second a thread: a steady load, not a saturating one.
+            time.sleep(0.02)
+
+    def stop(self):
+        self.running = False
+        for thread in self.threads:
+            thread.join()
+        return self.calls
+
+    def between(self, start, end):
+        return [call for call in self.calls if start <= call.started <= end]
+
+
+def recovered(server, key):
+    try:
+        return requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": key},
+                            timeout=TIMEOUT).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def totals(database_url):
+    with psycopg.connect(database_url) as connection:
+        return dict(connection.execute("SELECT display_prefix, total_requests FROM api_keys").fetchall())
+
+
+@pytest.mark.timeout(300)
+def test_counts_stay_exact_and_answers_bounded_through_outages_kills_reloads_and_revocations(tmp_path):
+    postgres = PrivatePostgres()
+    redis = PrivateRedis()
+    servers = []
+    try:
+        env = service_env(tmp_path, DATABASE_URL=postgres.url, RATELIMIT_STORAGE_URL=redis.url,
+                          WEB_CONCURRENCY="2", RATE_LIMIT_TIERS="free=1000000/hour", MAX_KEYS_PER_USER="100")
+        secrets = make_keys(env, KEYS + REVOKED_PER_ROUND * ROUNDS)
+        keys, to_revoke = secrets[:KEYS], secrets[KEYS:]
+        servers = [start_procfile(tmp_path, env) for _ in range(2)]
+        folders = [metrics_folder(server.process.pid) for server in servers]
+        stale = []
+        windows = {}
+        probes = []
+
+        def revoke_some():
+            """Revoke keys through one instance; the other must refuse each on the very next request."""
+            for _ in range(REVOKED_PER_ROUND):
+                secret = to_revoke.pop()
+                answer = requests.post(servers[0].base + "/api/v1/keys/revoke", headers={"X-API-Key": secret},
+                                       timeout=TIMEOUT)
+                assert answer.status_code == 200, answer.text
+                for server in servers:
+                    status = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret},
+                                          timeout=TIMEOUT).status_code
+                    if status != 401:
+                        stale.append((secret[:12], status))
+
+        def outage(name, take_away, give_back, needing_it):
+            """Take a server away for 3 s; meanwhile a request that needs it is answered 503 at once."""
+            time.sleep(2)
+            started = time.monotonic()
+            take_away()
+            while time.monotonic() < started + 3:
+                for server in servers:
+                    asked = time.monotonic()
+                    answer = requests.get(server.base + needing_it, headers={"X-API-Key": keys[0]},
+                                          timeout=TIMEOUT)
+                    probes.append((name, answer.status_code, time.monotonic() - asked))
+                time.sleep(0.2)
+            give_back()
+            wait_for(lambda: all(recovered(server, keys[0]) for server in servers), seconds=30)
+            windows[name] = (started, time.monotonic())
+
+        load = Load(servers, keys)
+        time.sleep(3)
+        revoke_some()
+        outage("redis", redis.kill, redis.start, "/api/v1/protected/test")
+        revoke_some()
+        outage("postgres", lambda: postgres.stop("immediate"), postgres.start, "/api/v1/usage/stats")
+        revoke_some()
+
+        time.sleep(2)
+        victim = children(servers[0].process.pid)[0]
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(3)
+
+        for server in servers:
+            exits = server.output().count("Worker exiting")
+            started = time.monotonic()
+            os.kill(server.process.pid, signal.SIGHUP)
+            wait_for(lambda: server.output().count("Worker exiting") >= exits + 2, seconds=30)
+            windows.setdefault("reloads", []).append((started, time.monotonic()))
+        revoke_some()
+        time.sleep(3)
+        calls = load.stop()
+        # Every counted request is in total_requests within 2 s of its answer.
+        time.sleep(2)
+        stored = totals(postgres.url)
+    finally:
+        outputs = []
+        for server in servers:
+            outputs.append(server.output())
+            server.stop()
+        logged = postgres.logged()
+        postgres.close()
+        redis.close()
+
+    assert stale == []
+    assert "deadlock detected" not in logged
+    assert len(calls) > 3000
+    assert {call.outcome for call in calls if call.outcome != 200} <= {503, "ConnectionError"}
+    assert {call.code for call in calls if call.outcome == 503} <= {"service_unavailable"}
+    assert len(probes) > 20
+    assert {(name, status) for name, status, _ in probes} == {("redis", 503), ("postgres", 503)}
+    assert max(duration for *_, duration in probes) < 2
+    assert [call for call in load.between(*windows["redis"]) if call.outcome == 503]
+    slowest = max(calls, key=lambda call: call.duration)
+    assert slowest.duration < 2, slowest
+    during_reloads = [call for start, end in windows["reloads"] for call in load.between(start, end)]
+    assert during_reloads and {call.outcome for call in during_reloads} == {200}
+    assert max(call.duration for call in during_reloads) < 1
+    # Only the requests the SIGKILLed worker held may have failed, and only its last second's
+    # counts may be lost; nothing is counted twice.
+    failed = [call for call in calls if call.outcome == "ConnectionError"]
+    assert all(killed_at - 1 <= call.started <= killed_at + 1 for call in failed), failed
+    last_second = collections.Counter(call.key for call in load.between(killed_at - 1.5, killed_at)
+                                      if call.instance == 0 and call.outcome == 200)
+    served = collections.Counter(call.key for call in calls if call.outcome == 200)
+    # A request cut by the kill may have been counted and flushed before its answer was lost.
+    unanswered = collections.Counter(call.key for call in failed)
+    for key in keys:
+        total = stored[key[:12]]
+        assert served[key] - last_second[key] <= total <= served[key] + unanswered[key], \
+            (key[:12], total, served[key], last_second[key], unanswered[key])
+    assert sum(served.values()) - sum(stored[key[:12]] for key in keys) <= sum(last_second.values())
+    for folder in folders:
+        assert not os.path.exists(folder)
