@@ -11,7 +11,8 @@ import time
 
 import accounts
 import twofactor
-from models import ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, db, release_connection, utcnow
+from models import (ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection,
+                    utcnow)
 from writelock import write_transaction
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ def prune(config, now=None, pause=0):
         time.sleep(pause)
     idle = Session.last_seen_at < accounts.idle_cutoff()
     pruned["sessions"] += delete_in_batches(Session, Session.token_hash, idle, pause)
+    # A process's last write of usage counts matters only while it runs (usage.py).
+    delete_in_batches(UsageWriter, UsageWriter.writer, UsageWriter.written_at < now - datetime.timedelta(days=1),
+                      pause)
     with write_transaction(db.obj):
         twofactor.discard_old_setups(now)
     release_connection()

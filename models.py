@@ -288,6 +288,19 @@ class UsageDay(BaseModel):
         indexes = ((("api_key", "day", "endpoint", "status"), True),)
 
 
+class UsageWriter(BaseModel):
+    """The last transaction of usage counts each process committed: after an error that leaves it
+    unknown whether a commit went through (the connection lost at COMMIT), the process reads its
+    row instead of writing the counts a second time."""
+
+    writer = CharField(primary_key=True, max_length=32)
+    sequence = BigIntegerField()
+    written_at = DateTimeField()
+
+    class Meta:
+        table_name = "usage_writers"
+
+
 class MaintenanceLock(BaseModel):
     """Who may run a periodic job (pruning) until when: one process of all the service's workers
     and instances takes it, the others skip."""
@@ -325,6 +338,10 @@ class Statements:
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "
             f"WHERE id = {p}"
         )
+        self.mark_usage_written = (
+            f"INSERT INTO usage_writers (writer, sequence, written_at) VALUES ({p}, {p}, {p}) "
+            "ON CONFLICT (writer) DO UPDATE SET sequence = excluded.sequence, written_at = excluded.written_at")
+        self.usage_written = f"SELECT sequence FROM usage_writers WHERE writer = {p}"
         # Qualified, because PostgreSQL finds a bare `requests` ambiguous next to `excluded`. A key
         # deleted with its account since it was counted is skipped, not a failed flush; the WHERE
         # also tells SQLite that ON CONFLICT is not part of the SELECT.
@@ -448,7 +465,8 @@ def init_app(app):
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
-    tables = [User, Session, ApiKey, UsageHour, UsageDay, SecurityEvent, MaintenanceLock, *PROTECTION_MODELS]
+    tables = [User, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent, MaintenanceLock,
+              *PROTECTION_MODELS]
     app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
 

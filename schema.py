@@ -71,9 +71,13 @@ def keep_totp_setups_with_their_session(database, migrator):
         database.execute_sql("DELETE FROM two_factor WHERE enabled_at IS NULL")
 
 
+def add_usage_writers(database, migrator):
+    """Version 7: each process's last committed transaction of usage counts, a new table only."""
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
-         keep_totp_setups_with_their_session]
+         keep_totp_setups_with_their_session, add_usage_writers]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days}

@@ -5,6 +5,7 @@ key's rows in one transaction."""
 import collections
 import logging
 import random
+import secrets
 import threading
 import time
 
@@ -41,7 +42,8 @@ class UsageCounter:
     request pays for a write.
 
     A count leaves `pending` only once the transaction that wrote it has committed: a failed,
-    interrupted or killed flush loses nothing it had not written, and writes nothing twice. Every
+    interrupted or killed flush loses nothing it had not written, and writes nothing twice, even
+    when the connection is lost at COMMIT (each transaction also records its number). Every
     process writes the rows of a transaction in one order (by key, then endpoint and status), so
     two processes flushing the same keys wait at most for each other's one transaction and never
     deadlock."""
@@ -59,6 +61,11 @@ class UsageCounter:
         self.flush_lock = threading.Lock()
         self.stopped = threading.Event()
         self.flusher = None
+        # This process's row in usage_writers, the number of its last transaction, and the one
+        # whose commit is in doubt after an error, with its counts: (sequence, batch) or None.
+        self.writer = secrets.token_hex(16)
+        self.sequence = 0
+        self.in_doubt = None
 
     def add(self, key_id, endpoint, status, counted):
         """Record one request of the key; counted: it passed the key's allowance (total_requests)."""
@@ -72,6 +79,7 @@ class UsageCounter:
         """Return the key's lifetime count: what the database holds plus what is pending here; None
         when the key is no longer in the database."""
         with self.write_lock:
+            self.settle_doubt()
             row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
             if row is None:
                 return None
@@ -87,6 +95,8 @@ class UsageCounter:
             self.flush_pending()
 
     def flush_pending(self):
+        with self.write_lock:
+            self.settle_doubt()
         with self.pending_lock:
             counts = dict(self.pending)
         if not counts:
@@ -104,19 +114,42 @@ class UsageCounter:
                 batch = {entry: count for key_id in keys[start:start + KEYS_PER_TRANSACTION]
                          for entry, count in by_key[key_id].items()}
                 with self.write_lock:
-                    with write_transaction(self.database):
-                        self.write(batch, used_at)
-                    with self.pending_lock:
-                        self.pending.subtract(batch)
-                        for entry in batch:
-                            if self.pending[entry] <= 0:
-                                del self.pending[entry]
+                    self.sequence += 1
+                    try:
+                        with write_transaction(self.database):
+                            self.write(batch, used_at)
+                            self.database.execute_sql(self.database.statements.mark_usage_written,
+                                                      (self.writer, self.sequence, used_at))
+                    except BaseException:
+                        # Also a connection lost at COMMIT, which PostgreSQL may have carried out.
+                        self.in_doubt = (self.sequence, batch)
+                        raise
+                    self.written(batch)
         finally:
             release_connection(self.database)
             metrics.usage_flushed(time.perf_counter() - started)
             with self.pending_lock:
                 waiting = sum(self.pending.values())
             metrics.usage_pending(waiting)
+
+    def written(self, batch):
+        """Take a committed batch's counts out of pending."""
+        with self.pending_lock:
+            self.pending.subtract(batch)
+            for entry in batch:
+                if self.pending[entry] <= 0:
+                    del self.pending[entry]
+
+    def settle_doubt(self):
+        """After a failed transaction, learn from usage_writers whether it committed after all, and
+        if so take its counts out of pending; raise the database's error when it cannot tell."""
+        if self.in_doubt is None:
+            return
+        sequence, batch = self.in_doubt
+        row = self.database.execute_sql(self.database.statements.usage_written, (self.writer,)).fetchone()
+        if row is not None and row[0] >= sequence:
+            self.written(batch)
+        self.in_doubt = None
 
     def write(self, batch, used_at):
         """Add a batch of counts, {(key_id, endpoint, status, counted): n}, to the keys' totals, hours

@@ -1,6 +1,7 @@
 """The usage flush under the conditions of a real deployment: several processes writing the same
 keys, a database that refuses for a while, a stop in the middle."""
 
+import contextlib
 import threading
 
 import peewee
@@ -174,3 +175,28 @@ def test_a_request_that_passed_the_limit_but_failed_on_the_database_is_not_count
     assert [(row.status, row.requests) for row in UsageHour.select()] == [(503, 1)]
     served = client.get("/api/v1/usage/stats", headers={"X-API-Key": api_key})
     assert served.json["total_requests"] == 1
+
+
+def test_counts_whose_commit_went_through_unseen_are_not_written_twice(app, user, monkeypatch):
+    kid, = keys_of(user, 1)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    for _ in range(5):
+        counter.add(kid, ENDPOINT, 200, True)
+    committing = usage.write_transaction
+
+    @contextlib.contextmanager
+    def committed_then_connection_lost(database):
+        with committing(database):
+            yield
+        raise peewee.OperationalError("server closed the connection unexpectedly")
+
+    with monkeypatch.context() as lost:
+        lost.setattr(usage, "write_transaction", committed_then_connection_lost)
+        with pytest.raises(peewee.OperationalError):
+            counter.flush()
+    assert ApiKey.get_by_id(kid).total_requests == 5
+    assert counter.total(kid) == 5
+    counter.add(kid, ENDPOINT, 200, True)
+    counter.close()
+    assert ApiKey.get_by_id(kid).total_requests == 6
+    assert sum(row.requests for row in UsageHour.select()) == 6
