@@ -7,15 +7,14 @@ from pathlib import Path
 from flask import Blueprint, request
 from werkzeug.exceptions import ServiceUnavailable
 
-import analytics
 import auth
 import models
 import ratelimit
-import usage
 from auth import require_api_key
-from fastlane import without_flask
+from serving.fastlane import without_flask
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
+from metering import analytics, usage
 
 VERSION = "1.0.0"
 REVOKE_ATTEMPTS = 3

@@ -3,7 +3,7 @@
 if __name__ == "__main__":
     # Before anything else is imported: where gunicorn cannot run, `python app.py` serves in this
     # process with gevent, whose patching of the standard library must come first.
-    import startup
+    from serving import startup
 
     startup.prepare()
 
@@ -24,29 +24,18 @@ from werkzeug.exceptions import (BadRequest, HTTPException, InternalServerError,
                                  ServiceUnavailable)
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-import accounts
 import api
 import auth
 import cli
-import cors
-import devserver
-import envelope
-import fastlane
-import health
-import keycache
-import keypage
-import lifecycle
-import logs
-import metrics
 import models
 import ratelimit
-import settings
 import sockets
-import startup
-import usage
-import web
-import webprotection
 from models import DATABASE_ERRORS, User
+from keys import keycache
+from metering import lifecycle, usage
+from ops import health, logs, metrics
+from serving import cors, devserver, envelope, fastlane, settings, startup
+from web import accounts, keypage, pages, webprotection
 
 ROOT = Path(__file__).resolve().parent
 INSTANCE = settings.INSTANCE
@@ -158,7 +147,7 @@ def create_app(overrides=None):
     health.init_app(app)
     metrics.init_app(app)
     sockets.init_app(app)
-    web.init_app(app)
+    pages.init_app(app)
     webprotection.init_app(app)
     keypage.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)

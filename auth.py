@@ -11,16 +11,14 @@ import zlib
 from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
-import accounts
-import allowips
-import envelope
-import keycache
-import metrics
 import ratelimit
-import securitylog
-import usage
-from limitstorage import KeysChanged
+from store.limitstorage import KeysChanged
 from models import SCOPES, ApiKey, db, display_time, find_active_key, utcnow
+from keys import allowips, keycache
+from metering import usage
+from ops import metrics
+from serving import envelope
+from web import accounts, securitylog
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
 KEY_ALPHABET = string.ascii_letters + string.digits

@@ -12,14 +12,12 @@ import click
 from flask import current_app
 from flask.cli import AppGroup
 
-import accounts
-import analytics
 import auth
-import keycache
-import lifecycle
-import logs
-import securitylog
 from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
+from keys import keycache
+from metering import analytics, lifecycle
+from ops import logs
+from web import accounts, securitylog
 
 
 class SentenceOnServiceError:

@@ -19,10 +19,8 @@ from werkzeug.exceptions import default_exceptions
 # `python app.py` runs gunicorn from any folder: make this project's modules importable here.
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-import lingering  # noqa: E402
-import logs  # noqa: E402
-import settings  # noqa: E402
-import startup  # noqa: E402
+from ops import logs  # noqa: E402
+from serving import lingering, settings, startup  # noqa: E402
 
 # Before anything here reads the environment; a variable set in the real environment wins.
 startup.read_env_file()
@@ -239,8 +237,8 @@ def post_worker_init(worker):
     """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
     gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
     and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second."""
-    import metrics
     from sockets import close_all_sockets
+    from ops import metrics
 
     gevent.spawn(metrics.fold_every_second)
     # A greenlet runs once the worker's servers listen, so the old worker stops after this one serves.
@@ -299,7 +297,7 @@ def post_request(worker, req, environ, resp):
 def worker_exit(server, worker):
     """Write the usage counts still held in memory before the worker goes, fold its last request
     counts into /metrics, and stop its pruning."""
-    import metrics
+    from ops import metrics
 
     metrics.tally.fold()
     app = getattr(worker, "wsgi", None)

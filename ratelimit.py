@@ -14,11 +14,11 @@ from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-import metrics
-import settings
-import usage
-from limitstorage import open_storage, redis_windows, window_counter
+from store.limitstorage import open_storage, redis_windows, window_counter
 from models import ApiKey, db
+from metering import usage
+from ops import metrics
+from serving import settings
 
 log = logging.getLogger(__name__)
 

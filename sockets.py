@@ -1,31 +1,28 @@
 """The two WebSockets: a public echo, and a stream of the server time for a valid API key."""
 
-import collections
 import functools
 import json
 import logging
 import math
 import threading
 import time
-import uuid
 import weakref
 from json.encoder import encode_basestring_ascii as encode_string
 
 import flask_sock
-import redis
 import simple_websocket
 from flask import Blueprint, current_app, g, request
 from limits.storage import RedisStorage
-from werkzeug.exceptions import BadRequest, HTTPException, TooManyRequests
+from werkzeug.exceptions import BadRequest, HTTPException
 from werkzeug.routing import WebsocketMismatch
 from wsproto.utilities import LocalProtocolError
 
 import auth
-import metrics
 import models
 import ratelimit
-import usage
-import wsserver
+from metering import usage
+from ops import metrics
+from ws import slots, wsserver
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +42,6 @@ open_sockets = weakref.WeakSet()
 shutting_down = threading.Event()
 
 
-class TooManyConnections(TooManyRequests):
-    """The key already has its maximum of open time sockets (HTTP 429)."""
-
-    error_code = "too_many_connections"
-
-
 class UpgradeRequired(HTTPException):
     """A plain HTTP request to a socket path (HTTP 426)."""
 
@@ -60,87 +51,6 @@ class UpgradeRequired(HTTPException):
 
     def get_headers(self, environ=None, scope=None):
         return [*super().get_headers(environ, scope), ("Upgrade", "websocket")]
-
-
-class SocketSlots:
-    """Counts each owner's open sockets (a key's time sockets, an IP's echo sockets) in this process."""
-
-    def __init__(self, per_owner, refusal=None):
-        self.per_owner = per_owner
-        self.refusal = refusal or f"This API key already has {per_owner} open time sockets; close one first."
-        self.open = collections.Counter()
-
-    def take(self, owner):
-        """Reserve a slot for the owner and return its token, or raise TooManyConnections."""
-        if self.open[owner] >= self.per_owner:
-            raise TooManyConnections(self.refusal)
-        self.open[owner] += 1
-        return owner
-
-    def give_back(self, owner, token):
-        self.open[owner] -= 1
-        if self.open[owner] <= 0:
-            del self.open[owner]
-
-    def refresh(self, slots):
-        """Nothing to do: a process's own counts cannot outlive it."""
-
-
-class SharedSocketSlots:
-    """Counts each key's open time sockets in Redis, so the cap holds across workers and
-    instances. A slot is a member of the key's sorted set, scored by its last heartbeat, so
-    the slots of a worker that died expire instead of leaking."""
-
-    STALE_SECONDS = 90
-    HEARTBEAT_SECONDS = 30
-    TAKE = """
-        redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
-        if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-        redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
-        redis.call('EXPIRE', KEYS[1], ARGV[5])
-        return 1
-    """
-
-    def __init__(self, client, per_key):
-        self.client = client
-        self.per_key = per_key
-        self.take_script = client.register_script(self.TAKE)
-
-    @staticmethod
-    def name(key_id):
-        return f"time-sockets:{key_id}"
-
-    def take(self, key_id):
-        """Reserve a slot for the key and return its token, or raise TooManyConnections."""
-        token = uuid.uuid4().hex
-        now = time.time()
-        try:
-            taken = self.take_script(keys=[self.name(key_id)],
-                                     args=[now, now - self.STALE_SECONDS, self.per_key, token, self.STALE_SECONDS])
-        except redis.RedisError as error:
-            log.error("Socket slots unavailable in Redis: %s", error)
-            raise ratelimit.LimitStorageUnavailable() from None
-        if not taken:
-            raise TooManyConnections(f"This API key already has {self.per_key} open time sockets; close one first.")
-        return token
-
-    def give_back(self, key_id, token):
-        try:
-            self.client.zrem(self.name(key_id), token)
-        except redis.RedisError as error:
-            log.warning("Could not free a socket slot (it expires by itself): %s", error)
-
-    def refresh(self, slots):
-        """Renew the heartbeat of this worker's open slots."""
-        now = time.time()
-        try:
-            with self.client.pipeline(transaction=False) as pipe:
-                for key_id, token in slots:
-                    pipe.zadd(self.name(key_id), {token: now}, xx=True)
-                    pipe.expire(self.name(key_id), self.STALE_SECONDS)
-                pipe.execute()
-        except redis.RedisError as error:
-            log.warning("Could not renew socket slots: %s", error)
 
 
 def init_app(app):
@@ -153,14 +63,14 @@ def init_app(app):
     storage = app.extensions["ratelimit"].storage
     per_key = app.config["TIME_SOCKETS_PER_KEY"]
     if isinstance(storage, RedisStorage):
-        slots = SharedSocketSlots(storage.get_connection(), per_key)
+        time_slots = slots.SharedSocketSlots(storage.get_connection(), per_key)
     else:
-        slots = SocketSlots(per_key)
-    app.extensions["socket_slots"] = slots
+        time_slots = slots.SocketSlots(per_key)
+    app.extensions["socket_slots"] = time_slots
     per_ip = app.config["ECHO_SOCKETS_PER_IP"]
-    app.extensions["echo_slots"] = SocketSlots(
+    app.extensions["echo_slots"] = slots.SocketSlots(
         per_ip, f"This IP address already has {per_ip} open echo sockets; close one first.")
-    app.extensions["ticker"] = Ticker(slots, app.config["REVOCATION_CHECK_SECONDS"])
+    app.extensions["ticker"] = Ticker(time_slots, app.config["REVOCATION_CHECK_SECONDS"])
     app.register_blueprint(bp)
     app.register_error_handler(WebsocketMismatch, refuse_plain_http)
 
@@ -305,8 +215,8 @@ class Ticker:
     the sockets of revoked keys and renew the shared socket slots, so neither waits on the other
     or on a slow client."""
 
-    def __init__(self, slots, check_every):
-        self.slots = slots
+    def __init__(self, socket_slots, check_every):
+        self.slots = socket_slots
         self.check_every = check_every
         self.sockets = {}
         self.secrets = {}
@@ -324,7 +234,7 @@ class Ticker:
                             for name, seconds, job, offset in (
                                 ("time-ticker", 1, self.tick, 0.0),
                                 ("revocation-check", self.check_every, self.close_revoked, 0.5),
-                                ("slot-heartbeat", SharedSocketSlots.HEARTBEAT_SECONDS, self.renew_slots, 0.5))]
+                                ("slot-heartbeat", slots.SharedSocketSlots.HEARTBEAT_SECONDS, self.renew_slots, 0.5))]
             for thread in self.threads:
                 thread.start()
 

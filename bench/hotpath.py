@@ -37,8 +37,9 @@ MEASURE = """
 import os, sys, time
 sys.path.insert(0, os.getcwd())
 os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench", RATE_LIMIT_TIERS="free=1000000000/hour")
-import accounts, auth
+import auth
 from app import create_app
+from web import accounts
 app = create_app()
 with app.app_context():
     user = accounts.create_user("bench", "bench@example.com", "bench password")
@@ -69,7 +70,9 @@ if sys.argv[3]:
     from bare import app
     environ = EnvironBuilder(path="/bare").get_environ()
 else:
-    import accounts, auth, lifecycle
+    import auth
+    from metering import lifecycle
+    from web import accounts
     lifecycle.FIRST_TRY_SECONDS = (1e9, 1e9)  # no prune in the middle of the count
     from app import create_app
     app = create_app()
@@ -108,8 +111,9 @@ SEED = """
 import os, sys
 sys.path.insert(0, os.getcwd())
 os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench")
-import accounts, auth
+import auth
 from app import create_app
+from web import accounts
 app = create_app()
 with app.app_context():
     user = accounts.create_user("bench", "bench@example.com", "bench password")

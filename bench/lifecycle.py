@@ -38,10 +38,9 @@ PRUNE_ROWS = 1_000_000
 
 def simulated_year(workdir):
     os.environ.update(servers.service_env(workdir))
-    import analytics
-    import lifecycle
     import models
     from app import create_app
+    from metering import analytics, lifecycle
 
     app = create_app()
     start = datetime.datetime(2026, 1, 1)

@@ -89,10 +89,10 @@ def service_env(workdir):
 def seed_keys(env, count):
     """Create user bench with `count` development keys; return their secrets."""
     os.environ.update(env)
-    import accounts
     import auth
     import models
     from app import create_app
+    from web import accounts
 
     app = create_app()
     with app.app_context():

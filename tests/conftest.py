@@ -11,11 +11,11 @@ os.environ.setdefault("SECRET_KEY", "test-secret")
 
 import pytest  # noqa: E402
 
-import accounts  # noqa: E402
 import auth  # noqa: E402
 import services  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
 from app import close_app, create_app  # noqa: E402
+from web import accounts  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
 

@@ -8,8 +8,8 @@ import runpy
 import pytest
 from gunicorn.glogging import Logger
 
-import logs
 from liveserver import ROOT
+from ops import logs
 
 conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
 AccessAtoms = conf["AccessAtoms"]

@@ -14,13 +14,14 @@ import pytest
 from limits import RateLimitItemPerHour
 from peewee import SqliteDatabase
 
-import accounts
 import app as service
 import auth
-import logs
 import ratelimit
-from models import ApiKey, Session, User, db, protect_sqlite_files
+from models import ApiKey, Session, User, db
+from store.connections import protect_sqlite_files
 from test_web import SECRET_PATTERN, create_key, page
+from ops import logs
+from web import accounts
 
 # The highest niceness, the lowest priority, on Linux and the BSDs.
 LOWEST_PRIORITY = 19

@@ -7,11 +7,10 @@ import re
 import pytest
 from flask import current_app
 
-import allowips
 import auth
-import keycache
-import securitylog
 from models import ApiKey
+from keys import allowips, keycache
+from web import securitylog
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}

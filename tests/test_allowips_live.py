@@ -13,8 +13,8 @@ import requests
 import websocket
 
 import services
-import usage
 from liveserver import SECRET_PATTERN, Browser, cli, service_env, serving, stored_total, wait_for
+from metering import usage
 
 ALLOWED, OTHER = "203.0.113.7", "198.51.100.1"
 ALLOWED_V6, OTHER_V6 = "2001:db8:1::/64", "2001:db8:2::1"

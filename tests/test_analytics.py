@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-import analytics
 import auth
 from app import load_config
 from models import ApiKey, UsageDay, UsageHour, start_of_hour, utcnow
+from metering import analytics
 
 PROTECTED = "/api/v1/protected/test"
 ME = "/api/v1/user/me"
@@ -132,7 +132,7 @@ def test_usage_report_prints_each_day_by_outcome(app, runner, outcomes, user):
 
 
 def test_usage_report_refuses_another_accounts_key_and_bad_days(app, runner, user, pro_key):
-    import accounts
+    from web import accounts
 
     bob = accounts.create_user("bob", "bob@example.com", "another long password")
     bobs, _ = auth.issue_key(bob, "bob's", "development")
@@ -161,7 +161,7 @@ def test_outcomes_group_statuses():
 
 
 def test_one_process_takes_the_prune_lock_and_the_others_skip_until_it_runs_out(app):
-    import lifecycle
+    from metering import lifecycle
 
     now = utcnow()
     assert lifecycle.take_lock(3600, now=now) is True
@@ -170,8 +170,8 @@ def test_one_process_takes_the_prune_lock_and_the_others_skip_until_it_runs_out(
 
 
 def test_prune_deletes_old_hours_and_days_and_idle_sessions_but_not_total_requests(app, client, user, pro_key):
-    import lifecycle
     from models import Session
+    from metering import lifecycle
 
     key = key_of(pro_key)
     get(client, PROTECTED, pro_key)

@@ -8,9 +8,9 @@ import pytest
 from flask.json.provider import DefaultJSONProvider
 
 import auth
-import envelope
 from api import VERSION
 from models import ApiKey
+from serving import envelope
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 SECOND_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")

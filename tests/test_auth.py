@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-import accounts
 import auth
 from models import ApiKey, User
+from web import accounts
 
 
 @pytest.mark.parametrize("key_type, prefix", [("development", "sk_test_"), ("production", "sk_live_")])

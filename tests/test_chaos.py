@@ -23,8 +23,9 @@ ROUNDS = 4
 TIMEOUT = 5
 
 MAKE_KEYS = """
-import accounts, auth
+import auth
 from app import app
+from web import accounts
 with app.app_context():
     user = accounts.create_user("carol", "carol@example.com", "a long password 42")
     for index in range({count}):

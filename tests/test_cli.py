@@ -5,11 +5,11 @@ import re
 import peewee
 import pytest
 
-import accounts
 import auth
 import cli
 from liveserver import run_cli, service_env
 from models import ApiKey, User, db
+from web import accounts
 
 
 def test_users_create_with_password_stdin(runner):

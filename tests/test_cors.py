@@ -6,12 +6,12 @@ server (the Procfile's gunicorn)."""
 import pytest
 import requests
 
-import accounts
 import auth
-import cors
 from app import close_app, create_app, load_config
 from conftest import TEST_TIERS
 from liveserver import make_key, service_env, serving
+from serving import cors
+from web import accounts
 
 ALLOWED = "https://app.example.com"
 EXPOSED = {"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit",

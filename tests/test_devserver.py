@@ -23,8 +23,8 @@ import websocket
 from gevent import pywsgi
 from prometheus_client.parser import text_string_to_metric_families
 
-import devserver
 from liveserver import ROOT, Server, free_port, make_key, service_env, serving, start_server, stored_total, wait_for
+from serving import devserver
 
 NEW_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -84,7 +84,7 @@ def json_lines(server):
 
 
 def access_lines(server):
-    return [line for line in json_lines(server) if line["logger"] == "devserver.access"]
+    return [line for line in json_lines(server) if line["logger"] == "serving.devserver.access"]
 
 
 def raw_request(server, data, close_writing=False):
@@ -102,7 +102,7 @@ def raw_request(server, data, close_writing=False):
 def test_the_start_line_names_the_server_and_why(fallback):
     starts = [line for line in json_lines(fallback) if "gevent's WSGI server" in line["message"]]
     assert [(line["logger"], line["level"], line["message"]) for line in starts] == [(
-        "devserver", "INFO",
+        "serving.devserver", "INFO",
         "gunicorn is not available (No module named 'gunicorn' (refused by tests/fixtures/no_gunicorn)): serving "
         f"with gevent's WSGI server, one process, on {fallback.base} (pid {fallback.process.pid})")]
     # gevent patched the standard library before anything it patches was in use.
@@ -146,7 +146,7 @@ def test_refusals_are_json_with_an_id_their_log_line_carries(fallback, request_h
     assert NEW_ID.fullmatch(request_id)
     wait_for(lambda: any(line.get("request_id") == request_id for line in json_lines(fallback)))
     lines = [line for line in json_lines(fallback) if line.get("request_id") == request_id]
-    assert [(line["logger"], line["level"]) for line in lines] == [("devserver", "WARNING")]
+    assert [(line["logger"], line["level"]) for line in lines] == [("serving.devserver", "WARNING")]
     assert lines[0]["message"].startswith("Invalid request from 127.0.0.1: ")
 
 

@@ -9,13 +9,13 @@ import pytest
 from limits.errors import StorageError
 from peewee import OperationalError
 
-import accounts
 import api
 import auth
-import fastlane
-import metrics
 import models
 from conftest import TEST_TIERS
+from ops import metrics
+from serving import fastlane
+from web import accounts
 
 ALLOWED, OTHER = "203.0.113.7", "198.51.100.1"
 # What differs between two answers to the same request made one after the other.

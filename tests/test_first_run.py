@@ -16,8 +16,8 @@ import sys
 import pytest
 import requests
 
-import startup
 from app import load_config
+from serving import startup
 from liveserver import (
     ROOT,
     Server,

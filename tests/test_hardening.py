@@ -11,12 +11,11 @@ import pytest
 from flask import g, request
 from limits import RateLimitItemPerHour
 
-import accounts
 import auth
-import logs
 import ratelimit
-import securitylog
 from models import ApiKey, SecurityEvent, User
+from ops import logs
+from web import accounts, securitylog
 
 
 def page(response):

@@ -13,15 +13,15 @@ from flask import current_app
 from limits import RateLimitItemPerHour
 from limits.storage import storage_from_string
 
-import accounts
 import auth
-import keycache
-import limitstorage
 import models
 import ratelimit
 import services
 from clock import fake_time
 from app import close_app, create_app
+from keys import keycache
+from store import limitstorage
+from web import accounts
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_a_rolled_out_secret_is_kept_until_its_grace_period_ends(sqlite_app, sql
 def test_a_kept_key_is_read_again_after_the_maximum_age(sqlite_app, sqlite_user, lookups, monkeypatch):
     _, key_hash = new_key(sqlite_user)
     find(key_hash)
-    fake_time(monkeypatch, "keycache", start=time.time() + keycache.MAX_AGE + 1)
+    fake_time(monkeypatch, "keys.keycache", start=time.time() + keycache.MAX_AGE + 1)
     find(key_hash)
     assert lookups == [key_hash, key_hash]
 

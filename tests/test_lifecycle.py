@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import accounts
 import auth
 import cli
-import keycache
 import models
-import securitylog
 from models import SCOPES, ApiKey, User, utcnow
+from keys import keycache
+from web import accounts, securitylog
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 

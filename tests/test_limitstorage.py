@@ -12,15 +12,15 @@ from limits import RateLimitItemPerHour
 from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 
-import limitstorage
 import ratelimit
 import services
 from clock import fake_time
+from store import limitstorage
 
 
 def FakeClock(monkeypatch):
     # limits' memory storage and the adapter over it read the same clock.
-    return fake_time(monkeypatch, "limits.storage.memory", "limitstorage")
+    return fake_time(monkeypatch, "limits.storage.memory", "store.limitstorage")
 
 
 def test_limits_still_has_what_the_memory_adapter_overrides():

@@ -14,11 +14,9 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 import auth
-import health
-import logs
-import metrics
 import models
 from app import load_config
+from ops import health, logs, metrics
 
 NEW_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -307,14 +305,14 @@ def test_a_requests_log_lines_carry_its_id(client, monkeypatch):
 
     handler = Records()
     handler.addFilter(logs.AddRequestId())
-    logging.getLogger("health").addHandler(handler)
+    logging.getLogger("ops.health").addHandler(handler)
     monkeypatch.setattr(models.db.obj, "execute_sql", broken)
     try:
         client.get("/readyz", headers={"X-Request-ID": "ready-check-1"})
         logs.end_request()
-        logging.getLogger("health").warning("outside any request")
+        logging.getLogger("ops.health").warning("outside any request")
     finally:
-        logging.getLogger("health").removeHandler(handler)
+        logging.getLogger("ops.health").removeHandler(handler)
     # The check ran in a greenlet of its own, and still logged with the request's id.
     assert [getattr(record, "request_id", None) for record in handler.records] == ["ready-check-1", None]
 

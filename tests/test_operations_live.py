@@ -15,10 +15,10 @@ import requests
 import websocket
 from prometheus_client.parser import text_string_to_metric_families
 
-import metrics
 import services
 from liveserver import Server, free_port, make_key, procfile_command, service_env, start_procfile, wait_for
 from tcpproxy import TcpProxy
+from ops import metrics
 
 TOKEN = "metrics-token-for-the-tests-0123"
 NEW_ID = re.compile(r"[0-9a-f]{32}")

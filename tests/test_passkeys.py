@@ -8,9 +8,9 @@ import pyotp
 import pytest
 from softauthenticator import USER_PRESENT, SoftAuthenticator
 
-import accounts
 from app import load_config
 from models import Passkey, db
+from web import accounts
 
 PASSWORD = "correct horse battery"
 

@@ -9,10 +9,10 @@ import pytest
 from limits import RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 
 import ratelimit
-import usage
 from clock import fake_time
 from liveserver import ROOT
 from models import ApiKey, UsageHour, db, start_of_hour, utcnow
+from metering import usage
 
 
 def test_parse_tiers():
@@ -31,7 +31,7 @@ def test_parse_tiers_rejects(spec):
 
 
 def FakeClock(monkeypatch):
-    return fake_time(monkeypatch, "limits.storage.memory", "limitstorage", "ratelimit")
+    return fake_time(monkeypatch, "limits.storage.memory", "store.limitstorage", "ratelimit")
 
 
 def test_fixed_window_starts_with_first_request_and_resets(app, monkeypatch):
@@ -265,7 +265,7 @@ def test_the_hot_path_locks_are_the_os_threads_own_under_gevent_too():
     # gevent's patched locks cost 5,000-9,000 instructions a use; a library change that made
     # locks.py hand one out again would go unnoticed in a run without gevent.
     check = ("from gevent import monkey; monkey.patch_all()\n"
-             "import threading, locks, limitstorage\n"
+             "import threading\nfrom store import limitstorage, locks\n"
              "assert type(threading.Lock()).__module__.startswith('gevent')\n"
              "for lock in (locks.short_lock(), locks.short_rlock(), limitstorage.SharedLock().lock):\n"
              "    assert type(lock).__module__ == '_thread', type(lock)\n")

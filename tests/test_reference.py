@@ -8,9 +8,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-import reference
-import web
 from contract import DOCUMENT
+from web import pages, reference
 
 OPERATIONS = [(method.upper(), path, operation) for path, item in DOCUMENT["paths"].items()
               for method, operation in item.items()]
@@ -99,7 +98,7 @@ def test_the_answers_outside_the_operations_are_shown(page):
 def test_the_page_needs_no_script_and_no_other_host(page):
     html = page.get_data(as_text=True)
     assert "<script" not in html
-    assert page.headers["Content-Security-Policy"] == web.CONTENT_SECURITY_POLICY
+    assert page.headers["Content-Security-Policy"] == pages.CONTENT_SECURITY_POLICY
     for link in Articles(html).links:
         assert link.startswith(("/", "#")) and not link.startswith("//"), link
 

@@ -16,13 +16,13 @@ import pytest
 import requests
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
-import accounts
 import auth
 import models
-import schema
 from conftest import TEST_TIERS
 from liveserver import cli, service_env, start_procfile
 from models import ApiKey, TwoFactor, User, db
+from store import connections, schema
+from web import accounts
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SECRETS = json.loads((FIXTURES / "release1.json").read_text())
@@ -84,7 +84,7 @@ def test_a_first_release_database_upgrades_in_place(database_url, tmp_path, make
 def test_a_second_release_database_gets_allow_lists(database_url, tmp_path, monkeypatch, make_app):
     """Version 2 (expiry, scopes, rolls) to the latest: keys gain an empty allow-list and keep working anywhere."""
     url = load_release1(database_url, tmp_path)
-    database = models.open_database(url)
+    database = connections.open_database(url)
     with monkeypatch.context() as second_release:
         second_release.setattr(schema, "STEPS", schema.STEPS[:1])
         second_release.setattr(schema, "LATEST", 2)

@@ -10,9 +10,9 @@ import playhouse.db_url
 import pytest
 
 import limits.storage  # noqa: F401  registers limits' storage schemes
-import settings
 from limits._storage_scheme import SCHEMES
 from liveserver import ROOT, free_port, service_env, without_gunicorn
+from serving import settings
 
 BAD_VALUES = [
     ("USAGE_HOURLY_RETENTION_DAYS", "ninety"),
@@ -82,7 +82,7 @@ def test_the_master_s_check_imports_nothing_the_workers_must_import_patched(tmp_
         [sys.executable, "-c", "import runpy, sys; runpy.run_path('gunicorn.conf.py'); print(*sorted(sys.modules))"],
         cwd=ROOT, env=service_env(tmp_path), capture_output=True, text=True, timeout=60, check=True).stdout.split()
     heavy = {"app", "models", "ratelimit", "peewee", "playhouse", "limits", "redis", "psycopg", "flask"}
-    assert "settings" in loaded
+    assert "serving.settings" in loaded
     assert not heavy & {name.split(".")[0] for name in loaded}
 
 

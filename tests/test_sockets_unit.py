@@ -6,6 +6,7 @@ import pytest
 
 import auth
 import sockets
+from ws import slots
 from models import ApiKey
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
@@ -43,17 +44,17 @@ def test_refused_handshake_is_not_counted(app, client, api_key):
 
 
 def test_socket_slots_cap_and_release():
-    slots = sockets.SocketSlots(per_owner=2)
-    first, _ = slots.take(7), slots.take(7)
-    with pytest.raises(sockets.TooManyConnections) as raised:
-        slots.take(7)
+    owners = slots.SocketSlots(per_owner=2)
+    first, _ = owners.take(7), owners.take(7)
+    with pytest.raises(slots.TooManyConnections) as raised:
+        owners.take(7)
     assert (raised.value.code, raised.value.error_code) == (429, "too_many_connections")
-    other = slots.take(8)
-    slots.give_back(7, first)
-    slots.take(7)
+    other = owners.take(8)
+    owners.give_back(7, first)
+    owners.take(7)
     for key_id, token in ((7, first), (7, first), (8, other)):
-        slots.give_back(key_id, token)
-    assert slots.open == {}
+        owners.give_back(key_id, token)
+    assert owners.open == {}
 
 
 def test_plain_http_to_a_socket_path_is_426_upgrade_required(client):
@@ -71,11 +72,11 @@ def test_time_update_names_its_second():
 
 
 def test_echo_slots_refuse_with_their_own_sentence():
-    slots = sockets.SocketSlots(1, "This IP address already has 1 open echo sockets; close one first.")
-    slots.take("10.0.0.1")
-    with pytest.raises(sockets.TooManyConnections, match="IP address"):
-        slots.take("10.0.0.1")
-    slots.take("10.0.0.2")
+    owners = slots.SocketSlots(1, "This IP address already has 1 open echo sockets; close one first.")
+    owners.take("10.0.0.1")
+    with pytest.raises(slots.TooManyConnections, match="IP address"):
+        owners.take("10.0.0.1")
+    owners.take("10.0.0.2")
 
 
 def test_an_upgrade_to_a_plain_path_keeps_its_400(client):
@@ -108,7 +109,7 @@ class FakeSocket:
 
 
 def test_one_failing_socket_costs_only_itself_its_tick():
-    ticker = sockets.Ticker(sockets.SocketSlots(10), 5)
+    ticker = sockets.Ticker(slots.SocketSlots(10), 5)
     broken, gone, healthy = FakeSocket(RuntimeError("boom")), FakeSocket(BrokenPipeError()), FakeSocket()
     for ws in (broken, gone, healthy):
         ticker.sockets[ws] = (1, 1)

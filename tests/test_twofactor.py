@@ -10,13 +10,10 @@ import time
 import pyotp
 import pytest
 
-import lifecycle
-import passkeys
-import securitylog
-import settings
-import twofactor
-import webprotection
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
+from metering import lifecycle
+from serving import settings
+from web import passkeys, securitylog, twofactor, webprotection
 
 PASSWORD = "correct horse battery"
 

@@ -9,8 +9,9 @@ import pytest
 
 import auth
 import services
-import usage
-from models import ApiKey, Statements, UsageHour, db, open_database
+from models import ApiKey, Statements, UsageHour, db
+from store.connections import open_database
+from metering import usage
 
 ENDPOINT = "/api/v1/protected/test"
 
@@ -118,7 +119,7 @@ def test_processes_flushing_the_same_keys_in_opposite_orders_never_deadlock_on_p
     url = services.postgres_url()
     app = make_app({"DATABASE_URL": url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True,
                     "RATE_LIMIT_TIERS": "free=3/minute,pro=100/minute", "MAX_KEYS_PER_USER": 100})
-    import accounts
+    from web import accounts
 
     with app.app_context():
         user = accounts.create_user("alice", "alice@example.com", "correct horse battery")

@@ -9,12 +9,11 @@ import pytest
 from flask import g
 from limits import RateLimitItemPerMinute
 
-import accounts
 import auth
 import ratelimit
-import envelope
-import web
 from models import ApiKey, UsageHour, User, start_of_hour, utcnow
+from serving import envelope
+from web import accounts, pages
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
@@ -147,8 +146,8 @@ def test_successful_logins_are_not_limited(client, user, monkeypatch):
 def test_many_failures_for_a_username_slow_its_logins_down_but_never_refuse_them(client, user, monkeypatch):
     monkeypatch.setattr(ratelimit, "LOGIN_SLOWDOWN_AFTER", RateLimitItemPerMinute(3))
     waits = []
-    # web's own name for the time module: the standard module's sleep stays, for other threads.
-    monkeypatch.setattr(web, "time", types.SimpleNamespace(sleep=waits.append))
+    # pages' own name for the time module: the standard module's sleep stays, for other threads.
+    monkeypatch.setattr(pages, "time", types.SimpleNamespace(sleep=waits.append))
     for n in range(3):
         client.post("/login", data={"username": "alice", "password": "wrong"},
                     environ_base={"REMOTE_ADDR": f"10.1.0.{n}"})
@@ -205,7 +204,7 @@ def test_every_route_that_takes_a_post_outside_the_api_asks_for_the_csrf_token(a
     # Found from the URL map, so a form added later is checked without being listed here.
     app.config["WTF_CSRF_ENABLED"] = True
     posted = [rule for rule in app.url_map.iter_rules()
-              if rule.methods & web.FORM_METHODS and not rule.rule.startswith(envelope.API_PREFIX)]
+              if rule.methods & pages.FORM_METHODS and not rule.rule.startswith(envelope.API_PREFIX)]
     assert len(posted) >= 10
     for rule in posted:
         path = rule.build({name: 1 for name in rule.arguments}, append_unknown=False)[1]
@@ -371,7 +370,7 @@ def test_the_key_page_charts_flushed_counts_by_outcome_and_endpoint(app, logged_
 
 
 def test_the_key_page_belongs_to_its_owner_alone(app, logged_in, user):
-    import accounts
+    from web import accounts
 
     bob = accounts.create_user("bob", "bob@example.com", "another long password")
     bobs, _ = auth.issue_key(bob, "Bob's key", "development")

@@ -16,10 +16,9 @@ current_environ, whose SERVICE_APP entry is the app."""
 import contextvars
 import time
 
-import logs
-import metrics
 import ratelimit
-import usage
+from metering import usage
+from ops import logs, metrics
 
 API_PREFIX = "/api/"
 API_PATH = API_PREFIX.lstrip("/")

@@ -24,8 +24,8 @@ import functools
 
 from flask import signals
 
-import metrics
 import models
+from ops import metrics
 
 # What CONTENT_LENGTH holds for a request without a body: absent (servers), or 0 (Werkzeug's test client).
 NO_BODY = frozenset({None, "", "0"})
@@ -33,12 +33,12 @@ NO_BODY = frozenset({None, "", "0"})
 # plain view's path then gets Flask's 426, uncounted.
 WEBSOCKET_SCHEMES = frozenset({"ws", "wss"})
 # Hooks that do nothing for a bodiless GET of the API, as (module, qualified name): the body limit,
-# the CSRF checks (only for form methods; flask-wtf's own is off, as web.py checks forms itself)
+# the CSRF checks (only for form methods; flask-wtf's own is off, as web/pages.py checks forms itself)
 # and the pruner's start, which the lane makes itself.
 NO_OPS_FOR_A_PLAIN_GET = frozenset({
     ("app", "refuse_large_bodies"),
-    ("web", "protect_forms"),
-    ("lifecycle", "Pruner.start"),
+    ("web.pages", "protect_forms"),
+    ("metering.lifecycle", "Pruner.start"),
     ("flask_wtf.csrf", "CSRFProtect.init_app.<locals>.csrf_protect"),
 })
 SIGNALS = (signals.request_started, signals.request_finished, signals.request_tearing_down,

@@ -11,10 +11,10 @@ import time
 
 from flask import current_app, request
 
-import locks
-import metrics
 from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcnow
-from writelock import write_transaction
+from store.writelock import write_transaction
+from ops import metrics
+from store import locks
 
 # The HTTP status recorded for a time socket's accepted handshake.
 SWITCHING_PROTOCOLS = 101

@@ -6,20 +6,16 @@ import json
 import time
 from urllib.parse import urlsplit
 
-from flask import Blueprint, abort, current_app, flash, g, redirect, render_template, request, session, url_for
+from flask import Blueprint, current_app, flash, g, redirect, render_template, request, session, url_for
 from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 
-import accounts
-import allowips
-import analytics
-import auth
-import envelope
 import ratelimit
-import reference
-import securitylog
-import twofactor
 from models import SCOPES, ApiKey, utcnow
+from keys import allowips
+from metering import analytics
+from serving import envelope
+from web import accounts, reference, securitylog, twofactor
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -67,6 +63,8 @@ def init_app(app):
     app.config["WTF_CSRF_CHECK_DEFAULT"] = False
     csrf.init_app(app)
     app.before_request(protect_forms)
+    # The key forms' routes are this blueprint's, in a module of their own.
+    from web import keyforms  # noqa: F401
     app.register_blueprint(bp)
 
 
@@ -364,76 +362,6 @@ def account_totals(keys, now):
 def days_until(moment):
     """Whole days from now until moment, rounded up: 'expires in N days'."""
     return max(0, -(-(moment - utcnow()) // datetime.timedelta(days=1)))
-
-
-@bp.post("/settings/security/keys")
-@login_required
-def create_key():
-    form = request.form
-    try:
-        ratelimit.count_key_creation(g.user)
-        scopes = form.getlist("scopes")
-        if "scopes_shown" in form and not scopes:
-            raise ValueError("Choose at least one scope.")
-        key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""),
-                                     expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes,
-                                     allow_ips=form.get("allow_ips"))
-    except ratelimit.RateLimitExceeded as error:
-        minutes = -(-error.retry_after // 60)
-        flash(f"Too many keys created in the last hour; try again in {minutes} minutes.", "error")
-        return render_security_tab(status=429)
-    except ValueError as error:
-        flash(str(error), "error")
-        return render_security_tab(status=400)
-    # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
-    accounts.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
-    return redirect(url_for("web.settings_security"))
-
-
-@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/roll")
-@login_required
-def roll_key(key_id):
-    key = own_key(key_id)
-    if key.revoked_at or key.is_expired():
-        abort(404)
-    form = request.form
-    try:
-        ratelimit.count_key_roll(g.user)
-        grace = auth.parse_duration(form.get("grace", "24h"), allow_never=False)
-        secret = auth.roll_key(key, grace, end_previous=form.get("end_previous") == "1", current=form.get("current"))
-    except ratelimit.RateLimitExceeded as error:
-        minutes = -(-error.retry_after // 60)
-        flash(f"Too many keys rolled in the last hour; try again in {minutes} minutes.", "error")
-        return render_security_tab(status=429)
-    except auth.GraceRunning as error:
-        flash(f"{error} Tick “End the previous secret now” to confirm.", "error")
-        return render_security_tab(status=409)
-    except auth.RollConflict as error:
-        flash(str(error), "error")
-        return render_security_tab(status=409)
-    except ValueError as error:
-        flash(str(error), "error")
-        return render_security_tab(status=400)
-    accounts.keep_pending_secret(g.session, session["sid"],
-                                 json.dumps({"name": key.name, "secret": secret, "rolled": True}))
-    return redirect(url_for("web.settings_security"))
-
-
-def own_key(key_id):
-    """The logged-in user's key with this id; another user's, or none, is a 404."""
-    key = ApiKey.get_or_none((ApiKey.id == key_id) & (ApiKey.user == g.user))
-    if key is None:
-        abort(404)
-    return key
-
-
-@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/revoke")
-@login_required
-def revoke_key(key_id):
-    key = own_key(key_id)
-    auth.revoke_key(key)
-    flash(f"Revoked {key.name!r}: requests with it now fail.")
-    return redirect(url_for("web.settings_security"))
 
 
 @bp.get("/playground")

@@ -9,7 +9,7 @@ import time
 
 from peewee import OperationalError, SqliteDatabase
 
-from models import SQLITE_PRAGMAS, greenlets_share_thread
+from store.connections import SQLITE_PRAGMAS, greenlets_share_thread
 
 RETRY_SECONDS = 0.005
 BUSY_TIMEOUT_MS = SQLITE_PRAGMAS["busy_timeout"]

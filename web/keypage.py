@@ -3,13 +3,13 @@ day by outcome and by endpoint as charts drawn on the server (SVG, no script), a
 
 from flask import Blueprint, render_template
 
-import analytics
-import web
 from models import SCOPES, utcnow
+from metering import analytics
+from web import keyforms, pages
 
 bp = Blueprint("keys", __name__)
-bp.before_request(web.load_logged_in_user)
-bp.after_request(web.add_page_headers)
+bp.before_request(pages.load_logged_in_user)
+bp.after_request(pages.add_page_headers)
 
 # The chart's drawing area in SVG units; the SVG scales to its box (at most 40rem wide).
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 400, 170, 34, 22, 8
@@ -63,10 +63,10 @@ class EndpointChart:
         self.height = len(self.bars) * 40
 
 
-@bp.get(f"/settings/security/keys/<int(max={web.MAX_ID}):key_id>")
-@web.login_required
+@bp.get(f"/settings/security/keys/<int(max={pages.MAX_ID}):key_id>")
+@pages.login_required
 def key_page(key_id):
-    key = web.own_key(key_id)
+    key = keyforms.own_key(key_id)
     now = utcnow()
     hours = analytics.hourly([key.id], now=now)
     days = analytics.daily([key.id], now=now)
@@ -79,7 +79,7 @@ def key_page(key_id):
                  EndpointChart("By endpoint, last 7 days", days[-7:]),
                  EndpointChart("By endpoint, last 30 days", days)]
     return render_template("key_page.html", key=key, now=now, charts=charts, endpoints=endpoints,
-                           outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=web.KEY_TYPES, graces=web.GRACES,
+                           outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=pages.KEY_TYPES, graces=pages.GRACES,
                            geometry={"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": BOTTOM, "top": TOP})
 
 

@@ -13,9 +13,8 @@ import segno
 from cryptography.fernet import Fernet, InvalidToken
 from flask import current_app
 
-import accounts
-import securitylog
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
+from web import accounts, securitylog
 
 ISSUER = "API-key demo service"
 # RFC 6238 with the parameters every authenticator app assumes: SHA-1, 6 digits, 30 s.

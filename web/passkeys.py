@@ -19,9 +19,8 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
-import accounts
-import securitylog
 from models import Passkey, Session, User, WebAuthnChallenge, db, utcnow
+from web import accounts, securitylog
 
 RP_NAME = "API-key demo service"
 CHALLENGE_LIFE = datetime.timedelta(minutes=2)

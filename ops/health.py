@@ -11,6 +11,7 @@ import gevent.lock
 from flask import Blueprint, current_app
 
 import models
+from store.connections import discard_connection
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def check_database():
         database.execute_sql("SELECT version FROM schema_version")
     except BaseException:
         # A query cut short by the deadline leaves its connection mid-conversation.
-        models.discard_connection(database)
+        discard_connection(database)
         raise
     finally:
         models.release_connection(database)

@@ -37,11 +37,9 @@ from gevent import pywsgi
 from gevent.pool import Pool
 from werkzeug.exceptions import default_exceptions
 
-import lingering
-import logs
-import metrics
 import sockets
-import startup
+from ops import logs, metrics
+from serving import lingering, startup
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(f"{__name__}.access")

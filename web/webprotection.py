@@ -8,17 +8,14 @@ import time
 from flask import Blueprint, abort, current_app, flash, g, redirect, render_template, request, session, url_for
 from limits import RateLimitItemPerMinute
 
-import accounts
-import passkeys
 import ratelimit
-import twofactor
-import web
 from models import utcnow
+from web import accounts, pages, passkeys, twofactor
 
 bp = Blueprint("protection", __name__)
-bp.before_request(web.load_logged_in_user)
-bp.after_request(web.add_page_headers)
-bp.register_error_handler(accounts.AccountGone, web.account_gone)
+bp.before_request(pages.load_logged_in_user)
+bp.after_request(pages.add_page_headers)
+bp.register_error_handler(accounts.AccountGone, pages.account_gone)
 
 CEREMONY = "webauthn"  # the session cookie's key for the WebAuthn challenge's token
 # Adding a second factor (TOTP or a passkey) needs a log-in this recent: a stolen session cookie
@@ -100,7 +97,7 @@ def check_code(user, code, check=twofactor.use_code):
 # The Security tab: TOTP.
 
 @bp.route("/settings/security/2fa/setup", methods=("GET", "POST"))
-@web.login_required
+@pages.login_required
 @recent_login_required
 def setup():
     try:
@@ -117,7 +114,7 @@ def render_setup(secret, status=200):
 
 
 @bp.post("/settings/security/2fa/enable")
-@web.login_required
+@pages.login_required
 @recent_login_required
 def enable():
     secret = twofactor.setup_secret(g.session)
@@ -133,7 +130,7 @@ def enable():
 
 
 @bp.post("/settings/security/2fa/disable")
-@web.login_required
+@pages.login_required
 def disable():
     if not twofactor.is_enabled(g.user):
         flash("Two-factor authentication is already off.", "error")
@@ -145,16 +142,16 @@ def disable():
         time.sleep(ratelimit.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         flash(f"Too many wrong passwords. Try again in {error.retry_after} seconds.", "error")
-        return web.render_security_tab(status=429)
+        return pages.render_security_tab(status=429)
     if not accounts.password_matches(g.user, request.form.get("password", "")):
         ratelimit.password_refused(username)
         flash("The password is not correct.", "error")
-        return web.render_security_tab(status=400)
+        return pages.render_security_tab(status=400)
     ratelimit.password_accepted(username)
     _, refused = check_code(g.user, submitted_code())
     if refused:
         flash(refused[0], "error")
-        return web.render_security_tab(status=refused[1])
+        return pages.render_security_tab(status=refused[1])
     twofactor.turn_off(g.user)
     flash("Two-factor authentication is off. Your other sessions stay signed in.")
     return redirect(url_for("web.settings_security"))
@@ -167,7 +164,7 @@ def json_error(message, status=400, code="invalid_request"):
 
 
 @bp.post("/settings/security/passkeys/options")
-@web.login_required
+@pages.login_required
 @recent_login_required
 def passkey_registration_options():
     try:
@@ -179,7 +176,7 @@ def passkey_registration_options():
 
 
 @bp.post("/settings/security/passkeys")
-@web.login_required
+@pages.login_required
 @recent_login_required
 def add_passkey():
     body = request.get_json(silent=True)
@@ -193,14 +190,14 @@ def add_passkey():
 
 
 @bp.post("/settings/security/passkeys/<int(max=9223372036854775807):passkey_id>/remove")
-@web.login_required
+@pages.login_required
 def remove_passkey(passkey_id):
     # The password, as for turning 2FA off: a stolen cookie alone must not remove the owner's
     # passkey and with it sign the owner out while the thief stays.
-    refused = web.refuse_wrong_password(request.form.get("password", ""))
+    refused = pages.refuse_wrong_password(request.form.get("password", ""))
     if refused:
         flash(refused[0], "error")
-        return web.render_security_tab(status=refused[1])
+        return pages.render_security_tab(status=refused[1])
     name = passkeys.remove(g.user, passkey_id, keep_session=g.session)
     if name is None:
         abort(404)
@@ -211,18 +208,18 @@ def remove_passkey(passkey_id):
 # Log-in: the second step, and log-in with a passkey.
 
 def pending_login():
-    pending = twofactor.find_pending_login(session.get(web.PENDING_LOGIN))
+    pending = twofactor.find_pending_login(session.get(pages.PENDING_LOGIN))
     if pending is None:
-        session.pop(web.PENDING_LOGIN, None)
+        session.pop(pages.PENDING_LOGIN, None)
     return pending
 
 
 def finish_login(user):
     """Start the session of a log-in that passed; the page to go to, or None when it cannot start."""
-    next_path = session.get(web.LOGIN_NEXT)
-    if user is None or not web.log_in(user):
+    next_path = session.get(pages.LOGIN_NEXT)
+    if user is None or not pages.log_in(user):
         return None
-    return web.local_path(next_path) or url_for("web.settings_profile")
+    return pages.local_path(next_path) or url_for("web.settings_profile")
 
 
 @bp.route("/login/2fa", methods=("GET", "POST"))

@@ -12,9 +12,9 @@ from gevent.event import AsyncResult
 from limits.errors import ConfigurationError, StorageError
 from limits.storage import MemoryStorage, RedisClusterStorage, RedisStorage, storage_from_string
 
-import locks
-from models import greenlets_share_thread
-from settings import ConfigError
+from store.connections import greenlets_share_thread
+from serving.settings import ConfigError
+from store import locks
 
 
 class SweptMemoryStorage(MemoryStorage):

@@ -17,9 +17,10 @@ from peewee import IntegrityError, PostgresqlDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-import keycache
-import securitylog
-from models import PROTECTION_MODELS, ApiKey, SecurityEvent, Session, User, db, greenlets_share_thread, release_connection, utcnow
+from models import PROTECTION_MODELS, ApiKey, SecurityEvent, Session, User, db, release_connection, utcnow
+from store.connections import greenlets_share_thread
+from keys import keycache
+from web import securitylog
 
 USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")
@@ -31,7 +32,7 @@ MIN_PASSWORD_LENGTH = 8
 MAX_PASSWORD_LENGTH = 1024
 PASSWORD_METHOD = "scrypt:32768:8:1"
 # Django's list of 20,000 common passwords by Royce Williams (lower case), BSD licence: data/README.md.
-COMMON_PASSWORDS = Path(__file__).resolve().parent / "data" / "common-passwords.txt.gz"
+COMMON_PASSWORDS = Path(__file__).resolve().parent.parent / "data" / "common-passwords.txt.gz"
 # Password hashing runs in these threads, at this niceness, so log-ins wait for each other and
 # not the API (hashlib.scrypt releases the GIL).
 HASHING_THREADS = 2

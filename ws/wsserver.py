@@ -33,8 +33,8 @@ from wsproto.events import AcceptConnection, CloseConnection, Message, Ping
 from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
-import logs
-from outbox import Outbox
+from ws.outbox import Outbox
+from ops import logs
 
 OUTPUT_LIMIT = 1024 * 1024
 LINGER_SECONDS = 1.0

@@ -9,11 +9,10 @@ import random
 import threading
 import time
 
-import accounts
-import twofactor
+from web import accounts, twofactor
 from models import (ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection,
                     utcnow)
-from writelock import write_transaction
+from store.writelock import write_transaction
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from gevent.event import AsyncResult
 from limits.errors import StorageError
 from peewee import SqliteDatabase
 
-from models import db, find_active_key, greenlets_share_thread
+from models import db, find_active_key
+from store.connections import greenlets_share_thread
 from ratelimit import LimitStorageUnavailable
 
 log = logging.getLogger(__name__)

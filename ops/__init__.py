@@ -1,0 +1,1 @@
+"""Operations: health checks, Prometheus metrics and logs."""

@@ -1,0 +1,1 @@
+"""Storage helpers: the rate-limit storages, schema upgrades, write transactions and short locks."""

@@ -1,0 +1,82 @@
+"""The Security tab's key forms: create, roll and revoke a key. Their routes are the `web`
+blueprint's (web.create_key, ...), registered on it when app.py imports this module."""
+
+import json
+
+from flask import abort, flash, g, redirect, request, session, url_for
+
+import auth
+import ratelimit
+from models import ApiKey
+from web import accounts
+from web.pages import MAX_ID, bp, login_required, render_security_tab
+
+
+@bp.post("/settings/security/keys")
+@login_required
+def create_key():
+    form = request.form
+    try:
+        ratelimit.count_key_creation(g.user)
+        scopes = form.getlist("scopes")
+        if "scopes_shown" in form and not scopes:
+            raise ValueError("Choose at least one scope.")
+        key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""),
+                                     expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes,
+                                     allow_ips=form.get("allow_ips"))
+    except ratelimit.RateLimitExceeded as error:
+        minutes = -(-error.retry_after // 60)
+        flash(f"Too many keys created in the last hour; try again in {minutes} minutes.", "error")
+        return render_security_tab(status=429)
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=400)
+    # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
+    accounts.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
+    return redirect(url_for("web.settings_security"))
+
+
+@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/roll")
+@login_required
+def roll_key(key_id):
+    key = own_key(key_id)
+    if key.revoked_at or key.is_expired():
+        abort(404)
+    form = request.form
+    try:
+        ratelimit.count_key_roll(g.user)
+        grace = auth.parse_duration(form.get("grace", "24h"), allow_never=False)
+        secret = auth.roll_key(key, grace, end_previous=form.get("end_previous") == "1", current=form.get("current"))
+    except ratelimit.RateLimitExceeded as error:
+        minutes = -(-error.retry_after // 60)
+        flash(f"Too many keys rolled in the last hour; try again in {minutes} minutes.", "error")
+        return render_security_tab(status=429)
+    except auth.GraceRunning as error:
+        flash(f"{error} Tick “End the previous secret now” to confirm.", "error")
+        return render_security_tab(status=409)
+    except auth.RollConflict as error:
+        flash(str(error), "error")
+        return render_security_tab(status=409)
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=400)
+    accounts.keep_pending_secret(g.session, session["sid"],
+                                 json.dumps({"name": key.name, "secret": secret, "rolled": True}))
+    return redirect(url_for("web.settings_security"))
+
+
+def own_key(key_id):
+    """The logged-in user's key with this id; another user's, or none, is a 404."""
+    key = ApiKey.get_or_none((ApiKey.id == key_id) & (ApiKey.user == g.user))
+    if key is None:
+        abort(404)
+    return key
+
+
+@bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/revoke")
+@login_required
+def revoke_key(key_id):
+    key = own_key(key_id)
+    auth.revoke_key(key)
+    flash(f"Revoked {key.name!r}: requests with it now fail.")
+    return redirect(url_for("web.settings_security"))

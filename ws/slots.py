@@ -1,0 +1,101 @@
+"""How many sockets each owner has open (a key's time sockets, an IP address's echo sockets): in
+this process, or shared by every worker and instance through Redis."""
+
+import collections
+import logging
+import time
+import uuid
+
+import redis
+from werkzeug.exceptions import TooManyRequests
+
+import ratelimit
+
+log = logging.getLogger(__name__)
+
+
+class TooManyConnections(TooManyRequests):
+    """The key already has its maximum of open time sockets (HTTP 429)."""
+
+    error_code = "too_many_connections"
+
+
+class SocketSlots:
+    """Counts each owner's open sockets (a key's time sockets, an IP's echo sockets) in this process."""
+
+    def __init__(self, per_owner, refusal=None):
+        self.per_owner = per_owner
+        self.refusal = refusal or f"This API key already has {per_owner} open time sockets; close one first."
+        self.open = collections.Counter()
+
+    def take(self, owner):
+        """Reserve a slot for the owner and return its token, or raise TooManyConnections."""
+        if self.open[owner] >= self.per_owner:
+            raise TooManyConnections(self.refusal)
+        self.open[owner] += 1
+        return owner
+
+    def give_back(self, owner, token):
+        self.open[owner] -= 1
+        if self.open[owner] <= 0:
+            del self.open[owner]
+
+    def refresh(self, slots):
+        """Nothing to do: a process's own counts cannot outlive it."""
+
+
+class SharedSocketSlots:
+    """Counts each key's open time sockets in Redis, so the cap holds across workers and
+    instances. A slot is a member of the key's sorted set, scored by its last heartbeat, so
+    the slots of a worker that died expire instead of leaking."""
+
+    STALE_SECONDS = 90
+    HEARTBEAT_SECONDS = 30
+    TAKE = """
+        redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+        if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+        redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
+        redis.call('EXPIRE', KEYS[1], ARGV[5])
+        return 1
+    """
+
+    def __init__(self, client, per_key):
+        self.client = client
+        self.per_key = per_key
+        self.take_script = client.register_script(self.TAKE)
+
+    @staticmethod
+    def name(key_id):
+        return f"time-sockets:{key_id}"
+
+    def take(self, key_id):
+        """Reserve a slot for the key and return its token, or raise TooManyConnections."""
+        token = uuid.uuid4().hex
+        now = time.time()
+        try:
+            taken = self.take_script(keys=[self.name(key_id)],
+                                     args=[now, now - self.STALE_SECONDS, self.per_key, token, self.STALE_SECONDS])
+        except redis.RedisError as error:
+            log.error("Socket slots unavailable in Redis: %s", error)
+            raise ratelimit.LimitStorageUnavailable() from None
+        if not taken:
+            raise TooManyConnections(f"This API key already has {self.per_key} open time sockets; close one first.")
+        return token
+
+    def give_back(self, key_id, token):
+        try:
+            self.client.zrem(self.name(key_id), token)
+        except redis.RedisError as error:
+            log.warning("Could not free a socket slot (it expires by itself): %s", error)
+
+    def refresh(self, slots):
+        """Renew the heartbeat of this worker's open slots."""
+        now = time.time()
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key_id, token in slots:
+                    pipe.zadd(self.name(key_id), {token: now}, xx=True)
+                    pipe.expire(self.name(key_id), self.STALE_SECONDS)
+                pipe.execute()
+        except redis.RedisError as error:
+            log.warning("Could not renew socket slots: %s", error)
