@@ -16,9 +16,10 @@ from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
 from metering import analytics, usage
 
-VERSION = "1.0.0"
 REVOKE_ATTEMPTS = 3
 OPENAPI = json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())
+# The version's one place is the API description; status reports it, `python app.py --version` prints it.
+VERSION = OPENAPI["info"]["version"]
 
 api = Blueprint("api", __name__, url_prefix="/api/v1")
 

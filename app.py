@@ -1,6 +1,14 @@
 """The service: configuration, the app factory, error rendering and `python app.py`."""
 
 if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--version"]:
+        import json
+        from pathlib import Path
+
+        print(json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())["info"]["version"])
+        raise SystemExit(0)
     # Before anything else is imported: where gunicorn cannot run, `python app.py` serves in this
     # process with gevent, whose patching of the standard library must come first.
     from serving import startup

@@ -284,3 +284,14 @@ def test_the_licence_is_mit_and_names_the_data_files_own_licences():
     data_files = [path.name for path in (ROOT / "data").iterdir() if path.name != "README.md"]
     assert data_files and all(f"data/{name}" in licence for name in data_files)
     assert "BSD 3-Clause" in licence and "data/README.md" in licence
+
+
+def test_python_app_py_version_prints_the_version_status_reports():
+    import api
+
+    printed = subprocess.run([sys.executable, "app.py", "--version"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    assert printed == f"{api.VERSION}\n"
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", api.VERSION)
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert f"## [{api.VERSION}]" in changelog

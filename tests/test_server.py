@@ -48,7 +48,7 @@ def test_procfile_runs_gunicorn_with_gevent(tmp_path, env):
     try:
         assert "Using worker: gevent" in server.output()
         assert requests.get(server.base + "/api/v1/status", timeout=10).json() == {
-            "status": "operational", "version": "1.0.0", "authenticated": False}
+            "status": "operational", "version": "1.2.0", "authenticated": False}
     finally:
         server.stop()
 
