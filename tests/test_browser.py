@@ -3,7 +3,8 @@ Playwright) against the real server in both run modes (gunicorn, and `python app
 get a key, see it once, use it, revoke it; then the playground's REST calls, clock and echo; a
 key's page with its charts at 1280 and 390 px; axe-core (WCAG 2.2 AA) on the Security tab and the
 key page. With UPDATE_SCREENSHOTS=1 the run saves the screenshots of docs/web-app-and-keys.md to
-docs/; otherwise to a temporary folder, so a test run leaves the checkout clean."""
+docs/ (test_pages.py saves the two of the Security tab with a new secret); otherwise to a temporary
+folder, so a test run leaves the checkout clean."""
 
 import os
 import re
@@ -97,15 +98,13 @@ def protected_test(server, secret):
     return requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=5)
 
 
-def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server, screenshots):
+def test_get_a_key_see_it_once_use_it_and_revoke_it(page, server):
     sign_up(page, "dana")
     secret = create_key(page, "Browser key")
     assert secret.startswith("sk_live_")
     page.get_by_role("button", name="Copy").click()
     expect(page.get_by_role("button", name="Copied")).to_be_visible()
     assert page.evaluate("navigator.clipboard.readText()") == secret
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=screenshots / "security-tab.png", full_page=True)
 
     assert protected_test(server, secret).status_code == 200
     page.reload()
@@ -169,7 +168,7 @@ def fits(page, width):
     return page.evaluate("document.documentElement.scrollWidth") <= width
 
 
-def test_every_page_fits_a_phone(browser, server, screenshots):
+def test_every_page_fits_a_phone(browser, server):
     context = browser.new_context(base_url=server.base, viewport=PHONE)
     page = context.new_page()
     try:
@@ -189,7 +188,6 @@ def test_every_page_fits_a_phone(browser, server, screenshots):
         secret = create_key(page, "A key with a rather long name, to see it wrap on a phone")
         assert fits(page, PHONE["width"]), "Security with the new secret"
         assert page.get_by_label("Secret key").input_value() == secret
-        page.screenshot(path=screenshots / "phone-security-tab.png", full_page=True)
         page.reload()
         assert fits(page, PHONE["width"]), "Security with keys"
         row = page.locator("table.keys tbody tr", has_text="A key with a rather long name")

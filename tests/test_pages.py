@@ -4,6 +4,7 @@ axe-core (WCAG 2.2 AA and best practice, target size included) finds nothing at 
 label, and an endpoint's path wraps only at a slash; at both sizes key rows, buttons, charts and
 totals line up."""
 
+import itertools
 import os
 from pprint import pformat
 
@@ -12,7 +13,7 @@ import pytest
 import requests
 
 from liveserver import service_env, serving
-from test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, create_key, require, sign_up
+from test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, DOCS, create_key, require, sign_up
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -27,7 +28,8 @@ AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practi
 # Where an endpoint's path is shown: the landing page's list, the reference's headings and contents,
 # the playground's buttons.
 PATHS = 'td[data-label="Path"] code, article.operation h3, article.socket h3, .toc a, button.call'
-usernames = (f"pages{n}" for n in range(1000))
+usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("dana", "erin", "finn", "gale"))
+SHOWN_IN_DOCS = "Security tab with a new key's secret"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,13 @@ def browser():
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def screenshots(tmp_path):
+    """Where the run saves its screenshots: docs/ with UPDATE_SCREENSHOTS=1 (the Security tab right
+    after Create New API Key, at 1280 and 390 px), else a temporary folder."""
+    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +106,8 @@ def every_page(page, server):
     page.locator("#add-passkey").click()
     expect(page.locator(".passkey")).to_have_text("Laptop")
 
-    create_key(page, "Old key")
-    page.get_by_label("Name", exact=True).fill("Charted key")
+    create_key(page, "Old script")
+    page.get_by_label("Name", exact=True).fill("Nightly report")
     page.get_by_label("Expires in").select_option("30d")
     page.get_by_label("usage:read").uncheck()
     page.get_by_label("Allowed IP addresses").fill("127.0.0.0/8\n::1")
@@ -106,20 +115,20 @@ def every_page(page, server):
     expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
     yield "Security tab with a new key's secret"
 
-    row = page.locator("table.keys tbody tr", has_text="Charted key")
+    row = page.locator("table.keys tbody tr", has_text="Nightly report")
     row.get_by_text("Roll", exact=True).click()
     row.get_by_role("button", name="Roll the secret").click()
     key = page.get_by_label("Secret key").input_value()
     for path in ["/api/v1/protected/test"] * 3 + ["/api/v1/user/me", "/api/v1/usage/history"]:
         requests.get(server.base + path, headers={"X-API-Key": key}, timeout=5)
-    row = page.locator("table.keys tbody tr", has_text="Old key")
+    row = page.locator("table.keys tbody tr", has_text="Old script")
     row.get_by_text("Revoke", exact=True).click()
     row.get_by_role("button", name="Yes, revoke").click()
     page.get_by_text("Revoked (1)").click()
-    page.locator("table.keys tbody tr", has_text="Charted key").get_by_text("Roll", exact=True).click()
+    page.locator("table.keys tbody tr", has_text="Nightly report").get_by_text("Roll", exact=True).click()
     yield "Security tab with keys, a roll form open"
 
-    page.locator("table.keys tbody tr", has_text="Charted key").get_by_role("link", name="Charted key").click()
+    page.locator("table.keys tbody tr", has_text="Nightly report").get_by_role("link", name="Nightly report").click()
     chart = page.locator("figure", has=page.get_by_role("heading", name="Requests per hour, last 24 hours"))
     for _ in range(40):  # counts reach the page within a second (or a few, on a busy machine)
         if chart.locator("svg rect.insufficient_scope").count():
@@ -264,11 +273,15 @@ MISALIGNED = """() => {
 }"""
 
 
-def test_every_page_fits_a_phone_with_labels_beside_their_boxes_and_paths_whole(open_page, server):
+def test_every_page_fits_a_phone_with_labels_beside_their_boxes_and_paths_whole(open_page, server, screenshots):
     page = open_page(PHONE)
     found = {}
     for name in every_page(page, server):
         page.wait_for_load_state("load")
+        if name == SHOWN_IN_DOCS:  # down to the list of keys
+            bottom = page.evaluate("document.getElementById('keys-heading').closest('section').getBoundingClientRect().bottom + scrollY")
+            page.screenshot(path=screenshots / "phone-security-tab.png", full_page=True,
+                            clip={"x": 0, "y": 0, "width": PHONE["width"], "height": bottom + 16})
         problems = (page.evaluate(TOO_WIDE) + page.evaluate(LABEL_APART) + page.evaluate(PATH_BROKEN, PATHS)
                     + page.evaluate(MISALIGNED))
         if problems:
@@ -276,7 +289,12 @@ def test_every_page_fits_a_phone_with_labels_beside_their_boxes_and_paths_whole(
     assert not found, pformat(found, width=120)
 
 
-def test_at_1280_px_key_rows_buttons_and_charts_line_up(open_page, server):
+def test_at_1280_px_key_rows_buttons_and_charts_line_up(open_page, server, screenshots):
     page = open_page(DESKTOP)
-    found = {name: problems for name in every_page(page, server) if (problems := page.evaluate(MISALIGNED))}
+    found = {}
+    for name in every_page(page, server):
+        if name == SHOWN_IN_DOCS:
+            page.screenshot(path=screenshots / "security-tab.png", full_page=True)
+        if problems := page.evaluate(MISALIGNED):
+            found[name] = problems
     assert not found, pformat(found, width=120)
