@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 
 def load_config(environ=os.environ):
-    """Return every setting of the contract's configuration table, defaults filled in (settings.py
+    """Return every setting of the contract's configuration table, defaults filled in (serving/settings.py
     parses and checks them); an unset SECRET_KEY is the one kept in instance/."""
     config = settings.load(environ)
     config["SECRET_KEY"] = config["SECRET_KEY"] or instance_secret_key()
@@ -224,7 +224,7 @@ def refuse_large_bodies():
     """Refuse a body larger than MAX_BODY_BYTES before it is read: a declared one at once, a chunked
     one once that many bytes came (they are kept for the view, in memory). Only a POST's chunked
     body is read: no other view takes one, and the server closes the connection after it."""
-    # Runs on every request: the environ without a context proxy (see envelope.py).
+    # Runs on every request: the environ without a context proxy (see serving/envelope.py).
     environ = envelope.current_environ.get()
     if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
         if envelope.request_method(environ) != "POST":
@@ -317,7 +317,7 @@ def seed_demo(base_url):
 
 def serve(config):
     """Seed the demo user, then serve: as gunicorn with the gevent worker, as the Procfile runs it,
-    or where gunicorn cannot run, with gevent's WSGI server in this process (devserver.py)."""
+    or where gunicorn cannot run, with gevent's WSGI server in this process (serving/devserver.py)."""
     host, port = config["HOST"], config["PORT"]
     startup.refuse_busy_port(host, port)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

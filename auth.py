@@ -274,7 +274,7 @@ def require_scope(key, scope):
     if scope not in key.scope_list():
         # A scope guards more than the endpoint SCOPES names for it (usage:read: stats and history).
         needed_by = SCOPES[scope]
-        # From the environ: the fast lane serves keyed requests without Flask's request (fastlane.py).
+        # From the environ: the fast lane serves keyed requests without Flask's request (serving/fastlane.py).
         environ = envelope.current_environ.get()
         route = metrics.route(environ)
         if not needed_by.endswith(" " + route):
@@ -287,7 +287,7 @@ def require_allowed_address(key):
     limits use: REMOTE_ADDR, from X-Forwarded-For behind TRUSTED_PROXIES)."""
     if key.allowed_networks is None:
         return
-    # From the environ: the fast lane serves keyed requests without Flask's request (fastlane.py).
+    # From the environ: the fast lane serves keyed requests without Flask's request (serving/fastlane.py).
     environ = envelope.current_environ.get()
     client_address = environ.get("REMOTE_ADDR")
     if not allowips.permits(key.allowed_networks, client_address):
@@ -307,8 +307,8 @@ def admit(secret, scope, environ, source="the X-API-Key header"):
     """Authenticate a secret, check its scope and allow-list, then count the request (of this WSGI
     environ, which envelope.Envelope served) against its key's allowance; return the key. A key
     refused by its scope or allow-list is not counted. The key may come from the worker's cache
-    (keycache.py); where the count must confirm it, a stale one is read again, uncounted."""
-    # The app from the environ, not current_app: see envelope.py.
+    (keys/keycache.py); where the count must confirm it, a stale one is read again, uncounted."""
+    # The app from the environ, not current_app: see serving/envelope.py.
     service = environ[envelope.SERVICE_APP].extensions
     keys, limiter = service["keys"], service["ratelimit"]
     secret = given_secret(secret, source)
@@ -342,7 +342,7 @@ def require_api_key(scope):
             environ = envelope.current_environ.get()
             return view(*args, api_key=admit(environ.get("HTTP_X_API_KEY"), scope, environ), **kwargs)
 
-        # Itself, not a copy that functools.wraps would give a decorator around it (fastlane.py).
+        # Itself, not a copy that functools.wraps would give a decorator around it (serving/fastlane.py).
         guarded.guard = guarded
         return guarded
 

@@ -114,7 +114,7 @@ class Session(BaseModel):
     last_seen_at = DateTimeField(default=utcnow, index=True)
     # A new key's secret until the next page shows it, encrypted with a key only the cookie holds.
     pending_secret = TextField(null=True)
-    # The TOTP secret this session's set-up waits to confirm (twofactor.py), sealed, and when it was
+    # The TOTP secret this session's set-up waits to confirm (web/twofactor.py), sealed, and when it was
     # made: no other session sees it, and it ends with the session.
     totp_setup = TextField(null=True)
     totp_setup_at = DateTimeField(null=True)
@@ -144,7 +144,7 @@ class ApiKey(BaseModel):
     # The networks the key may be used from (allowips.parse's form); NULL: any address.
     allow_ips = TextField(null=True)
     # Not a column: (tier's limit item, its window's storage key), made by ratelimit.Limiter once
-    # for each key it counts; a kept key (keycache.py) serves many requests.
+    # for each key it counts; a kept key (keys/keycache.py) serves many requests.
     counted_window = None
 
     class Meta:
@@ -180,7 +180,7 @@ class SecurityEvent(BaseModel):
         indexes = ((("user", "created_at"), False),)
 
 
-# Account protection (issue 29): two-factor log-in and passkeys; twofactor.py and passkeys.py own them.
+# Account protection (issue 29): two-factor log-in and passkeys; web/twofactor.py and web/passkeys.py own them.
 
 class TwoFactor(BaseModel):
     """An account's TOTP authenticator, made when a code confirmed it (a set-up waiting for its

@@ -46,7 +46,7 @@ KEY_ROLLS_PER_ACCOUNT = RateLimitItemPerHour(30)
 
 RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
 RateLimitState.__doc__ = "One request's place in its window; reset is in epoch seconds."
-# Where a request's RateLimitState waits for its response (envelope.py writes the headers).
+# Where a request's RateLimitState waits for its response (serving/envelope.py writes the headers).
 RATE_LIMIT_STATE = "service.rate_limit"
 
 
@@ -63,7 +63,7 @@ class LimitStorageUnavailable(ServiceUnavailable):
 
 
 def limit_item(rate):
-    """Return the limits item for an (amount, period) that settings.py parsed."""
+    """Return the limits item for an (amount, period) that serving/settings.py parsed."""
     amount, period = rate
     return PERIODS[period](amount)
 
@@ -78,7 +78,7 @@ class Limiter:
 
     def __init__(self, storage, tiers, public_rate):
         self.storage = storage
-        # On Redis, the counter also carries the key generation that keycache.py relies on.
+        # On Redis, the counter also carries the key generation that keys/keycache.py relies on.
         self.windows = redis_windows(storage)
         self.count_hit = window_counter(storage, self.windows)
         self.tiers = tiers

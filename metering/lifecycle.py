@@ -45,7 +45,7 @@ def prune(config, now=None, pause=0):
     hourly_cutoff = now - datetime.timedelta(days=config["USAGE_HOURLY_RETENTION_DAYS"])
     daily_cutoff = (now - datetime.timedelta(days=config["USAGE_DAILY_RETENTION_DAYS"])).date()
     key_cutoff = now - datetime.timedelta(days=config["REVOKED_KEY_RETENTION_DAYS"])
-    # Every hourly count is in its day already (usage.py writes both), so old hours are only deleted.
+    # Every hourly count is in its day already (metering/usage.py writes both), so old hours are only deleted.
     pruned["hourly"] += delete_in_batches(UsageHour, UsageHour.id, UsageHour.hour < hourly_cutoff, pause)
     pruned["daily"] += delete_in_batches(UsageDay, UsageDay.id, UsageDay.day < daily_cutoff, pause)
     gone = (ApiKey.revoked_at <= key_cutoff) | (ApiKey.expires_at <= key_cutoff)
@@ -58,7 +58,7 @@ def prune(config, now=None, pause=0):
         time.sleep(pause)
     idle = Session.last_seen_at < accounts.idle_cutoff()
     pruned["sessions"] += delete_in_batches(Session, Session.token_hash, idle, pause)
-    # A process's last write of usage counts matters only while it runs (usage.py).
+    # A process's last write of usage counts matters only while it runs (metering/usage.py).
     delete_in_batches(UsageWriter, UsageWriter.writer, UsageWriter.written_at < now - datetime.timedelta(days=1),
                       pause)
     with write_transaction(db.obj):

@@ -52,7 +52,7 @@ class UsageCounter:
         self.database = database
         self.interval = interval
         self.pending = collections.Counter()
-        # Held only to swap or add to the counts, never across a wait (locks.py).
+        # Held only to swap or add to the counts, never across a wait (store/locks.py).
         self.pending_lock = locks.short_lock()
         # Held for one transaction of a flush, or for total()'s read: a reader never sees a count
         # both in the database and still pending, and waits for at most one transaction.
@@ -200,11 +200,11 @@ class UsageCounter:
 
 
 def init_app(app):
-    # envelope.py records each request's answer with the counter.
+    # serving/envelope.py records each request's answer with the counter.
     app.extensions["usage"] = UsageCounter(db.obj)
 
 
-# Where a request notes, for envelope.py, that its answer goes into a key's usage.
+# Where a request notes, for serving/envelope.py, that its answer goes into a key's usage.
 USAGE_KEY_ID = "service.usage_key_id"
 USAGE_COUNTED = "service.usage_counted"
 

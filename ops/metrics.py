@@ -49,7 +49,7 @@ def init_app(app):
 
 
 SOCKET_ENDPOINT = "metrics.socket_endpoint"
-# The route of a request served without Flask (fastlane.py), which has no matched rule.
+# The route of a request served without Flask (serving/fastlane.py), which has no matched rule.
 ROUTE = "service.route"
 
 

@@ -8,7 +8,7 @@ server, with what gunicorn and gunicorn.conf.py give the gevent worker.
   headers and a request id, as gunicorn.conf.py's write_json_error answers.
 - The access log in gunicorn.conf.py's access_log_format (or with LOG_FORMAT=json its JSON object),
   secrets redacted; a yield after each request, as its post_request.
-- WebSockets run through wsserver.py as under gunicorn (outbox bounds, stall timeout), with the same
+- WebSockets run through ws/wsserver.py as under gunicorn (outbox bounds, stall timeout), with the same
   socket caps; a connection that became a WebSocket ends with it.
 - SIGINT (Ctrl-C), SIGTERM and, on Windows, SIGBREAK (Ctrl-Break) stop gracefully: no new
   connections, open sockets closed with 1001, requests under way finished (GRACEFUL_SECONDS at

@@ -17,7 +17,7 @@ lane only when Flask would do nothing for it beyond calling its view:
 
 Anything else goes through Flask, and so does every refusal: the error is rendered by the app's
 own handlers, in a request context made for it, so a 401, 403, 429 or 503 is Flask's. The
-envelope (envelope.py) wraps both ways alike: request id, security and rate-limit headers, metrics
+envelope (serving/envelope.py) wraps both ways alike: request id, security and rate-limit headers, metrics
 and usage."""
 
 import functools

@@ -9,7 +9,7 @@ LINGER_BYTES = 1 << 20
 def linger(body):
     """Read and drop what the client still sends, for a moment and up to a bound: closing on unread
     data makes the kernel answer with a reset, which can destroy the response (a 413) before the
-    client reads it. nginx's lingering close. Both servers call it: gunicorn.conf.py and devserver.py."""
+    client reads it. nginx's lingering close. Both servers call it: gunicorn.conf.py and serving/devserver.py."""
     drained = 0
     with gevent.Timeout(LINGER_SECONDS, False):
         try:

@@ -79,7 +79,7 @@ class SweptMemoryStorage(MemoryStorage):
 
 class SharedLock:
     """Stands in for limits' table of one lock per key with one lock for all keys. The sections
-    it guards are a few dict operations that never wait (so a real lock: locks.py); a lock per key
+    it guards are a few dict operations that never wait (so a real lock: store/locks.py); a lock per key
     left three objects per key for every full garbage collection to walk: pauses of 100 ms with
     60,000 keys."""
 
@@ -128,7 +128,7 @@ class RedisWindows:
     The same call reads the key generation: a random token that every change to an API key
     replaces (announce_key_change). A window counted for a key read under another generation is
     not counted, so a process that caches keys learns that one may be stale before it serves it,
-    at no extra round trip (keycache.py)."""
+    at no extra round trip (keys/keycache.py)."""
 
     # ARGV[1] is a fresh token, for a generation that does not exist yet (a new or emptied Redis),
     # or '' when no generation is kept (Redis Cluster: its key would live in another slot). Then

@@ -12,7 +12,9 @@ import pytest
 # The PostgreSQL server where each test run makes (and drops) its own database, reached through
 # this URL's database; and the Redis database the tests empty.
 ADMIN_URL = urlsplit(os.environ.get("TEST_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("TEST_REDIS_URL") or "redis://127.0.0.1:6379/15"
+# Each pytest-xdist worker (gw0, gw1, ...) empties a Redis database of its own: 15, 14, ...
+REDIS_DB = 15 - int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 16
+REDIS_URL = os.environ.get("TEST_REDIS_URL") or f"redis://127.0.0.1:6379/{REDIS_DB}"
 POSTGRES = (ADMIN_URL.hostname or "127.0.0.1", ADMIN_URL.port or 5432)
 REDIS = (urlsplit(REDIS_URL).hostname or "127.0.0.1", urlsplit(REDIS_URL).port or 6379)
 _session_database = f"apitest_{uuid.uuid4().hex[:12]}"

@@ -1,4 +1,4 @@
-"""The fast lane (fastlane.py): which requests take it, that each answer is the one Flask gives, and
+"""The fast lane (serving/fastlane.py): which requests take it, that each answer is the one Flask gives, and
 when the app has no lane at all. The apps here have no application context around their requests,
 as under gunicorn, so a lane view that reached for current_app or g would fail here too."""
 

@@ -281,7 +281,8 @@ def proxied(tmp_path_factory):
     postgres, redis = TcpProxy(services.POSTGRES), TcpProxy(services.REDIS)
     database_url = database.replace(f"{services.POSTGRES[0]}:{services.POSTGRES[1]}", f"127.0.0.1:{postgres.port}")
     assert database_url != database
-    env = service_env(tmp_path, DATABASE_URL=database_url, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{redis.port}/15")
+    env = service_env(tmp_path, DATABASE_URL=database_url,
+                      RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{redis.port}/{services.REDIS_DB}")
     server = start_procfile(tmp_path, env)
     yield server, postgres, redis
     server.stop()

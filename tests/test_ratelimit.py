@@ -263,7 +263,7 @@ def test_a_keys_window_is_limits_own_key_made_once_per_kept_key(app, user, pro_k
 
 def test_the_hot_path_locks_are_the_os_threads_own_under_gevent_too():
     # gevent's patched locks cost 5,000-9,000 instructions a use; a library change that made
-    # locks.py hand one out again would go unnoticed in a run without gevent.
+    # store/locks.py hand one out again would go unnoticed in a run without gevent.
     check = ("from gevent import monkey; monkey.patch_all()\n"
              "import threading\nfrom store import limitstorage, locks\n"
              "assert type(threading.Lock()).__module__.startswith('gevent')\n"

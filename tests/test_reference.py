@@ -13,7 +13,7 @@ from web import pages, reference
 
 OPERATIONS = [(method.upper(), path, operation) for path, item in DOCUMENT["paths"].items()
               for method, operation in item.items()]
-# What reference.py reads of an operation; anything else openapi.json gains must be shown too.
+# What web/reference.py reads of an operation; anything else openapi.json gains must be shown too.
 RENDERED_KEYS = {"operationId", "summary", "description", "tags", "security", "parameters", "responses"}
 
 

@@ -96,7 +96,8 @@ def test_one_worker_gives_each_of_many_requests_at_once_its_own_count_on_redis(t
 def test_requests_waiting_on_a_hung_redis_all_fail_closed_in_time(tmp_path):
     services.redis_url()
     proxy = TcpProxy(services.REDIS)
-    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/15", WEB_CONCURRENCY="1")
+    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/{services.REDIS_DB}",
+                      WEB_CONCURRENCY="1")
     key = make_key(env)
     server = start_procfile(tmp_path, env)
     url = server.base + "/api/v1/protected/test"
@@ -116,7 +117,7 @@ def test_requests_waiting_on_a_hung_redis_all_fail_closed_in_time(tmp_path):
 def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):
     services.redis_url()
     proxy = TcpProxy(services.REDIS)
-    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/15",
+    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/{services.REDIS_DB}",
                       PUBLIC_RATE_LIMIT="600/minute")
     key = make_key(env)
     headers = {"X-API-Key": key}

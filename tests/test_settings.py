@@ -1,4 +1,4 @@
-"""Configuration errors: settings.py names the variable of every value it refuses, in one sentence
+"""Configuration errors: serving/settings.py names the variable of every value it refuses, in one sentence
 and one exception type; every entry point (`python app.py` in both run modes, gunicorn, the flask
 command) prints that sentence on one line and exits with status 2; gunicorn's master checks before
 it forks a worker, importing nothing the workers must import after gevent's patching."""

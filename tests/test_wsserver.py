@@ -1,4 +1,4 @@
-"""The WebSocket adapter: its Outbox (outbox.py) on real (gevent) socket pairs, and the library internals it
+"""The WebSocket adapter: its Outbox (ws/outbox.py) on real (gevent) socket pairs, and the library internals it
 relies on, so that a new simple-websocket, flask-sock or gevent that moves them fails here
 loudly instead of quietly bringing back unbounded buffers."""
 

@@ -75,7 +75,7 @@ def protect_forms():
     """Check the CSRF token of every request that may change something, outside the API: it
     authenticates by key, never by the browser's cookie, so it has no token to ask for."""
     # A request no view matches runs none: it gets its 404 or 405, as with flask-wtf's own check.
-    # The method from the environ: this runs on every request (see envelope.py).
+    # The method from the environ: this runs on every request (see serving/envelope.py).
     method = envelope.request_method(envelope.current_environ.get())
     if (method in FORM_METHODS and request.endpoint is not None and current_app.config["WTF_CSRF_ENABLED"]
             and not request.path.startswith(envelope.API_PREFIX)):
@@ -206,7 +206,7 @@ def login():
     return redirect(local_path(request.args.get("next")) or url_for("web.settings_profile"))
 
 
-# Two-factor log-in (issue 29): webprotection.py serves the second step.
+# Two-factor log-in (issue 29): web/webprotection.py serves the second step.
 PENDING_LOGIN = "pending_login"  # the session cookie's key for the pending log-in's token
 LOGIN_NEXT = "login_next"
 

@@ -1,4 +1,4 @@
-"""The one way bytes are written to a WebSocket client's socket (see wsserver.py): in order,
+"""The one way bytes are written to a WebSocket client's socket (see ws/wsserver.py): in order,
 without ever blocking the writer, and at most a limit of them held for a slow client."""
 
 import collections

@@ -9,7 +9,7 @@ ConcurrentObjectUseError. This adapter reaches into the library (its reader loop
 the real socket `_sock`, the wait for readable bytes `_wait(_read_event)`);
 tests/test_wsserver.py fails if a new version moves any of it.
 
-- Every write goes through one Outbox per socket (outbox.py): written at once when the kernel
+- Every write goes through one Outbox per socket (ws/outbox.py): written at once when the kernel
   takes it, else queued and written by that socket's own flusher greenlet. Nothing waits on a
   client but the handler that talks to it.
 - At most OUTPUT_LIMIT bytes wait to be sent; a client that takes nothing for `send_timeout`
