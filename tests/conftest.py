@@ -30,6 +30,33 @@ def pytest_sessionfinish(session):
     services.drop_session_database()
 
 
+# What `-m "not slow"` leaves out: modules whose tests start real servers, browsers or other
+# processes, and any test elsewhere that asks for a live server.
+SLOW_MODULES = {
+    "test_accounts_live", "test_allowips_live", "test_analytics_live", "test_browser", "test_chaos", "test_clients",
+    "test_devserver", "test_faults", "test_first_run", "test_fuzz", "test_hardening_live", "test_hostile",
+    "test_keycache_live", "test_lifecycle_live", "test_operations_live", "test_pages", "test_passkeys_browser",
+    "test_reload", "test_scale", "test_server", "test_settings", "test_socket_attacks", "test_sockets",
+    "test_twofactor_live",
+}
+LIVE_FIXTURES = {"live", "server", "servers", "fallback", "cluster", "run_mode"}
+
+
+# Under pytest-xdist (pytest.ini: --dist loadgroup) a module's tests run on one worker and share its
+# servers; the tests of these modules each wait a long while on their own (CLI runs, timed attacks),
+# so they spread over the workers instead.
+SPREAD_MODULES = {"test_keycache_live", "test_socket_attacks"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.module.__name__
+        if module in SLOW_MODULES or LIVE_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+        item.add_marker(pytest.mark.xdist_group(item.nodeid if module in SPREAD_MODULES else module))
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request, tmp_path):
     """Each test that uses the database runs on SQLite and on PostgreSQL."""

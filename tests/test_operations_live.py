@@ -323,7 +323,7 @@ def test_readyz_turns_503_when_postgresql_or_redis_is_cut_and_back(proxied):
     # Text logs: the access line ends with the request id, the app's lines show it in brackets.
     output = server.output()
     assert re.search(r'"GET /readyz HTTP/1.1" 503 \S+ \S+ ready-pg-1$', output, re.M)
-    assert re.search(r"WARNING health \[ready-pg-1\] Readiness: the database failed", output)
+    assert re.search(r"WARNING ops.health \[ready-pg-1\] Readiness: the database failed", output)
 
 
 def test_readyz_gives_up_on_a_dependency_that_hangs(proxied):
