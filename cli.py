@@ -70,12 +70,22 @@ def create_user_command(username, email, password_stdin):
     elif not has_terminal():
         raise click.ClickException("No terminal to prompt for a password; use --password-stdin.")
     else:
-        password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
+        # Judged before it is asked again: a refused password is not typed twice for nothing.
+        password = click.prompt("Password", hide_input=True, confirmation_prompt=True, value_proc=allowed_password)
     try:
         user = accounts.create_user(username, email, password)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created user {user.username} (id {user.id}).")
+
+
+def allowed_password(password):
+    """The password typed at the prompt, or click's UsageError with the sentence (it asks again)."""
+    try:
+        accounts.check_new_password(password)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    return password
 
 
 @keys_cli.command("create")

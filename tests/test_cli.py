@@ -28,6 +28,17 @@ def test_users_create_prompts_for_password_on_a_terminal(runner, monkeypatch):
     assert accounts.password_matches(User.get(User.username == "bob"), "s3cret-password")
 
 
+def test_users_create_refuses_a_common_password_before_asking_for_it_again(runner, monkeypatch):
+    monkeypatch.setattr(cli, "has_terminal", lambda: True)
+    result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
+                           input="password123\ns3cret-password\ns3cret-password\n")
+    assert result.exit_code == 0, result.output
+    refused = result.output.index("one of the most common passwords")
+    assert result.output.count("Password:") == 2
+    assert "Repeat for confirmation" not in result.output[:refused]
+    assert accounts.password_matches(User.get(User.username == "bob"), "s3cret-password")
+
+
 @pytest.mark.parametrize("args, message", [
     (["alice", "--email", "new@example.com"], "already taken"),
     (["bob", "--email", "alice@example.com"], "already belongs"),
