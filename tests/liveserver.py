@@ -179,6 +179,32 @@ def stored_total(database_url, key):
         return connection.execute(sql, (key[:12],)).fetchone()[0]
 
 
+def children(pid):
+    """The pids of a process's children, from /proc (Linux)."""
+    found = []
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{child}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(child))
+        except OSError:
+            continue
+    return found
+
+
+def metrics_folder(master_pid):
+    """The private folder where a gunicorn master's workers keep their metrics, from the files they map."""
+    for pid in children(master_pid):
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                found = re.search(r"(/\S*apiservice-metrics-[^/\s]+)/", maps.read())
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
+    raise AssertionError("no worker maps a metrics file")
+
+
 def wait_for(predicate, seconds=10):
     deadline = time.monotonic() + seconds
     while not predicate():

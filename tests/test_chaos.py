@@ -5,7 +5,6 @@ stopped at once, a worker SIGKILLed and each master reloaded, with keys revoked 
 import collections
 import os
 import random
-import re
 import signal
 import threading
 import time
@@ -14,7 +13,7 @@ import psycopg
 import pytest
 import requests
 
-from liveserver import ROOT, service_env, start_procfile, wait_for
+from liveserver import ROOT, children, metrics_folder, service_env, start_procfile, wait_for
 from privateservers import PrivatePostgres, PrivateRedis
 
 KEYS = 8
@@ -40,30 +39,6 @@ def make_keys(env, count):
     made = subprocess.run([sys.executable, "-c", MAKE_KEYS.format(count=count)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60, check=True)
     return made.stdout.split()
-
-
-def children(pid):
-    found = []
-    for child in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{child}/stat") as stat:
-                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(child))
-        except OSError:
-            continue
-    return found
-
-
-def metrics_folder(master_pid):
-    for pid in children(master_pid):
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                found = re.search(r"(/\S*apiservice-metrics-[^/\s]+)/", maps.read())
-        except OSError:
-            continue
-        if found:
-            return found.group(1)
-    raise AssertionError("no worker maps a metrics file")
 
 
 Call = collections.namedtuple("Call", "started instance key outcome code duration")

@@ -1,30 +1,15 @@
 """A reload (SIGHUP to gunicorn's master) under steady load: no request refused, failed or held."""
 
 import os
-import re
 import signal
 import threading
 import time
 
 import requests
 
-from liveserver import ROOT, make_key, service_env, start_procfile, wait_for
+from liveserver import ROOT, make_key, metrics_folder, service_env, start_procfile, wait_for
 
 SLOW_IMPORT = ROOT / "tests" / "fixtures" / "slow_app_import"
-
-
-def metrics_folder(master_pid):
-    """The private folder where the master's workers keep their metrics, from the files they map."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parent = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-            maps = open(f"/proc/{pid}/maps").read() if parent == master_pid else ""
-        except OSError:
-            continue
-        found = re.search(r"(/\S*apiservice-metrics-[^/\s]+)/", maps)
-        if found:
-            return found.group(1)
-    raise AssertionError("no worker maps a metrics file")
 
 
 class SteadyLoad:
