@@ -13,7 +13,7 @@ import requests
 
 import auth
 import services
-from liveserver import PASSWORD, SECRET_PATTERN, Browser, cli, service_env, serving
+from liveserver import PASSWORD, SECRET_PATTERN, Browser, cli, cli_session, service_env, serving
 
 ROUNDS = 50
 
@@ -68,27 +68,34 @@ def postgres_keys(env, username, count, expires_at=None):
         return insert_keys(connection, "%s", username, count, expires_at)
 
 
-def revoke_through_the_api(a, env, browser, key_id, secret):
+@pytest.fixture(scope="module")
+def commands(pair):
+    """The command line, against both instances' database and Redis."""
+    with cli_session(pair[2]) as session:
+        yield session
+
+
+def revoke_through_the_api(a, commands, browser, key_id, secret):
     response = requests.post(a.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10)
     assert response.status_code == 200
 
 
-def revoke_in_the_web_application(a, env, browser, key_id, secret):
+def revoke_in_the_web_application(a, commands, browser, key_id, secret):
     response = browser.post(f"/settings/security/keys/{key_id}/revoke", form_page="/settings/security")
     assert response.status_code == 302
 
 
-def revoke_through_the_cli(a, env, browser, key_id, secret):
-    cli(env, "keys", "revoke", str(key_id))
+def revoke_through_the_cli(a, commands, browser, key_id, secret):
+    commands("keys", "revoke", str(key_id))
 
 
 @pytest.mark.parametrize("revoke", [revoke_through_the_api, revoke_in_the_web_application, revoke_through_the_cli])
-def test_a_revoked_key_fails_at_once_on_both_instances(pair, revoke):
+def test_a_revoked_key_fails_at_once_on_both_instances(pair, commands, revoke):
     a, b, env, browser = pair
     for key_id, secret in postgres_keys(env, browser.username, ROUNDS):
         hold(a, secret)
         hold(b, secret)
-        revoke(a, env, browser, key_id, secret)
+        revoke(a, commands, browser, key_id, secret)
         assert status(b, secret) == 401
         assert status(a, secret) == 401
 
@@ -106,12 +113,12 @@ def test_a_secret_rolled_out_without_grace_fails_at_once_on_the_other_instance(p
         assert status(b, new_secret) == 200
 
 
-def test_a_secret_rolled_out_through_the_cli_fails_at_once(pair):
+def test_a_secret_rolled_out_through_the_cli_fails_at_once(pair, commands):
     a, b, env, browser = pair
     for key_id, secret in postgres_keys(env, browser.username, 10):
         hold(a, secret)
         hold(b, secret)
-        new_secret = cli(env, "keys", "roll", str(key_id), "--grace", "0").strip().splitlines()[-1]
+        new_secret = commands("keys", "roll", str(key_id), "--grace", "0").strip().splitlines()[-1]
         assert status(b, secret) == 401 and status(a, secret) == 401
         assert status(b, new_secret) == 200
 
@@ -141,10 +148,10 @@ def test_a_deleted_account_s_keys_fail_at_once_on_the_other_instance(pair):
 def test_one_sqlite_process_sees_the_cli_s_revocations_at_once(tmp_path, run_mode):
     env = service_env(tmp_path, WEB_CONCURRENCY="1")
     cli(env, "users", "create", "dana", "--email", "dana@example.com", "--password-stdin", stdin="a long password\n")
-    with serving(tmp_path, env, run_mode) as server:
+    with serving(tmp_path, env, run_mode) as server, cli_session(env) as commands:
         with sqlite3.connect(env["DATABASE_URL"].removeprefix("sqlite:///")) as connection:
             keys = insert_keys(connection, "?", "dana", ROUNDS)
         for key_id, secret in keys:
             hold(server, secret)
-            cli(env, "keys", "revoke", str(key_id))
+            commands("keys", "revoke", str(key_id))
             assert status(server, secret) == 401
