@@ -334,6 +334,9 @@ class Statements:
             f"INSERT INTO usage_writers (writer, sequence, written_at) VALUES ({p}, {p}, {p}) "
             "ON CONFLICT (writer) DO UPDATE SET sequence = excluded.sequence, written_at = excluded.written_at")
         self.usage_written = f"SELECT sequence FROM usage_writers WHERE writer = {p}"
+        # SQLite locks the whole database for a write; PostgreSQL locks rows, in the order asked.
+        self.lock_keys = None if isinstance(database, SqliteDatabase) else (
+            f"SELECT id FROM api_keys WHERE id = ANY({p}) ORDER BY id FOR NO KEY UPDATE")
         # Qualified, because PostgreSQL finds a bare `requests` ambiguous next to `excluded`. A key
         # deleted with its account since it was counted is skipped, not a failed flush; the WHERE
         # also tells SQLite that ON CONFLICT is not part of the SELECT.

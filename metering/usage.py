@@ -11,6 +11,8 @@ import time
 
 from flask import current_app, request
 
+from peewee import DatabaseError, __exception_wrapper__
+
 from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcnow
 from store.writelock import write_transaction
 from ops import metrics
@@ -78,6 +80,7 @@ class UsageCounter:
     def total(self, key_id):
         """Return the key's lifetime count: what the database holds plus what is pending here; None
         when the key is no longer in the database."""
+        self.database.connect(reuse_if_open=True)  # before the lock, as in flush_pending
         with self.write_lock:
             self.settle_doubt()
             row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
@@ -95,19 +98,23 @@ class UsageCounter:
             self.flush_pending()
 
     def flush_pending(self):
-        with self.write_lock:
-            self.settle_doubt()
-        with self.pending_lock:
-            counts = dict(self.pending)
-        if not counts:
-            return
         started = time.perf_counter()
-        by_key = collections.defaultdict(dict)
-        for entry, count in counts.items():
-            by_key[entry[0]][entry] = count
-        keys = sorted(by_key)
-        used_at = utcnow()
+        # Taken before write_lock: a greenlet holding the lock never waits for the pool, whose
+        # connections the requests waiting on the lock (total()) hold.
+        self.database.connect(reuse_if_open=True)
+        counts = None
         try:
+            with self.write_lock:
+                self.settle_doubt()
+            with self.pending_lock:
+                counts = dict(self.pending)
+            if not counts:
+                return
+            by_key = collections.defaultdict(dict)
+            for entry, count in counts.items():
+                by_key[entry[0]][entry] = count
+            keys = sorted(by_key)
+            used_at = utcnow()
             for start in range(0, len(keys), KEYS_PER_TRANSACTION):
                 if start:
                     pause_between_transactions()
@@ -127,7 +134,8 @@ class UsageCounter:
                     self.written(batch)
         finally:
             release_connection(self.database)
-            metrics.usage_flushed(time.perf_counter() - started)
+            if counts:
+                metrics.usage_flushed(time.perf_counter() - started)
             with self.pending_lock:
                 waiting = sum(self.pending.values())
             metrics.usage_pending(waiting)
@@ -162,17 +170,23 @@ class UsageCounter:
             if counted:
                 totals[key_id] += count
             breakdown[key_id, endpoint, status] += count
-        cursor = self.database.cursor()
-        if totals:
-            cursor.executemany(statements.add_usage,
-                               [(count, used_at, key_id) for key_id, count in sorted(totals.items())])
         rows = sorted(breakdown.items())
-        cursor.executemany(statements.add_usage_hours,
-                           [(key_id, hour, endpoint, status, count, key_id)
-                            for (key_id, endpoint, status), count in rows])
-        cursor.executemany(statements.add_usage_days,
-                           [(key_id, hour.date(), endpoint, status, count, key_id)
-                            for (key_id, endpoint, status), count in rows])
+        cursor = self.database.cursor()
+        # peewee's own errors (OperationalError, IntegrityError, ...) from the driver's, as execute_sql gives.
+        with __exception_wrapper__:
+            if statements.lock_keys:
+                # Every key of the batch locked first, in id order, as an account's deletion locks
+                # its keys: neither then waits for a row the other holds while holding one it wants.
+                cursor.execute(statements.lock_keys, (sorted({key_id for (key_id, _, _), _ in rows}),))
+            if totals:
+                cursor.executemany(statements.add_usage,
+                                   [(count, used_at, key_id) for key_id, count in sorted(totals.items())])
+            cursor.executemany(statements.add_usage_hours,
+                               [(key_id, hour, endpoint, status, count, key_id)
+                                for (key_id, endpoint, status), count in rows])
+            cursor.executemany(statements.add_usage_days,
+                               [(key_id, hour.date(), endpoint, status, count, key_id)
+                                for (key_id, endpoint, status), count in rows])
 
     def flush_periodically(self):
         # Each process's own jitter keeps several processes' flushes from staying in step.
@@ -191,7 +205,8 @@ class UsageCounter:
             try:
                 self.flush()
                 return
-            except DATABASE_ERRORS:
+            except (DatabaseError, *DATABASE_ERRORS):
+                # Any refusal, a deadlock or a row's key deleted meanwhile included: tried again.
                 if time.monotonic() >= deadline:
                     raise
                 log.warning("Could not write %d pending usage counts before stopping; trying again.",

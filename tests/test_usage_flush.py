@@ -3,13 +3,14 @@ keys, a database that refuses for a while, a stop in the middle."""
 
 import contextlib
 import threading
+import time
 
 import peewee
 import pytest
 
 import auth
 import services
-from models import ApiKey, Statements, UsageHour, db
+from models import ApiKey, Statements, UsageHour, User, db
 from store.connections import open_database
 from metering import usage
 
@@ -201,3 +202,93 @@ def test_counts_whose_commit_went_through_unseen_are_not_written_twice(app, user
     counter.close()
     assert ApiKey.get_by_id(kid).total_requests == 6
     assert sum(row.requests for row in UsageHour.select()) == 6
+
+
+def test_a_graceful_stop_tries_again_after_the_driver_s_own_deadlock_error(app, user, monkeypatch):
+    import sqlite3
+
+    import psycopg
+
+    kid, = keys_of(user, 1)
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    counter.add(kid, ENDPOINT, 200, True)
+    # What a raw cursor raises, which peewee had not wrapped: the last flush then gave up at once.
+    error = psycopg.errors.DeadlockDetected if "postgres" in app.config["DATABASE_URL"] else sqlite3.OperationalError
+    cursor = db.obj.cursor
+    refusals = []
+
+    class DeadlockingOnce:
+        def __init__(self, real):
+            self.real = real
+
+        def executemany(self, sql, rows):
+            if not refusals:
+                refusals.append(sql)
+                raise error("deadlock detected")
+            return self.real.executemany(sql, rows)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    monkeypatch.setattr(db.obj, "cursor", lambda *args, **kwargs: DeadlockingOnce(cursor(*args, **kwargs)))
+    counter.close(retry_seconds=10)
+    assert len(refusals) == 1
+    assert ApiKey.get_by_id(kid).total_requests == 1
+
+
+def test_an_account_deleted_while_a_flush_waits_on_its_keys_deadlocks_neither(make_app):
+    import psycopg
+
+    from web import accounts
+
+    url = services.postgres_url()
+    app = make_app({"DATABASE_URL": url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True,
+                    "RATE_LIMIT_TIERS": "free=3/minute,pro=100/minute"})
+    with app.app_context():
+        owner = accounts.create_user("ursula", "ursula@example.com", "correct horse battery")
+        other = accounts.create_user("walter", "walter@example.com", "correct horse battery")
+        first, = keys_of(owner, 1)
+        blocking, = keys_of(other, 1)
+        last, = keys_of(owner, 1)
+        # A roll rewrites the row elsewhere: the account's keys are now stored last before first.
+        ApiKey.update(key_hash="rolled", previous_key_hash=ApiKey.key_hash).where(ApiKey.id == first).execute()
+    before = deadlocks(services.session_database())
+    database = open_database(url)
+    database.statements = Statements(database)
+    counter = usage.UsageCounter(database, interval=3600)
+    for kid in (first, blocking, last):
+        counter.add(kid, ENDPOINT, 200, True)
+    errors = []
+    # Another writer holds the other account's key, so the flush stops halfway through its keys.
+    holder = psycopg.connect(url)
+    holder.execute("UPDATE api_keys SET last_used_at = now() WHERE id = %s", (blocking,))
+
+    def flush():
+        try:
+            counter.flush()
+        except Exception as error:  # noqa: BLE001  asserted below
+            errors.append(error)
+
+    def delete_account():
+        time.sleep(0.3)
+        try:
+            with app.app_context():
+                accounts.delete_account(User.get(User.username == "ursula"), "correct horse battery")
+        except Exception as error:  # noqa: BLE001  asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=flush), threading.Thread(target=delete_account)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.8)
+    holder.commit()
+    holder.close()
+    for thread in threads:
+        thread.join(timeout=30)
+    counter.close()
+    database.close_all()
+    assert errors == []
+    assert deadlocks(services.session_database()) == before
+    with app.app_context():
+        assert ApiKey.get_by_id(blocking).total_requests == 1
+        assert ApiKey.get_or_none(ApiKey.id == first) is None

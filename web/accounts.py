@@ -13,7 +13,7 @@ import unicodedata
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
-from peewee import IntegrityError, PostgresqlDatabase, fn
+from peewee import IntegrityError, PostgresqlDatabase, SqliteDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
@@ -219,6 +219,10 @@ def delete_account(user, password):
     with db.atomic():
         Session.delete().where(Session.user == user.id).execute()
         SecurityEvent.delete().where(SecurityEvent.user == user.id).execute()
+        if not isinstance(db.obj, SqliteDatabase):
+            # In id order, as the usage flush locks keys: a DELETE alone takes them in the table's
+            # physical order, and the two would deadlock.
+            list(ApiKey.select(ApiKey.id).where(ApiKey.user == user.id).order_by(ApiKey.id).for_update())
         ApiKey.delete().where(ApiKey.user == user.id).execute()
         User.delete().where(User.id == user.id).execute()
     keycache.announce_change()
