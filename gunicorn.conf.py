@@ -32,10 +32,10 @@ except settings.ConfigError as error:
     settings.exit_with(error)
 LOG_FORMAT = SETTINGS["LOG_FORMAT"]
 METRICS_FILE = re.compile(r"(counter|histogram|summary|gauge_[a-z]+)_[0-9]+\.db")
-# The workers a reload replaces, oldest first, and the age of the first of their replacements:
-# set by on_reload in the master before it forks the new workers, which inherit them.
+# The workers a reload replaces, oldest first, while they run; and those no new worker has taken on
+# yet, which pre_fork hands out (the master's state, which the workers it forks inherit).
 replaced_workers = []
-first_replacement_age = None
+unassigned_workers = []
 
 bind = f"0.0.0.0:{SETTINGS['PORT']}"
 workers = SETTINGS["WEB_CONCURRENCY"]
@@ -209,24 +209,25 @@ def on_exit(server):
 def on_reload(server):
     """Keep the old workers serving until their replacements have loaded the app. gunicorn would
     stop them as soon as the new ones are forked, and requests would wait the new workers' start
-    (up to 2 s); instead each new worker stops the one it replaces once it serves (post_worker_init),
+    (up to 2 s); instead each new worker stops the old one it was given (pre_fork) once it serves,
     and child_exit lowers the count as each old one leaves."""
-    global replaced_workers, first_replacement_age
+    global replaced_workers, unassigned_workers
     replaced_workers = sorted(server.WORKERS, key=lambda pid: server.WORKERS[pid].age)
-    first_replacement_age = server.worker_age + 1
+    unassigned_workers = list(replaced_workers)
     server.num_workers = server.cfg.workers + len(replaced_workers)
 
 
+def pre_fork(server, worker):
+    """After a reload, give each new worker the old one it replaces; the last of the new count takes
+    any beyond it. A new worker that dies before it serves gives its old one back (child_exit)."""
+    taking = 1 if len(server.WORKERS) + 1 - len(replaced_workers) < server.cfg.workers else len(unassigned_workers)
+    worker.retires = unassigned_workers[:taking]
+    del unassigned_workers[:taking]
+
+
 def retire_replaced_workers(worker):
-    """In a worker started by a reload, once it serves: stop the old worker it replaces (the last
-    replacement also stops any beyond the new worker count)."""
-    if first_replacement_age is None:
-        return
-    index = worker.age - first_replacement_age
-    if not 0 <= index < worker.cfg.workers:
-        return
-    last = index == worker.cfg.workers - 1
-    for pid in replaced_workers[index:] if last else replaced_workers[index:index + 1]:
+    """In a worker started by a reload, once it serves: stop the old workers it was given."""
+    for pid in worker.retires:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -316,3 +317,5 @@ def child_exit(server, worker):
     if worker.pid in replaced_workers:
         replaced_workers.remove(worker.pid)
         server.num_workers -= 1
+    # A new worker gone before it served: its replacement, forked next, takes on its old ones.
+    unassigned_workers[:0] = [pid for pid in getattr(worker, "retires", ()) if pid in replaced_workers]

@@ -7,7 +7,7 @@ import time
 
 import requests
 
-from liveserver import ROOT, make_key, metrics_folder, service_env, start_procfile, wait_for
+from liveserver import ROOT, children, make_key, metrics_folder, service_env, start_procfile, wait_for
 
 SLOW_IMPORT = ROOT / "tests" / "fixtures" / "slow_app_import"
 
@@ -81,3 +81,24 @@ def test_gunicorn_still_calls_on_reload_before_it_forks_the_new_workers():
     spawn = inspect.getsource(Arbiter.spawn_worker)
     assert "self.worker_age += 1" in spawn and "self.WORKERS[pid] = worker" in spawn
     assert "self.cfg.child_exit(self, worker)" in inspect.getsource(Arbiter.reap_workers)
+
+
+def test_a_replacement_that_dies_before_it_serves_leaves_no_old_worker_behind(tmp_path):
+    env = service_env(tmp_path, WEB_CONCURRENCY="2", PYTHONPATH=str(SLOW_IMPORT), SLOW_APP_IMPORT_SECONDS="2")
+    key = make_key(dict(env, PYTHONPATH="", SLOW_APP_IMPORT_SECONDS="0"))
+    server = start_procfile(tmp_path, env)
+    try:
+        master = server.process.pid
+        old = set(children(master))
+        assert len(old) == 2
+        os.kill(master, signal.SIGHUP)
+        wait_for(lambda: len(set(children(master)) - old) == 2)
+        # Killed while it loads the app: it never served, so never stopped the old worker it replaced.
+        os.kill(min(set(children(master)) - old), signal.SIGKILL)
+        wait_for(lambda: not old & set(children(master)) and len(children(master)) == 2, seconds=30)
+        time.sleep(1)
+        assert len(children(master)) == 2
+        assert requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": key},
+                            timeout=10).status_code == 200
+    finally:
+        server.stop()
