@@ -42,19 +42,10 @@ SLOW_MODULES = {
 LIVE_FIXTURES = {"live", "server", "servers", "fallback", "cluster", "run_mode"}
 
 
-# Under pytest-xdist (pytest.ini: --dist loadgroup) a module's tests run on one worker and share its
-# servers; the tests of these modules each wait a long while on their own (CLI runs, timed attacks),
-# so they spread over the workers instead.
-SPREAD_MODULES = {"test_keycache_live", "test_socket_attacks"}
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
-        module = item.module.__name__
-        if module in SLOW_MODULES or LIVE_FIXTURES & set(item.fixturenames):
+        if item.module.__name__ in SLOW_MODULES or LIVE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
-        item.add_marker(pytest.mark.xdist_group(item.nodeid if module in SPREAD_MODULES else module))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
