@@ -28,6 +28,7 @@ from playhouse.pool import MaxConnectionsExceeded
 from keys import allowips
 from store import schema
 from store.connections import connect_at_start, open_database
+from store.statements import Statements
 
 log = logging.getLogger(__name__)
 
@@ -306,46 +307,6 @@ class MaintenanceLock(BaseModel):
 
 def start_of_hour(moment):
     return moment.replace(minute=0, second=0, microsecond=0)
-
-
-class Statements:
-    """The SQL of the hot path, written once per database because building a peewee query costs
-    far more than running it."""
-
-    def __init__(self, database):
-        p = database.param
-        # One indexed lookup finds a key by its secret or by its rolled-out previous one (SQLite
-        # and PostgreSQL each use both indexes); expiry and grace are checked on the row.
-        self.find_active_key = (
-            "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix, expires_at, scopes, "
-            f"key_hash, previous_expires_at, allow_ips FROM api_keys WHERE (key_hash = {p} OR previous_key_hash = {p}) "
-            "AND revoked_at IS NULL"
-        )
-        self.secret_is_active = (
-            f"SELECT 1 FROM api_keys WHERE (key_hash = {p} OR (previous_key_hash = {p} AND previous_expires_at > {p})) "
-            f"AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {p})"
-        )
-        self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
-        self.add_usage = (
-            f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "
-            f"WHERE id = {p}"
-        )
-        self.mark_usage_written = (
-            f"INSERT INTO usage_writers (writer, sequence, written_at) VALUES ({p}, {p}, {p}) "
-            "ON CONFLICT (writer) DO UPDATE SET sequence = excluded.sequence, written_at = excluded.written_at")
-        self.usage_written = f"SELECT sequence FROM usage_writers WHERE writer = {p}"
-        # SQLite locks the whole database for a write; PostgreSQL locks rows, in the order asked.
-        self.lock_keys = None if isinstance(database, SqliteDatabase) else (
-            f"SELECT id FROM api_keys WHERE id = ANY({p}) ORDER BY id FOR NO KEY UPDATE")
-        # Qualified, because PostgreSQL finds a bare `requests` ambiguous next to `excluded`. A key
-        # deleted with its account since it was counted is skipped, not a failed flush; the WHERE
-        # also tells SQLite that ON CONFLICT is not part of the SELECT.
-        for table, period in (("usage_hours", "hour"), ("usage_days", "day")):
-            setattr(self, f"add_{table}", (
-                f"INSERT INTO {table} (api_key_id, {period}, endpoint, status, requests) "
-                f"SELECT {p}, {p}, {p}, {p}, {p} WHERE EXISTS (SELECT 1 FROM api_keys WHERE id = {p}) "
-                f"ON CONFLICT (api_key_id, {period}, endpoint, status) DO UPDATE "
-                f"SET requests = {table}.requests + excluded.requests"))
 
 
 def find_active_key(key_hash):

@@ -10,8 +10,9 @@ import pytest
 
 import auth
 import services
-from models import ApiKey, Statements, UsageHour, User, db
+from models import ApiKey, UsageHour, User, db
 from store.connections import open_database
+from store.statements import Statements
 from metering import usage
 
 ENDPOINT = "/api/v1/protected/test"
