@@ -210,7 +210,6 @@ def test_a_killed_worker_loses_at_most_its_pending_counts(tmp_path, env):
     assert 101 <= stored_total(env["DATABASE_URL"], key) <= 151
 
 
-
 def test_a_pipelining_client_cannot_hold_the_worker(server):
     """500 requests pipelined on one connection, then one request on another: the other is
     served in between, not after all 500 (the access log keeps the order of serving)."""
