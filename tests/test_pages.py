@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from liveserver import service_env, serving
-from test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, DOCS, create_key, require, sign_up
+from test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, DOCS, browser, create_key, require, sign_up  # noqa: F401  browser: a fixture
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -30,16 +30,6 @@ AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practi
 PATHS = 'td[data-label="Path"] code, article.operation h3, article.socket h3, .toc a, button.call'
 usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("dana", "erin", "finn", "gale"))
 SHOWN_IN_DOCS = "Security tab with a new key's secret"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require(sync_playwright is not None, "Python Playwright is not installed (pip install -r requirements-dev.txt)")
-    require(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing (apt-get install chromium)")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

@@ -3,13 +3,12 @@ DevTools Protocol's WebAuthn domain): register one on the Security tab, log in w
 the log-in page, use it as the second factor after the password, remove it. Served and visited as
 http://localhost, a secure context where the browser does WebAuthn."""
 
-import os
 import re
 
 import pyotp
 import pytest
 from liveserver import service_env, start_procfile
-from test_browser import CHROMIUM, CHROMIUM_ARGS, require, sign_up
+from test_browser import CHROMIUM, CHROMIUM_ARGS, browser, require, sign_up  # noqa: F401  browser: a fixture
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -17,16 +16,6 @@ except ImportError:
     sync_playwright = None
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require(sync_playwright is not None, "Python Playwright is not installed (pip install -r requirements-dev.txt)")
-    require(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing (apt-get install chromium)")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
