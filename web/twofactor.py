@@ -1,7 +1,6 @@
 """Two-factor log-in: TOTP authenticators, recovery codes and the half-logged-in state between
 the password and the second factor."""
 
-import base64
 import datetime
 import hashlib
 import hmac
@@ -10,9 +9,8 @@ import secrets
 
 import pyotp
 import segno
-from cryptography.fernet import Fernet, InvalidToken
-from flask import current_app
 
+from store import sealing
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
 from web import accounts, securitylog
 
@@ -38,29 +36,21 @@ PENDING_LOGIN_FAILURES = 5
 # Pending log-ins an account keeps (its newest): one per browser in the middle of a log-in.
 PENDING_LOGINS_KEPT = 10
 CODE_PATTERN = re.compile(r"[0-9]{6}")
+# The purpose store/sealing.py derives the secrets' key for (the words the first release used).
+SEALED_AS = "totp secret"
 
 
 class WrongCode(ValueError):
     """The code is not a current TOTP code of the account, nor one of its unused recovery codes."""
 
 
-def _fernet():
-    # Derived from SECRET_KEY, which the database does not hold: a copy of the database (a backup,
-    # a dump) cannot read the secrets, and every worker can without another setting.
-    key = hmac.new(current_app.config["SECRET_KEY"].encode(), b"totp secret", hashlib.sha256).digest()
-    return Fernet(base64.urlsafe_b64encode(key))
-
-
 def seal(secret):
-    return _fernet().encrypt(secret.encode()).decode()
+    return sealing.seal(secret, SEALED_AS)
 
 
 def unseal(sealed):
     """The secret, or None when SECRET_KEY changed since it was sealed."""
-    try:
-        return _fernet().decrypt(sealed.encode()).decode()
-    except InvalidToken:
-        return None
+    return sealing.unseal(sealed, SEALED_AS)
 
 
 def record_for(user):
