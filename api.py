@@ -14,7 +14,7 @@ from auth import require_api_key
 from serving.fastlane import without_flask
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from ratelimit import ip_rate_limited
-from metering import analytics, usage
+from metering import analytics, credits, usage
 
 REVOKE_ATTEMPTS = 3
 OPENAPI = json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())
@@ -77,13 +77,16 @@ def usage_stats(api_key):
     total = usage.total_requests(key)
     if total is None:
         auth.found_key(None)  # deleted with its account since it was admitted
-    return {
+    stats = {
         "api_key_name": key.name,
         "total_requests": total,
         "rate_limit_tier": key.rate_limit_tier,
         "requests_remaining": window.remaining,
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
     }
+    if key.has_credits:
+        stats["credits"] = credits.summary(key, request.environ[credits.CREDITS_REMAINING])
+    return stats
 
 
 @api.get("/usage/history")

@@ -15,7 +15,7 @@ import ratelimit
 from store.limitstorage import KeysChanged
 from models import SCOPES, ApiKey, db, display_time, find_active_key, utcnow
 from keys import allowips, keycache
-from metering import usage
+from metering import credits, usage
 from ops import metrics
 from serving import envelope
 from web import accounts, securitylog
@@ -107,10 +107,12 @@ def parse_scopes(names):
     return [scope for scope in SCOPES if scope in names] if names else list(SCOPES)
 
 
-def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, allow_ips=None):
+def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, allow_ips=None, credits_given=None,
+              refill=None):
     """Create an API key for the user, expiring expires_in seconds from now (None: never), with the
     given scopes (None: all), usable from the addresses of allow_ips (allowips.parse's input; None or
-    empty: any); return (ApiKey, secret). The secret exists only here."""
+    empty: any), with credits_given credits and a refill ((amount, interval); None: neither);
+    return (ApiKey, secret). The secret exists only here."""
     name = name.strip()
     accounts.refuse_control_characters(name, "A key name")
     if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
@@ -141,6 +143,7 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
             expires_at=expires_at,
             scopes=None if len(scopes) == len(SCOPES) else ",".join(scopes),
             allow_ips=allow_ips,
+            **credits.initial(credits_given, refill),
         )
         securitylog.record(user.id, "key.created", f"{key.name} (id {key.id}, {key.display_prefix}...; "
                                                    f"from {allowips.summary(allow_ips)})")

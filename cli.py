@@ -13,9 +13,10 @@ from flask import current_app
 from flask.cli import AppGroup
 
 import auth
-from models import DATABASE_ERRORS, SCOPES, ApiKey, display_time, iso_seconds
+import ratelimit
+from models import DATABASE_ERRORS, SCOPES, ApiKey, db, display_time, iso_seconds
 from keys import keycache
-from metering import analytics, lifecycle
+from metering import analytics, credits, lifecycle
 from ops import logs
 from web import accounts, securitylog
 
@@ -99,14 +100,19 @@ def allowed_password(password):
               help="Comma-separated scopes.")
 @click.option("--allow-ips", default="", metavar="CIDR,CIDR",
               help="Comma-separated addresses or networks the key may be used from (default: any).")
-def create_key_command(username, name, key_type, tier, expires_in, scopes, allow_ips):
+@click.option("--credits", "credit_count", metavar="N", help="Requests the key may make in all (default: no limit).")
+@click.option("--refill", default="", metavar="N/day|N/month", help="Set its credits to N at 00:00 UTC each day "
+              "or on the 1st of each month.")
+def create_key_command(username, name, key_type, tier, expires_in, scopes, allow_ips, credit_count, refill):
     """Create an API key; its secret is printed once, alone on the last line."""
     user = find_user(username)
     try:
         if not scopes.strip(","):
             raise ValueError("Name at least one scope.")
         key, secret = auth.issue_key(user, name, key_type, tier, expires_in=auth.parse_duration(expires_in),
-                                     scopes=scopes.split(","), allow_ips=allow_ips)
+                                     scopes=scopes.split(","), allow_ips=allow_ips,
+                                     credits_given=None if credit_count is None else credits.parse_credits(credit_count),
+                                     refill=credits.parse_refill(refill))
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created {key.key_type} key {key.name!r} (id {key.id}) for {user.username}.")
@@ -118,13 +124,15 @@ def create_key_command(username, name, key_type, tier, expires_in, scopes, allow
 @click.argument("username")
 def list_keys_command(username):
     """List a user's keys: id, name, type, prefix, tier, status (active, expired or revoked), expiry,
-    scopes, IP allow-list (any when empty) (tab-separated; never the secret)."""
+    scopes, IP allow-list (any when empty), its own windows (limit=10/second+5000/hour) or - for its
+    tier's (tab-separated; never the secret)."""
     user = find_user(username)
     for key in ApiKey.select().where(ApiKey.user == user).order_by(ApiKey.id):
         state = "revoked" if key.revoked_at else "expired" if key.is_expired() else "active"
         expiry = iso_seconds(key.expires_at) if key.expires_at else "never"
         fields = (key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state, expiry,
-                  ",".join(key.scope_list()), key.allow_ips or "any")
+                  ",".join(key.scope_list()), key.allow_ips or "any",
+                  f"limit={key.rate_limits}" if key.rate_limits else "-")
         click.echo("\t".join(map(str, fields)))
 
 
@@ -178,6 +186,61 @@ def revoke_key_command(key_id):
     already = key.revoked_at is not None
     auth.revoke_key(key, again=True)
     click.echo(f"Key {key_id} was already revoked." if already else f"Revoked key {key_id} ({key.name!r}).")
+    warn_if_servers_may_not_hear()
+
+
+@keys_cli.command("limit")
+@click.argument("key_id", type=int)
+@click.argument("rates", required=False, metavar="RATE[+RATE...]")
+@click.option("--tier", "back_to_tier", is_flag=True, help="Return the key to its tier's windows.")
+def limit_key_command(key_id, rates, back_to_tier):
+    """Give a key its own windows (10/second+5000/hour) in place of its tier's, or --tier to return it."""
+    if (rates is None) != back_to_tier:
+        raise click.ClickException("Give the key's windows (for example 10/second+5000/hour) or --tier, not both.")
+    key = find_key(key_id)
+    try:
+        limits = None if back_to_tier else ratelimit.parse_limits(rates)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    record_key_change(key, ApiKey.update(rate_limits=limits), "key.limit_changed",
+                      f"{key.name} (id {key.id}): {limits or 'its tier ' + key.rate_limit_tier}")
+    whose = f"its own windows, {limits}" if limits else f"its tier's windows ({key.rate_limit_tier})"
+    click.echo(f"Key {key_id} ({key.name!r}) now has {whose}.")
+
+
+@keys_cli.command("credits")
+@click.argument("key_id", type=int)
+@click.option("--set", "set_to", metavar="N", help="Set the key's credits to N.")
+@click.option("--add", metavar="N", help="Add N credits to the key's.")
+@click.option("--refill", default="", metavar="N/day|N/month", help="Set its credits to N at 00:00 UTC each day "
+              "or on the 1st of each month.")
+@click.option("--no-refill", is_flag=True, help="Take the key's refill away.")
+def credits_command(key_id, set_to, add, refill, no_refill):
+    """Set or add to a key's credits (requests it may make), and give or take away its refill."""
+    if (set_to is None) == (add is None):
+        raise click.ClickException("Give either --set N or --add N.")
+    if refill and no_refill:
+        raise click.ClickException("Give either --refill or --no-refill, not both.")
+    key = find_key(key_id)
+    try:
+        set_to = None if set_to is None else credits.parse_credits(set_to, "--set")
+        add = None if add is None else credits.parse_credits(add, "--add")
+        key = credits.grant(key.id, set_to=set_to, add=add, refill=credits.parse_refill(refill),
+                            no_refill=no_refill)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    record_key_change(key, None, "key.credits_changed", f"{key.name} (id {key.id}): {credits.describe(key)}")
+    click.echo(f"Key {key_id} ({key.name!r}): {credits.describe(key)}.")
+
+
+def record_key_change(key, update, event, detail):
+    """Apply a change to a key (a peewee update, or None when made already), record it in its owner's
+    security log and tell the servers: it applies from their next request on."""
+    with db.atomic():
+        if update is not None:
+            update.where(ApiKey.id == key.id).execute()
+        securitylog.record(key.user_id, event, detail)
+    keycache.announce_change()
     warn_if_servers_may_not_hear()
 
 

@@ -144,9 +144,21 @@ class ApiKey(BaseModel):
     previous_expires_at = DateTimeField(null=True)
     # The networks the key may be used from (allowips.parse's form); NULL: any address.
     allow_ips = TextField(null=True)
-    # Not a column: (tier's limit item, its window's storage key), made by ratelimit.Limiter once
-    # for each key it counts; a kept key (keys/keycache.py) serves many requests.
-    counted_window = None
+    # The key's own windows (`10/second+5000/hour`) in place of its tier's; NULL: its tier's.
+    rate_limits = CharField(null=True, max_length=200)
+    # Credits (metering/credits.py): NULL remaining is a key without credits. granted is what the
+    # last set, add or refill gave (credits.low is 10 % of it); refilled_for the start of the last
+    # period whose refill is applied.
+    credits_remaining = BigIntegerField(null=True)
+    credits_granted = BigIntegerField(null=True)
+    credits_refill_amount = BigIntegerField(null=True)
+    credits_refill_interval = CharField(null=True, max_length=8)
+    credits_refilled_for = DateTimeField(null=True)
+    # Not a column: how ratelimit.Limiter counts this key, made once for each key it counts; a
+    # kept key (keys/keycache.py) serves many requests.
+    limit_plan = None
+    # Not a column: whether the key has credits (find_active_key reads it).
+    has_credits = False
 
     class Meta:
         table_name = "api_keys"
@@ -318,7 +330,7 @@ def find_active_key(key_hash):
     if row is None:
         return None
     (key_id, user_id, name, key_type, tier, display_prefix, expires_at, scopes, current_hash, previous_until,
-     allow_ips) = row
+     allow_ips, rate_limits, has_credits, refill_amount, refill_interval) = row
     now = utcnow()
     expires_at = ApiKey.expires_at.python_value(expires_at)
     if expires_at is not None and expires_at <= now:
@@ -332,7 +344,9 @@ def find_active_key(key_hash):
     # __no_default__ skips computing defaults for the fields the query did not fetch.
     key = ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
                  rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes,
-                 key_hash=current_hash, allow_ips=allow_ips)
+                 key_hash=current_hash, allow_ips=allow_ips, rate_limits=rate_limits,
+                 credits_refill_amount=refill_amount, credits_refill_interval=refill_interval)
+    key.has_credits = bool(has_credits)
     # Parsed here, so a cached key carries its networks and a request only tests membership.
     key.allowed_networks = allowips.networks(allow_ips) if allow_ips else None
     key.usable_until = epoch_of(min(ends)) if ends else math.inf

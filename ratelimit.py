@@ -14,9 +14,9 @@ from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from store.limitstorage import open_storage, redis_windows, window_counter
+from store.limitstorage import open_storage, redis_windows, window_admitter, window_counter
 from models import ApiKey, db
-from metering import usage
+from metering import credits, usage
 from ops import metrics
 from serving import settings
 
@@ -29,23 +29,17 @@ PERIODS = {
     "day": RateLimitItemPerDay,
 }
 PUBLIC_POLICY = "public"
-# Web application throttles. Failed password checks are limited per client IP and per (username,
-# IP), so others' failures never refuse the owner; past LOGIN_SLOWDOWN_AFTER failures for a
-# username from anywhere, each of its checks waits LOGIN_SLOWDOWN_SECONDS (SECURITY.md weighs this).
-LOGIN_FAILURES_PER_IP = RateLimitItemPerMinute(20)
-LOGIN_FAILURES_PER_USERNAME_AND_IP = RateLimitItemPerMinute(5)
-LOGIN_SLOWDOWN_AFTER = RateLimitItemPerHour(20)
-LOGIN_SLOWDOWN_SECONDS = 1.0
-SIGNUPS_PER_IP = RateLimitItemPerHour(20)
-KEY_CREATIONS_PER_ACCOUNT = RateLimitItemPerHour(30)
-# Wrong TOTP codes for one account from anywhere: past this, TOTP codes are refused for a while;
-# recovery codes (80 bits) and passkeys still let the owner in.
-TOTP_FAILURES_PER_ACCOUNT = RateLimitItemPerMinute(10, 15)
-# Each roll writes a security event and, on Redis, makes every worker read its keys again.
-KEY_ROLLS_PER_ACCOUNT = RateLimitItemPerHour(30)
-
-RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window")
-RateLimitState.__doc__ = "One request's place in its window; reset is in epoch seconds."
+RateLimitState = collections.namedtuple("RateLimitState", "policy limit remaining reset window policies",
+                                        defaults=(None,))
+RateLimitState.__doc__ = """One request's place in its window; reset is in epoch seconds; policies: the
+RateLimit-Policy header of a request counted in several windows, None for one."""
+Window = collections.namedtuple("Window", "item key policy")
+Window.__doc__ = "One window a key is counted in: its limits item, its storage key, its policy name."
+LimitPlan = collections.namedtuple("LimitPlan", "limiter windows limited simple policies")
+LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
+for the storage's hit_all); simple: one window and no credits, counted as before there were more."""
+ACCOUNT_POLICY = "account"
+OVERRIDE_POLICY = "key"
 # Where a request's RateLimitState waits for its response (serving/envelope.py writes the headers).
 RATE_LIMIT_STATE = "service.rate_limit"
 
@@ -54,6 +48,12 @@ class RateLimitExceeded(TooManyRequests):
     """The allowance of the window is used up (HTTP 429, with Retry-After)."""
 
     error_code = "rate_limit_exceeded"
+
+
+class AccountRateLimitExceeded(RateLimitExceeded):
+    """The allowance that all keys of the account share is used up (HTTP 429, with Retry-After)."""
+
+    error_code = "account_rate_limit_exceeded"
 
 
 class LimitStorageUnavailable(ServiceUnavailable):
@@ -69,37 +69,112 @@ def limit_item(rate):
 
 
 def parse_tiers(spec):
-    """Return {tier: item} from 'free=1000/hour,pro=10000/hour', or raise settings.ConfigError."""
-    return {name: limit_item(rate) for name, rate in settings.tiers(spec).items()}
+    """Return {tier: (item, ...)} from 'free=10/second+1000/hour,pro=10000/hour', or raise
+    settings.ConfigError."""
+    return {name: tuple(map(limit_item, rates)) for name, rates in settings.tiers(spec).items()}
+
+
+def parse_limits(text):
+    """The canonical form of a key's own windows (`10/second+5000/hour`); ValueError with a sentence."""
+    return "+".join(f"{amount}/{period}" for amount, period in settings.rates(text, "A key's limit"))
+
+
+@functools.lru_cache(maxsize=1024)
+def limit_items(text):
+    """The limits items of a key's own windows, as parse_limits wrote them."""
+    return tuple(limit_item(rate) for rate in settings.rates(text, "A key's limit"))
 
 
 class Limiter:
     """Fixed windows that start with their first request, kept in a limits storage."""
 
-    def __init__(self, storage, tiers, public_rate):
+    def __init__(self, storage, tiers, public_rate, account_rate=None):
         self.storage = storage
         # On Redis, the counter also carries the key generation that keys/keycache.py relies on.
         self.windows = redis_windows(storage)
         self.count_hit = window_counter(storage, self.windows)
+        self.admit_all = window_admitter(storage, self.windows)
         self.tiers = tiers
         self.public_rate = public_rate
+        self.account_rate = account_rate
 
     def count_request(self, key, environ, generation=None):
-        """Count a request (its WSGI environ) against the key's allowance and its usage; raise
-        RateLimitExceeded when over, or KeysChanged when the key generation it was read under is
-        not the current one."""
-        tier = key.rate_limit_tier
-        item = self.tiers.get(tier)
-        if item is None:
-            log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, tier)
-            raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-        # limits' key_for costs ~9,000 instructions: made once for a key the worker keeps.
-        window = key.counted_window
-        if window is None or window[0] is not item:
-            window = key.counted_window = (item, item.key_for(f"key:{key.id}"))
-        state = self.hit_window(item, window[1], tier, environ, generation)
+        """Count a request (its WSGI environ) against every window of the key and its account, and
+        spend one of its credits; raise RateLimitExceeded (AccountRateLimitExceeded) when a window is
+        used up, credits.CreditsExhausted when no credit is left, counting nothing then, or
+        KeysChanged when the key generation it was read under is not the current one."""
+        plan = key.limit_plan
+        if plan is None or plan.limiter is not self:
+            plan = self.plan_for(key)
+        if plan.simple:
+            window = plan.windows[0]
+            state = self.hit_window(window.item, window.key, window.policy, environ, generation)
+        else:
+            state = self.hit_windows(plan, environ, generation)
+            if key.has_credits:
+                self.spend_credit(key, plan, environ)
         usage.counted(environ)
         return state
+
+    def plan_for(self, key):
+        """Make (once for each key it counts: limits' key_for costs ~9,000 instructions) and keep
+        on the key the LimitPlan of its windows: its own, or its tier's, and its account's."""
+        if key.rate_limits:
+            items, name = limit_items(key.rate_limits), OVERRIDE_POLICY
+        else:
+            items, name = self.tiers.get(key.rate_limit_tier), key.rate_limit_tier
+            if items is None:
+                log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, name)
+                raise InternalServerError("This API key's rate limit tier is not configured on the server.")
+        windows = [Window(item, item.key_for(f"key:{key.id}"),
+                          name if len(items) == 1 else f"{name}-{item.GRANULARITY.name}") for item in items]
+        if self.account_rate is not None:
+            item = self.account_rate
+            windows.append(Window(item, item.key_for(f"account:{key.user_id}"), ACCOUNT_POLICY))
+        limited = [(window.key, window.item.get_expiry(), window.item.amount) for window in windows]
+        policies = ", ".join(f'"{window.policy}";q={window.item.amount};w={window.item.get_expiry()}'
+                             for window in windows)
+        simple = len(windows) == 1 and not key.has_credits
+        key.limit_plan = LimitPlan(self, windows, limited, simple, policies)
+        return key.limit_plan
+
+    def hit_windows(self, plan, environ, generation=None):
+        """Count a request in every window of the plan, or in none when one is used up (the storage's
+        hit_all); return the RateLimitState of the window with the fewest requests left."""
+        try:
+            refused, counts = self.admit_all(plan.limited, generation)
+        except StorageError as error:
+            log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            raise LimitStorageUnavailable() from None
+        states = [RateLimitState(window.policy, window.item.amount, max(0, window.item.amount - count), reset,
+                                 window.item.get_expiry(), plan.policies)
+                  for window, (count, reset) in zip(plan.windows, counts)]
+        if refused < 0:
+            state = environ[RATE_LIMIT_STATE] = min(states, key=lambda state: state.remaining)
+            return state
+        state = environ[RATE_LIMIT_STATE] = states[refused]
+        metrics.rate_limited(state.policy)
+        refusal = AccountRateLimitExceeded if state.policy == ACCOUNT_POLICY else RateLimitExceeded
+        retry_after = max(1, seconds_until(state.reset))
+        whose = "account's" if refusal is AccountRateLimitExceeded else f"{state.policy!r}"
+        raise refusal(f"The {whose} allowance of {state.limit} requests is used up; retry in {retry_after} seconds.",
+                      retry_after=retry_after)
+
+    def spend_credit(self, key, plan, environ):
+        """Spend one of the key's credits; when none is left (or the database fails), take the request
+        back out of its windows: a refused request is charged to none."""
+        try:
+            credits.spend(key, environ)
+        except BaseException:
+            for window_key, expiry, _ in plan.limited:
+                try:
+                    if self.storage.get(window_key) > 0:
+                        self.storage.incr(window_key, expiry, amount=-1)
+                except StorageError as error:
+                    log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            state = environ[RATE_LIMIT_STATE]
+            environ[RATE_LIMIT_STATE] = state._replace(remaining=min(state.limit, state.remaining + 1))
+            raise
 
     def hit(self, item, identity, policy, environ=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
@@ -165,8 +240,9 @@ def init_app(app):
     tiers = parse_tiers(app.config["RATE_LIMIT_TIERS"])
     public = settings.public_rate(app.config["PUBLIC_RATE_LIMIT"])
     public_rate = None if public is None else limit_item(public)
+    account = settings.account_rate(app.config["ACCOUNT_RATE_LIMIT"])
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
-    app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate)
+    app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate, None if account is None else limit_item(account))
     warn_about_unknown_tiers(tiers)
 
 
@@ -237,78 +313,6 @@ def ip_rate_limited(view):
     return limited
 
 
-def password_attempt(username):
-    """Count a password check (a log-in, or a form that asks for the password) before it is made, so
-    that checks running at once cannot all slip under a limit that only finished ones would reach.
-    Raise RateLimitExceeded when this client IP, or this client IP for this username, is over its
-    allowance; else return the seconds the attempt should wait (the per-username slowdown)."""
-    limiter = current_app.extensions["ratelimit"]
-    for item, identity in login_failure_windows(username):
-        try:
-            limiter.hit(item, identity, "login")
-        except RateLimitExceeded as error:
-            raise RateLimitExceeded("Too many failed log-ins.", retry_after=error.retry_after) from None
-    slow = limiter.used_up(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username))
-    return LOGIN_SLOWDOWN_SECONDS if slow else 0
-
-
-def password_accepted(username):
-    """Give back the attempt of a right password: only failures stay counted."""
-    limiter = current_app.extensions["ratelimit"]
-    for item, identity in login_failure_windows(username):
-        limiter.give_back(item, identity)
-
-
-def password_refused(username):
-    """Count a wrong password towards the per-username slowdown (the attempt itself is counted)."""
-    try:
-        current_app.extensions["ratelimit"].hit(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username), "login")
-    except RateLimitExceeded:
-        pass
-
-
-def slowdown_identity(username):
-    return f"login-user:{username_identity(username)}"
-
-
-def login_failure_windows(username):
-    ip = client_identity(request.remote_addr)
-    return [(LOGIN_FAILURES_PER_IP, f"login-ip:{ip}"),
-            (LOGIN_FAILURES_PER_USERNAME_AND_IP, f"login-user-ip:{username_identity(username)}:{ip}")]
-
-
-def username_identity(username):
-    # Bounded, so that a megabyte of username is not a megabyte of limit key.
-    return username.strip().lower()[:64]
-
-
-def count_signup():
-    """Count a sign-up attempt per client IP; raise RateLimitExceeded when too many."""
-    identity = f"signup-ip:{client_identity(request.remote_addr)}"
-    current_app.extensions["ratelimit"].hit(SIGNUPS_PER_IP, identity, "signup")
-
-
-def count_key_creation(user):
-    """Count a key created in the web application; raise RateLimitExceeded when too many."""
-    current_app.extensions["ratelimit"].hit(KEY_CREATIONS_PER_ACCOUNT, f"key-creations:{user.id}",
-                                            "key-creation")
-
-
-def count_totp_guess(user):
-    """Count a TOTP code before it is checked, from any address; RateLimitExceeded past the cap."""
-    current_app.extensions["ratelimit"].hit(TOTP_FAILURES_PER_ACCOUNT, f"totp-guesses:{user.id}", "login")
-
-
-def totp_guess_accepted(user):
-    """Give back the guess of a right TOTP code: only wrong ones stay counted."""
-    current_app.extensions["ratelimit"].give_back(TOTP_FAILURES_PER_ACCOUNT, f"totp-guesses:{user.id}")
-
-
-def count_key_roll(user):
-    """Count a roll in the web application, refused ones too; raise RateLimitExceeded when too many."""
-    current_app.extensions["ratelimit"].hit(KEY_ROLLS_PER_ACCOUNT, f"key-rolls:{user.id}", "key-roll")
-
-
 def seconds_until(epoch):
     """Return the whole seconds from now until an epoch time, rounded up, never negative."""
     return max(0, math.ceil(epoch - time.time()))
@@ -322,6 +326,8 @@ def current_window():
 def header_lines(state):
     """The X-RateLimit-* and IETF draft-11 RateLimit headers of a request's window."""
     limit, policy = policy_lines(state.policy, state.limit, state.window)
+    if state.policies is not None:
+        policy = ("RateLimit-Policy", state.policies)
     return (
         limit,
         ("X-RateLimit-Remaining", str(state.remaining)),

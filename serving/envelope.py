@@ -17,7 +17,7 @@ import contextvars
 import time
 
 import ratelimit
-from metering import usage
+from metering import credits, usage
 from ops import logs, metrics
 
 API_PREFIX = "/api/"
@@ -61,6 +61,9 @@ class Envelope:
             state = environ.get(ratelimit.RATE_LIMIT_STATE)
             if state is not None:
                 headers.extend(ratelimit.header_lines(state))
+                credits_left = environ.get(credits.CREDITS_REMAINING)
+                if credits_left is not None:
+                    headers.append(("X-Credits-Remaining", str(credits_left)))
             key_id = environ.get(usage.USAGE_KEY_ID)
             # A 401 here means the key was revoked or deleted meanwhile: no longer an active key's.
             if key_id is not None and code != 401:

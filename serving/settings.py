@@ -24,6 +24,10 @@ DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 DATABASE_SCHEMES = frozenset({
     "sqlite", "sqlite+pool", "postgres", "postgresql", "postgres+pool", "postgresql+pool", "postgresext",
     "postgresqlext", "postgresext+pool", "postgresqlext+pool", "psycopg3", "psycopg3+pool"})
+DEFAULT_RETRY_SCHEDULE = "5s,5m,30m,2h,5h,10h,10h"
+DURATION_PATTERN = re.compile(r"\s*([0-9]{1,6})\s*(s|m|h|d)\s*")
+DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_RETRIES = 20
 STORAGE_SCHEMES = frozenset({
     "memory", "redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel", "valkey", "valkeys",
     "valkey+unix", "valkey+cluster", "valkey+sentinel", "memcached", "mongodb", "mongodb+srv"})
@@ -43,6 +47,7 @@ def load(environ):
         "RATELIMIT_STORAGE_URL": storage_url(environ),
         "RATE_LIMIT_TIERS": checked(tiers, environ.get("RATE_LIMIT_TIERS") or "free=1000/hour"),
         "PUBLIC_RATE_LIMIT": checked(public_rate, environ.get("PUBLIC_RATE_LIMIT") or "600/minute"),
+        "ACCOUNT_RATE_LIMIT": checked(account_rate, environ.get("ACCOUNT_RATE_LIMIT") or "off"),
         "TRUSTED_PROXIES": count(environ, "TRUSTED_PROXIES", 0, minimum=0),
         "HOST": environ.get("HOST") or "127.0.0.1",
         "PORT": count(environ, "PORT", 5000, maximum=65535),
@@ -59,6 +64,9 @@ def load(environ):
         "USAGE_HOURLY_RETENTION_DAYS": count(environ, "USAGE_HOURLY_RETENTION_DAYS", 90),
         "USAGE_DAILY_RETENTION_DAYS": count(environ, "USAGE_DAILY_RETENTION_DAYS", 400),
         "REVOKED_KEY_RETENTION_DAYS": count(environ, "REVOKED_KEY_RETENTION_DAYS", 90, minimum=0),
+        "WEBHOOK_RETRY_SCHEDULE": checked(retry_schedule, environ.get("WEBHOOK_RETRY_SCHEDULE")
+                                          or DEFAULT_RETRY_SCHEDULE),
+        "WEBHOOK_ALLOW_PRIVATE": switch(environ, "WEBHOOK_ALLOW_PRIVATE"),
     }
 
 
@@ -111,7 +119,7 @@ def rate(text, setting, alternative=""):
 
 
 def tiers(spec):
-    """{tier: (amount, period)} from RATE_LIMIT_TIERS ('free=1000/hour,pro=10000/hour')."""
+    """{tier: [(amount, period), ...]} from RATE_LIMIT_TIERS ('free=10/second+1000/hour,pro=10000/hour')."""
     parsed = {}
     for entry in spec.split(","):
         name, sep, text = entry.partition("=")
@@ -121,7 +129,16 @@ def tiers(spec):
                               "name of lower-case letters, digits, - or _, then = and a rate).")
         if name in parsed:
             raise ConfigError(f"RATE_LIMIT_TIERS names the tier {name!r} twice.")
-        parsed[name] = rate(text, f"RATE_LIMIT_TIERS's tier {name!r}")
+        parsed[name] = rates(text, f"RATE_LIMIT_TIERS's tier {name!r}")
+    return parsed
+
+
+def rates(text, setting):
+    """[(amount, period), ...] of RATE+RATE... (10/second+1000/hour), at most one rate a period."""
+    parsed = [rate(part, setting, ", or several joined by +") for part in text.split("+")]
+    periods = [period for _, period in parsed]
+    if len(set(periods)) < len(periods):
+        raise ConfigError(f"{setting} has two rates per {max(periods, key=periods.count)}; give each period once.")
     return parsed
 
 
@@ -130,6 +147,13 @@ def public_rate(text):
     if text.strip().lower() == "off":
         return None
     return rate(text, "PUBLIC_RATE_LIMIT", " or off")
+
+
+def account_rate(text):
+    """(amount, period) of ACCOUNT_RATE_LIMIT, or None when it is off."""
+    if text.strip().lower() == "off":
+        return None
+    return rate(text, "ACCOUNT_RATE_LIMIT", " or off")
 
 
 def database_url(environ):
@@ -223,3 +247,22 @@ def relying_party(environ):
         if rp_id and not (parts.hostname == rp_id or parts.hostname.endswith("." + rp_id)):
             raise ConfigError(f"WEBAUTHN_ORIGIN's host must be WEBAUTHN_RP_ID ({rp_id}) or below it, not {site!r}.")
     return rp_id, site
+
+
+def retry_schedule(text):
+    """[seconds, ...] of WEBHOOK_RETRY_SCHEDULE: the pauses before each attempt after the first,
+    comma-separated durations such as 5s,5m,30m,2h (s, m, h or d)."""
+    entries = text.split(",")
+    matches = [DURATION_PATTERN.fullmatch(entry) for entry in entries]
+    if len(entries) > MAX_RETRIES or not all(matches) or any(int(match[1]) == 0 for match in matches):
+        raise ConfigError(f"WEBHOOK_RETRY_SCHEDULE must be 1 to {MAX_RETRIES} comma-separated durations above 0, "
+                          f"each a number and a unit s, m, h or d (such as 5s,5m,30m,2h), not {text.strip()!r}.")
+    return [int(match[1]) * DURATION_SECONDS[match[2]] for match in matches]
+
+
+def switch(environ, name):
+    """A yes-or-no variable: 1, true or yes; 0, false, no or unset."""
+    text = (environ.get(name) or "0").strip().lower()
+    if text not in ("1", "true", "yes", "0", "false", "no"):
+        raise ConfigError(f"{name} must be 1 or 0, not {environ.get(name)!r}.")
+    return text in ("1", "true", "yes")

@@ -48,6 +48,28 @@ class SweptMemoryStorage(MemoryStorage):
                 self.expirations[key] = now + expiry
             return count, self.expirations[key]
 
+    def hit_all(self, windows, generation=None):
+        """Count one request in every window [(key, expiry, amount), ...] or, when one is used up,
+        in none; return (index of the first used-up window or -1, [(count, window end), ...]),
+        the counts after this request when admitted, as they stand when refused."""
+        self._MemoryStorage__schedule_expiry()
+        with self.locks.lock:
+            now = time.time()
+            counts = []
+            for key, expiry, amount in windows:
+                if self.expirations.get(key, 0) <= now:
+                    self.storage.pop(key, None)
+                    self.expirations.pop(key, None)
+                counts.append((self.storage[key], self.expirations.get(key, now + expiry)))
+            refused = next((i for i, ((count, _), (_, _, amount)) in enumerate(zip(counts, windows))
+                            if count >= amount), -1)
+            if refused >= 0:
+                return refused, counts
+            for key, expiry, _ in windows:
+                self.storage[key] += 1
+                self.expirations.setdefault(key, now + expiry)
+            return -1, [(self.storage[key], self.expirations[key]) for key, _, _ in windows]
+
     def _MemoryStorage__schedule_expiry(self):
         if not self.sweep_scheduled:
             self.sweep_scheduled = True
@@ -170,6 +192,7 @@ return replies
     def __init__(self, storage):
         self.storage = storage
         self.script = storage.get_connection().register_script(self.SCRIPT)
+        self.admit_script = storage.get_connection().register_script(self.ADMIT_SCRIPT)
         # Redis Cluster refuses a script whose keys live in different slots: one window a call there,
         # and no generation.
         self.cluster = isinstance(storage, RedisClusterStorage)
@@ -203,6 +226,71 @@ return replies
         if counted[0] < 0:
             raise KeysChanged()
         return counted
+
+    # For a request with several windows: each is counted only when none is used up (hit_all). Not
+    # batched: only keys with several windows, or with an account allowance, come this way.
+    # ARGV[1] and KEYS[1] as in SCRIPT; ARGV[2] the generation the key was read under ('' for any);
+    # then for each window its length in ms and its allowance. The reply: the generation, the
+    # 1-based index of the first used-up window (0: admitted; -1: another generation), then each
+    # window's count and ms left.
+    ADMIT_SCRIPT = """
+local first, generation = 1, ''
+if ARGV[1] ~= '' then
+    first = 2
+    generation = redis.call('get', KEYS[1])
+    if not generation then
+        generation = ARGV[1]
+        redis.call('set', KEYS[1], generation)
+    end
+end
+if ARGV[2] ~= '' and ARGV[2] ~= generation then
+    return {generation, -1}
+end
+local refused, counts, ttls = 0, {}, {}
+for i = first, #KEYS do
+    local window = i - first + 1
+    local ttl = redis.call('pttl', KEYS[i])
+    local count = tonumber(redis.call('get', KEYS[i]) or '0')
+    if ttl < 0 then
+        ttl = tonumber(ARGV[2 * window + 1])
+    end
+    if refused == 0 and count >= tonumber(ARGV[2 * window + 2]) then
+        refused = window
+    end
+    counts[window], ttls[window] = count, ttl
+end
+if refused == 0 then
+    for i = first, #KEYS do
+        local window = i - first + 1
+        counts[window] = redis.call('incrby', KEYS[i], 1)
+        if redis.call('pttl', KEYS[i]) < 0 then
+            redis.call('pexpire', KEYS[i], ARGV[2 * window + 1])
+        end
+    end
+end
+local replies = {generation, refused}
+for window = 1, #counts do
+    replies[2 * window + 1] = counts[window]
+    replies[2 * window + 2] = ttls[window]
+end
+return replies
+"""
+
+    def hit_all(self, windows, generation=None):
+        """SweptMemoryStorage.hit_all, atomic on Redis; raise KeysChanged, counting nothing, unless
+        the generation (when given) is still the current one."""
+        keys = [self.storage.prefixed_key(key) for key, _, _ in windows]
+        args = [secrets.token_hex(8) if self.generation_key else "", generation or ""]
+        for _, expiry, amount in windows:
+            args += (int(expiry * 1000), amount)
+        try:
+            replies = self.admit_script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+        if replies[1] < 0:
+            raise KeysChanged()
+        now = time.time()
+        return replies[1] - 1, [(replies[i], now + replies[i + 1] / 1000) for i in range(2, len(replies), 2)]
 
     def send_waiting(self):
         while self.waiting:
@@ -270,3 +358,27 @@ def window_counter(storage, windows=None):
         return storage.incr(key, expiry), storage.get_expiry(key)
 
     return hit
+
+
+def window_admitter(storage, windows=None):
+    """Return the storage's hit_all(windows, generation=None) (SweptMemoryStorage.hit_all): atomic
+    in memory and on Redis; elsewhere (Redis Cluster, whose windows of one request live in several
+    slots, and the other storages of limits) each window is counted, and taken back again when one
+    is over, so a refused request can briefly hold a place that a concurrent one is refused for."""
+    windows = windows or redis_windows(storage)
+    if windows is not None and not windows.cluster:
+        return windows.hit_all
+    if isinstance(storage, SweptMemoryStorage):
+        return storage.hit_all
+
+    def hit_all(limited, generation=None):
+        counts = [(storage.incr(key, expiry), storage.get_expiry(key)) for key, expiry, _ in limited]
+        refused = next((i for i, ((count, _), (_, _, amount)) in enumerate(zip(counts, limited))
+                        if count > amount), -1)
+        if refused < 0:
+            return -1, counts
+        for key, expiry, _ in limited:
+            storage.incr(key, expiry, amount=-1)
+        return refused, [(count - 1, end) for count, end in counts]
+
+    return hit_all

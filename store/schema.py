@@ -6,7 +6,7 @@ import logging
 
 import collections
 
-from peewee import CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
+from peewee import BigIntegerField, CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,23 @@ def add_usage_writers(database, migrator):
     """Version 7: each process's last committed transaction of usage counts, a new table only."""
 
 
+def add_metering(database, migrator):
+    """Version 8: each key's own windows and its credits (NULL: its tier's windows, no credits)."""
+    have = {column.name for column in database.get_columns("api_keys")}
+    columns = {
+        "rate_limits": CharField(null=True, max_length=200),
+        "credits_remaining": BigIntegerField(null=True),
+        "credits_granted": BigIntegerField(null=True),
+        "credits_refill_amount": BigIntegerField(null=True),
+        "credits_refill_interval": CharField(null=True, max_length=8),
+        "credits_refilled_for": DateTimeField(null=True),
+    }
+    migrate(*(migrator.add_column("api_keys", name, field) for name, field in columns.items() if name not in have))
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
-         keep_totp_setups_with_their_session, add_usage_writers]
+         keep_totp_setups_with_their_session, add_usage_writers, add_metering]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days}

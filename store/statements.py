@@ -1,4 +1,4 @@
-"""The SQL of the hot path and of the usage flush, written once per database."""
+"""The SQL of the hot path (credits included) and of the usage flush, written once per database."""
 
 from peewee import SqliteDatabase
 
@@ -13,13 +13,27 @@ class Statements:
         # and PostgreSQL each use both indexes); expiry and grace are checked on the row.
         self.find_active_key = (
             "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix, expires_at, scopes, "
-            f"key_hash, previous_expires_at, allow_ips FROM api_keys WHERE (key_hash = {p} OR previous_key_hash = {p}) "
+            "key_hash, previous_expires_at, allow_ips, rate_limits, credits_remaining IS NOT NULL, "
+            "credits_refill_amount, credits_refill_interval FROM api_keys "
+            f"WHERE (key_hash = {p} OR previous_key_hash = {p}) "
             "AND revoked_at IS NULL"
         )
         self.secret_is_active = (
             f"SELECT 1 FROM api_keys WHERE (key_hash = {p} OR (previous_key_hash = {p} AND previous_expires_at > {p})) "
             f"AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > {p})"
         )
+        # One credit spent (metering/credits.py), a refill that is due applied first: the current
+        # month's and day's starts are the parameters of each `due`, then the key's id.
+        due = ("credits_refill_amount IS NOT NULL AND (credits_refilled_for IS NULL OR credits_refilled_for < "
+               f"CASE credits_refill_interval WHEN 'month' THEN {p} ELSE {p} END)")
+        self.spend_credit = (
+            f"UPDATE api_keys SET credits_remaining = CASE WHEN {due} THEN credits_refill_amount "
+            "ELSE credits_remaining END - 1, "
+            f"credits_granted = CASE WHEN {due} THEN credits_refill_amount ELSE credits_granted END, "
+            f"credits_refilled_for = CASE WHEN {due} THEN CASE credits_refill_interval WHEN 'month' THEN {p} "
+            f"ELSE {p} END ELSE credits_refilled_for END "
+            f"WHERE id = {p} AND CASE WHEN {due} THEN credits_refill_amount ELSE credits_remaining END > 0 "
+            "RETURNING credits_remaining, credits_granted")
         self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
         self.add_usage = (
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "

@@ -16,12 +16,11 @@ from peewee import SqliteDatabase
 
 import app as service
 import auth
-import ratelimit
 from models import ApiKey, Session, User, db
 from store.connections import protect_sqlite_files
 from test_web import SECRET_PATTERN, create_key, page
 from ops import logs
-from web import accounts
+from web import accounts, throttles
 
 # The highest niceness, the lowest priority, on Linux and the BSDs.
 LOWEST_PRIORITY = 19
@@ -66,7 +65,7 @@ def test_the_pending_secret_is_encrypted_at_rest_and_gone_once_shown(logged_in):
 
 
 def test_key_creation_in_the_web_application_is_throttled_per_account(logged_in, runner, monkeypatch):
-    monkeypatch.setattr(ratelimit, "KEY_CREATIONS_PER_ACCOUNT", RateLimitItemPerHour(2))
+    monkeypatch.setattr(throttles, "KEY_CREATIONS_PER_ACCOUNT", RateLimitItemPerHour(2))
     create_key(logged_in, "one")
     create_key(logged_in, "two")
     response = logged_in.post("/settings/security/keys", data={"name": "three", "type": "production"})

@@ -89,10 +89,10 @@ def test_keys_list_never_shows_secrets(runner, user, api_key, pro_key):
     first = lines[0].split("\t")
     every_scope = "test:read,user:read,usage:read,time:stream"
     assert first[1:] == ["Alice dev", "development", api_key[:12] + "...", "free", "active", "never", every_scope,
-                         "any"]
+                         "any", "-"]
     assert int(first[0]) == auth.authenticate(api_key).id
     assert lines[1].split("\t")[1:] == ["Alice live", "production", pro_key[:12] + "...", "pro", "revoked", "never",
-                                        every_scope, "any"]
+                                        every_scope, "any", "-"]
     assert api_key not in result.output and pro_key not in result.output
 
 

@@ -4,6 +4,7 @@ sends it, parses into that response's model; openapi-typescript makes types that
 with tests/typescript/check.ts. The tools are pinned in requirements-dev.txt and
 tests/typescript/package-lock.json (`npm ci`, run by .ci/run)."""
 
+import datetime
 import importlib
 import os
 import shutil
@@ -81,6 +82,8 @@ def servers(tmp_path_factory):
     # Allowed only from an address no generated client uses (they take theirs from `addresses`).
     keys["fenced"] = cli(env, "keys", "create", "carol", "--name", "fenced", "--type", "development",
                          "--allow-ips", "192.0.2.1").strip().splitlines()[-1]
+    keys["credited"] = cli(env, "keys", "create", "carol", "--name", "credited", "--type", "development",
+                           "--credits", "2", "--refill", "500/day").strip().splitlines()[-1]
     # A key of a tier the server no longer configures is refused with a 500.
     keys["retired"] = make_key(dict(env, RATE_LIMIT_TIERS=f"{TINY_TIERS},retired=5/minute"), "retired")
     broken_path = tmp_path_factory.mktemp("clients-broken")
@@ -202,6 +205,27 @@ def test_a_key_refused_by_its_allow_list_parses_into_the_403_model(generated, se
     assert type(response.parsed).__name__ == schema
     assert response.parsed.error.code == "ip_not_allowed" and "ip_not_allowed" in error_codes(schema)
     assert response.parsed.error.message
+
+
+def test_credits_parse_into_their_models(generated, servers):
+    _, package = generated
+    bases, keys = servers
+    made = client(package, bases["server"].base, keys["credited"])
+    stats = call(package, "usage_stats", made)
+    assert stats.status_code == 200 and stats.headers["X-Credits-Remaining"] == "1"
+    # The generator renames the field credits_ (credits is a Python builtin); the JSON keeps its name.
+    credits = stats.parsed.credits_
+    assert type(credits).__name__ == "Credits" and credits.remaining == 1
+    assert (credits.refill.amount, credits.refill.interval) == (500, "day")
+    assert credits.refill.next_at.time() == datetime.time(0) and credits.refill.next_at.tzinfo is not None
+    assert call(package, "protected_test", made).status_code == 200
+    refused = call(package, "protected_test", made)
+    assert refused.status_code == 429 and type(refused.parsed).__name__ == "RateLimited"
+    assert refused.parsed.error.code == "credits_exhausted" in error_codes("RateLimited")
+    assert 0 < int(refused.headers["Retry-After"]) <= 86400
+    # A key without credits leaves the field unset, as before credits existed.
+    assert isinstance(call(package, "usage_stats", client(package, bases["server"].base, keys["full"])).parsed.credits_,
+                      type(package.types.UNSET))
 
 
 @pytest.mark.parametrize("method, path, model, code", [

@@ -15,7 +15,7 @@ import auth
 import ratelimit
 from models import ApiKey, SecurityEvent, User
 from ops import logs
-from web import accounts, securitylog
+from web import accounts, securitylog, throttles
 
 
 def page(response):
@@ -41,7 +41,7 @@ def test_the_31st_roll_in_an_hour_is_refused_with_a_sentence(logged_in, user):
 
 
 def test_refused_rolls_count_too(logged_in, user, monkeypatch):
-    monkeypatch.setattr(ratelimit, "KEY_ROLLS_PER_ACCOUNT", RateLimitItemPerHour(2))
+    monkeypatch.setattr(throttles, "KEY_ROLLS_PER_ACCOUNT", RateLimitItemPerHour(2))
     key, _ = auth.issue_key(user, "Stale", "production")
     assert roll(logged_in, key, current="sk_live_XXXX").status_code == 409
     assert roll(logged_in, key, current="sk_live_YYYY").status_code == 409
@@ -159,7 +159,7 @@ def test_an_account_deleted_while_its_page_creates_a_key_logs_the_browser_out(lo
         with accounts.db.atomic():
             User.delete().where(User.id == user.id).execute()
 
-    monkeypatch.setattr(ratelimit, "count_key_creation", delete_account_first)
+    monkeypatch.setattr(throttles, "count_key_creation", delete_account_first)
     response = logged_in.post("/settings/security/keys", data={"name": "Late", "type": "production"})
     assert response.status_code == 302 and response.headers["Location"] == "/login"
     assert ApiKey.select().count() == 0

@@ -230,7 +230,7 @@ def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):
     assert response.status_code == 401
     assert len(lookups) == reads + 1
     limiter = redis_app.extensions["ratelimit"]
-    assert limiter.storage.get(limiter.tiers["free"].key_for(f"key:{key.id}")) == 2  # the 401 was not counted
+    assert limiter.storage.get(limiter.tiers["free"][0].key_for(f"key:{key.id}")) == 2  # the 401 was not counted
 
 
 def test_an_announcement_that_cannot_reach_redis_is_a_sentence(redis_app, monkeypatch):

@@ -71,8 +71,9 @@ def test_tiers_round_trip(tiers, space):
     spec = ",".join(f"{space}{name}{space}={space}{amount}{space}/{space}{period}{space}"
                     for name, (amount, period) in tiers.items())
     parsed = ratelimit.parse_tiers(spec)
-    assert parsed == {name: ratelimit.PERIODS[period](amount) for name, (amount, period) in tiers.items()}
-    again = ",".join(f"{name}={item.amount}/{item.GRANULARITY.name}" for name, item in parsed.items())
+    assert parsed == {name: (ratelimit.PERIODS[period](amount),) for name, (amount, period) in tiers.items()}
+    again = ",".join(f"{name}={'+'.join(f'{item.amount}/{item.GRANULARITY.name}' for item in items)}"
+                     for name, items in parsed.items())
     assert ratelimit.parse_tiers(again) == parsed
 
 
@@ -83,7 +84,7 @@ def test_tier_parsing_rejects_garbage_with_value_error_only(spec):
     except ValueError:
         return
     assert tiers and all(TIER_NAME_PATTERN.fullmatch(name) for name in tiers)
-    assert all(item.amount >= 1 for item in tiers.values())
+    assert all(item.amount >= 1 for items in tiers.values() for item in items)
 
 
 @given(ANY_TEXT)

@@ -17,14 +17,21 @@ from metering import usage
 
 def test_parse_tiers():
     tiers = ratelimit.parse_tiers("free=1000/hour, pro = 5 / second,team=20/minute,big=1/day")
-    assert tiers["free"] == RateLimitItemPerHour(1000)
-    assert tiers["pro"] == RateLimitItemPerSecond(5)
-    assert tiers["team"] == RateLimitItemPerMinute(20)
-    assert tiers["big"].get_expiry() == 86400
+    assert tiers["free"] == (RateLimitItemPerHour(1000),)
+    assert tiers["pro"] == (RateLimitItemPerSecond(5),)
+    assert tiers["team"] == (RateLimitItemPerMinute(20),)
+    assert tiers["big"][0].get_expiry() == 86400
+
+
+def test_a_tier_may_have_several_windows():
+    tiers = ratelimit.parse_tiers("free=10/second + 1000/hour,pro=5/minute")
+    assert tiers["free"] == (RateLimitItemPerSecond(10), RateLimitItemPerHour(1000))
+    assert tiers["pro"] == (RateLimitItemPerMinute(5),)
 
 
 @pytest.mark.parametrize("spec", ["", "free", "free=", "free=abc/hour", "free=-1/hour", "free=1/week",
-                                  "Free Tier=1/hour", "free=1/hour,"])
+                                  "Free Tier=1/hour", "free=1/hour,", "free=1/hour+", "free=+1/hour",
+                                  "free=1/hour+2/hour"])
 def test_parse_tiers_rejects(spec):
     with pytest.raises(ValueError):
         ratelimit.parse_tiers(spec)
@@ -243,10 +250,11 @@ def test_periodic_flush_writes_without_requests(app, user, pro_key):
 def test_a_keys_window_is_limits_own_key_made_once_per_kept_key(app, user, pro_key, monkeypatch):
     limiter = app.extensions["ratelimit"]
     key = ApiKey.get_by_id(key_id(pro_key))
-    item = limiter.tiers[key.rate_limit_tier]
+    item, = limiter.tiers[key.rate_limit_tier]
     assert limiter.count_request(key, {}).remaining == item.amount - 1
     # The same name as limits gives it, so windows already in Redis keep their counts.
-    assert key.counted_window == (item, item.key_for(f"key:{key.id}"))
+    assert key.limit_plan.windows == [ratelimit.Window(item, item.key_for(f"key:{key.id}"), key.rate_limit_tier)]
+    assert key.limit_plan.simple
 
     def made_again(*identifiers):
         raise AssertionError("the window key was made again")
@@ -256,9 +264,10 @@ def test_a_keys_window_is_limits_own_key_made_once_per_kept_key(app, user, pro_k
     monkeypatch.undo()
     # A key moved to another tier (read again, so a new object) counts in that tier's window.
     key.rate_limit_tier = "free"
-    other = limiter.tiers["free"]
+    key.limit_plan = None
+    other, = limiter.tiers["free"]
     assert limiter.count_request(key, {}).limit == other.amount
-    assert key.counted_window == (other, other.key_for(f"key:{key.id}"))
+    assert key.limit_plan.windows[0][:2] == (other, other.key_for(f"key:{key.id}"))
 
 
 def test_the_hot_path_locks_are_the_os_threads_own_under_gevent_too():

@@ -10,10 +10,9 @@ from flask import g
 from limits import RateLimitItemPerMinute
 
 import auth
-import ratelimit
 from models import ApiKey, UsageHour, User, start_of_hour, utcnow
 from serving import envelope
-from web import accounts, pages
+from web import accounts, pages, throttles
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
@@ -112,7 +111,7 @@ def test_failed_logins_do_not_reveal_whether_the_user_exists(client, user):
 
 
 def test_failed_logins_are_limited_per_username_and_ip_without_locking_the_owner_out(client, user):
-    for _ in range(ratelimit.LOGIN_FAILURES_PER_USERNAME_AND_IP.amount):
+    for _ in range(throttles.LOGIN_FAILURES_PER_USERNAME_AND_IP.amount):
         client.post("/login", data={"username": "alice", "password": "wrong password"})
     response = client.post("/login", data={"username": "Alice", "password": "correct horse battery"})
     assert response.status_code == 429
@@ -126,7 +125,7 @@ def test_failed_logins_are_limited_per_username_and_ip_without_locking_the_owner
 
 
 def test_failed_logins_are_limited_per_ip(client, user, monkeypatch):
-    monkeypatch.setattr(ratelimit, "LOGIN_FAILURES_PER_IP", RateLimitItemPerMinute(3))
+    monkeypatch.setattr(throttles, "LOGIN_FAILURES_PER_IP", RateLimitItemPerMinute(3))
     for name in ("a1", "a2", "a3"):
         assert client.post("/login", data={"username": name, "password": "x"}).status_code == 400
     response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
@@ -137,14 +136,14 @@ def test_failed_logins_are_limited_per_ip(client, user, monkeypatch):
 
 
 def test_successful_logins_are_not_limited(client, user, monkeypatch):
-    monkeypatch.setattr(ratelimit, "LOGIN_FAILURES_PER_IP", RateLimitItemPerMinute(2))
+    monkeypatch.setattr(throttles, "LOGIN_FAILURES_PER_IP", RateLimitItemPerMinute(2))
     for _ in range(5):
         response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
         assert response.status_code == 302
 
 
 def test_many_failures_for_a_username_slow_its_logins_down_but_never_refuse_them(client, user, monkeypatch):
-    monkeypatch.setattr(ratelimit, "LOGIN_SLOWDOWN_AFTER", RateLimitItemPerMinute(3))
+    monkeypatch.setattr(throttles, "LOGIN_SLOWDOWN_AFTER", RateLimitItemPerMinute(3))
     waits = []
     # pages' own name for the time module: the standard module's sleep stays, for other threads.
     monkeypatch.setattr(pages, "time", types.SimpleNamespace(sleep=waits.append))
@@ -155,7 +154,7 @@ def test_many_failures_for_a_username_slow_its_logins_down_but_never_refuse_them
     response = client.post("/login", data={"username": "alice", "password": "correct horse battery"},
                            environ_base={"REMOTE_ADDR": "10.2.0.1"})
     assert response.status_code == 302
-    assert waits[-1] == ratelimit.LOGIN_SLOWDOWN_SECONDS > 0
+    assert waits[-1] == throttles.LOGIN_SLOWDOWN_SECONDS > 0
 
 
 @pytest.mark.parametrize("method, path", [

@@ -8,7 +8,7 @@ from flask import abort, flash, g, redirect, request, session, url_for
 import auth
 import ratelimit
 from models import ApiKey
-from web import accounts
+from web import accounts, throttles
 from web.pages import MAX_ID, bp, login_required, render_security_tab
 
 
@@ -17,7 +17,7 @@ from web.pages import MAX_ID, bp, login_required, render_security_tab
 def create_key():
     form = request.form
     try:
-        ratelimit.count_key_creation(g.user)
+        throttles.count_key_creation(g.user)
         scopes = form.getlist("scopes")
         if "scopes_shown" in form and not scopes:
             raise ValueError("Choose at least one scope.")
@@ -44,7 +44,7 @@ def roll_key(key_id):
         abort(404)
     form = request.form
     try:
-        ratelimit.count_key_roll(g.user)
+        throttles.count_key_roll(g.user)
         grace = auth.parse_duration(form.get("grace", "24h"), allow_never=False)
         secret = auth.roll_key(key, grace, end_previous=form.get("end_previous") == "1", current=form.get("current"))
     except ratelimit.RateLimitExceeded as error:

@@ -15,7 +15,7 @@ from models import SCOPES, ApiKey, utcnow
 from keys import allowips
 from metering import analytics
 from serving import envelope
-from web import accounts, reference, securitylog, twofactor
+from web import accounts, reference, securitylog, throttles, twofactor
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -164,7 +164,7 @@ def signup():
         return render_template("signup.html")
     form = request.form
     try:
-        ratelimit.count_signup()
+        throttles.count_signup()
         user = accounts.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""))
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("signup.html", error)
@@ -191,18 +191,18 @@ def login():
         flash(str(error), "error")
         return render_template("login.html"), 400
     try:
-        time.sleep(ratelimit.password_attempt(username))
+        time.sleep(throttles.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("login.html", error)
     user = accounts.user_for_login(username, password)
     if user is not None and twofactor.is_enabled(user):
-        ratelimit.password_accepted(username)
+        throttles.password_accepted(username)
         return ask_second_factor(user, request.args.get("next"))
     if user is None or not log_in(user):
-        ratelimit.password_refused(username)
+        throttles.password_refused(username)
         flash("The username or password is incorrect.", "error")
         return render_template("login.html"), 400
-    ratelimit.password_accepted(username)
+    throttles.password_accepted(username)
     return redirect(local_path(request.args.get("next")) or url_for("web.settings_profile"))
 
 
@@ -283,13 +283,13 @@ def refuse_wrong_password(password):
     (sentence, status)."""
     username = g.user.username
     try:
-        time.sleep(ratelimit.password_attempt(username))
+        time.sleep(throttles.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         return f"Too many wrong passwords. Try again in {error.retry_after} seconds.", 429
     if not accounts.password_matches(g.user, password):
-        ratelimit.password_refused(username)
+        throttles.password_refused(username)
         return "The password is not correct.", 400
-    ratelimit.password_accepted(username)
+    throttles.password_accepted(username)
     return None
 
 
@@ -298,21 +298,21 @@ def with_password_check(change, password, *args):
     cookie cannot guess the password); return the error page, or None when it was made."""
     username = g.user.username
     try:
-        time.sleep(ratelimit.password_attempt(username))
+        time.sleep(throttles.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         flash(f"Too many wrong passwords. Try again in {error.retry_after} seconds.", "error")
         return render_profile_tab(status=429)
     try:
         change(g.user, password, *args)
     except accounts.WrongPassword as error:
-        ratelimit.password_refused(username)
+        throttles.password_refused(username)
         flash(str(error), "error")
         return render_profile_tab(status=400)
     except ValueError as error:
-        ratelimit.password_accepted(username)
+        throttles.password_accepted(username)
         flash(str(error), "error")
         return render_profile_tab(status=400)
-    ratelimit.password_accepted(username)
+    throttles.password_accepted(username)
     return None
 
 

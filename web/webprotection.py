@@ -10,7 +10,7 @@ from limits import RateLimitItemPerMinute
 
 import ratelimit
 from models import utcnow
-from web import accounts, pages, passkeys, twofactor
+from web import accounts, pages, passkeys, throttles, twofactor
 
 bp = Blueprint("protection", __name__)
 bp.before_request(pages.load_logged_in_user)
@@ -76,21 +76,21 @@ def check_code(user, code, check=twofactor.use_code):
     identity = code_identity(user)
     totp = bool(twofactor.CODE_PATTERN.fullmatch(code))
     try:
-        time.sleep(ratelimit.password_attempt(identity))
+        time.sleep(throttles.password_attempt(identity))
         if totp:
             # Per address alone, many addresses would make 6 digits guessable within a day.
-            ratelimit.count_totp_guess(user)
+            throttles.count_totp_guess(user)
     except ratelimit.RateLimitExceeded as error:
         recovery = " A recovery code or a passkey still works." if totp and twofactor.is_enabled(user) else ""
         return None, (f"Too many wrong codes. Try again in {error.retry_after} seconds.{recovery}", 429)
     try:
         passed = check(user, code)
     except ValueError as error:  # a WrongCode, or a set-up to start again
-        ratelimit.password_refused(identity)
+        throttles.password_refused(identity)
         return None, (str(error), 400)
-    ratelimit.password_accepted(identity)
+    throttles.password_accepted(identity)
     if totp:
-        ratelimit.totp_guess_accepted(user)
+        throttles.totp_guess_accepted(user)
     return passed, None
 
 
@@ -139,15 +139,15 @@ def disable():
     # under the code throttle.
     username = g.user.username
     try:
-        time.sleep(ratelimit.password_attempt(username))
+        time.sleep(throttles.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         flash(f"Too many wrong passwords. Try again in {error.retry_after} seconds.", "error")
         return pages.render_security_tab(status=429)
     if not accounts.password_matches(g.user, request.form.get("password", "")):
-        ratelimit.password_refused(username)
+        throttles.password_refused(username)
         flash("The password is not correct.", "error")
         return pages.render_security_tab(status=400)
-    ratelimit.password_accepted(username)
+    throttles.password_accepted(username)
     _, refused = check_code(g.user, submitted_code())
     if refused:
         flash(refused[0], "error")

@@ -22,6 +22,10 @@ export function explain(body: Unauthorized | Forbidden | RateLimited): string {
             return "The key may not be used from this address.";
         case "rate_limit_exceeded":
             return "Wait for Retry-After seconds.";
+        case "account_rate_limit_exceeded":
+            return "The account's keys together used up its allowance; wait for Retry-After seconds.";
+        case "credits_exhausted":
+            return "The key has no credits left until its next refill, if it has one.";
         default: {
             const unexpected: never = body.error;
             return unexpected;
@@ -31,6 +35,15 @@ export function explain(body: Unauthorized | Forbidden | RateLimited): string {
 
 export function remaining(stats: Stats): number {
     return stats.requests_remaining;
+}
+
+export function creditsLeft(stats: Stats): string {
+    if (stats.credits === undefined) {
+        return "no credits: only the windows limit this key";
+    }
+    const refill = stats.credits.refill;
+    const next = refill === null ? "no refill" : `${refill.amount} on ${refill.next_at} (every ${refill.interval})`;
+    return `${stats.credits.remaining} credits left, ${next}`;
 }
 
 export async function protectedTest(base: string, key: string): Promise<string> {
