@@ -44,6 +44,8 @@ from metering import lifecycle, usage
 from ops import health, logs, metrics
 from serving import cors, devserver, envelope, fastlane, settings, startup
 from web import accounts, keypage, pages, webprotection
+from webhooks import delivery as webhook_delivery, pages as webhook_pages
+from webhooks.commands import webhooks_cli
 
 ROOT = Path(__file__).resolve().parent
 INSTANCE = settings.INSTANCE
@@ -158,6 +160,8 @@ def create_app(overrides=None):
     pages.init_app(app)
     webprotection.init_app(app)
     keypage.init_app(app)
+    webhook_delivery.init_app(app)
+    webhook_pages.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
     for database_error in DATABASE_ERRORS:
         app.register_error_handler(database_error, render_database_error)
@@ -167,6 +171,7 @@ def create_app(overrides=None):
     app.cli.add_command(cli.db_cli)
     app.cli.add_command(cli.usage_cli)
     app.cli.add_command(cli.audit_command)
+    app.cli.add_command(webhooks_cli)
 
     # Last: the lane serves only while every hook registered by now would do nothing for its requests.
     app.wsgi_app = fastlane.Lane(app, app.wsgi_app)
@@ -196,7 +201,8 @@ class CheckedClientAddress:
 
 def close_app(app):
     """Stop what the app runs in the background (the pruner, the usage flusher after writing what is
-    pending, the memory storage's sweep): no thread outlives it."""
+    pending, the memory storage's sweep, the webhook sender): no thread outlives it."""
+    app.extensions["webhooks"].close()
     app.extensions["lifecycle"].close()
     app.extensions["usage"].close()
     app.extensions["ratelimit"].close()

@@ -13,12 +13,13 @@ from werkzeug.exceptions import Forbidden, Unauthorized
 
 import ratelimit
 from store.limitstorage import KeysChanged
-from models import SCOPES, ApiKey, db, display_time, find_active_key, utcnow
+from models import SCOPES, ApiKey, db, display_time, find_active_key, iso_seconds, utcnow
 from keys import allowips, keycache
 from metering import credits, usage
 from ops import metrics
 from serving import envelope
 from web import accounts, securitylog
+from webhooks import outbox
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
 KEY_ALPHABET = string.ascii_letters + string.digits
@@ -147,6 +148,8 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
         )
         securitylog.record(user.id, "key.created", f"{key.name} (id {key.id}, {key.display_prefix}...; "
                                                    f"from {allowips.summary(allow_ips)})")
+        outbox.emit(user.id, "key.created", outbox.key_data(
+            key, key_type=key_type, scopes=scopes, expires_at=expires_at and iso_seconds(expires_at)))
         inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
         accounts.keep_newest(ApiKey, (ApiKey.user == user.id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
@@ -200,6 +203,9 @@ def roll_key(key, grace, end_previous=False, current=None):
             raise RollConflict("The key was rolled or revoked meanwhile; reload and try again.")
         securitylog.record(key.user_id, "key.rolled",
                            f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)")
+        outbox.emit(key.user_id, "key.rolled", dict(
+            outbox.key_data(key), key_prefix=secret[:DISPLAY_PREFIX_LENGTH], previous_key_prefix=key.display_prefix,
+            previous_valid_until=until and iso_seconds(until)))
     keycache.announce_change()
     return secret
 
@@ -223,6 +229,8 @@ def revoke_key(key, leaked=False, again=False):
             if revoked:
                 securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
                                    f"{key.name} (id {key.id}, {key.display_prefix}...)")
+                outbox.emit(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
+                            outbox.key_data(key, revoked_at=iso_seconds(key.revoked_at)))
     if revoked or again:
         keycache.announce_change()
     return revoked
@@ -323,8 +331,8 @@ def admit(secret, scope, environ, source="the X-API-Key header"):
     try:
         require_access(key, scope)
         limiter.count_request(key, environ, generation)
-    except (KeysChanged, *REFUSALS) as refusal:
-        if isinstance(refusal, REFUSALS) and generation is None:
+    except (KeysChanged, *REFUSALS, credits.CreditsExhausted) as refusal:
+        if not isinstance(refusal, KeysChanged) and generation is None:
             raise
         # A kept key not yet confirmed is read again before it is refused (a revoked key is a 401,
         # not a 403) or counted. This read comes after any change announced before the request

@@ -237,11 +237,13 @@ def retire_replaced_workers(worker):
 def post_worker_init(worker):
     """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
     gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
-    and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second."""
+    and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second;
+    start the worker's webhook sender."""
     from sockets import close_all_sockets
     from ops import metrics
 
     gevent.spawn(metrics.fold_every_second)
+    worker.wsgi.extensions["webhooks"].start()
     # A greenlet runs once the worker's servers listen, so the old worker stops after this one serves.
     gevent.spawn(retire_replaced_workers, worker)
 
@@ -297,12 +299,14 @@ def post_request(worker, req, environ, resp):
 
 def worker_exit(server, worker):
     """Write the usage counts still held in memory before the worker goes, fold its last request
-    counts into /metrics, and stop its pruning."""
+    counts into /metrics, and stop its pruning and its webhook sender (an attempt it cuts is due
+    again at once, for the next worker)."""
     from ops import metrics
 
     metrics.tally.fold()
     app = getattr(worker, "wsgi", None)
     if app is not None:
+        app.extensions["webhooks"].close()
         app.extensions["lifecycle"].close()
         app.extensions["usage"].close()
 

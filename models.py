@@ -367,8 +367,9 @@ def init_app(app):
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
+    from webhooks.models import MODELS as WEBHOOK_MODELS  # here: they build on this module's models
     tables = [User, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent, MaintenanceLock,
-              *PROTECTION_MODELS]
+              *PROTECTION_MODELS, *WEBHOOK_MODELS]
     app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
 

@@ -17,6 +17,7 @@ from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcno
 from store.writelock import write_transaction
 from ops import metrics
 from store import locks
+from webhooks import outbox
 
 # The HTTP status recorded for a time socket's accepted handshake.
 SWITCHING_PROTOCOLS = 101
@@ -64,7 +65,8 @@ class UsageCounter:
         self.stopped = threading.Event()
         self.flusher = None
         # This process's row in usage_writers, the number of its last transaction, and the one
-        # whose commit is in doubt after an error, with its counts: (sequence, batch) or None.
+        # whose commit is in doubt after an error, with its counts and webhook events: (sequence, batch,
+        # events) or None.
         self.writer = secrets.token_hex(16)
         self.sequence = 0
         self.in_doubt = None
@@ -91,8 +93,8 @@ class UsageCounter:
                                     if pending_id == key_id and counted)
 
     def flush(self):
-        """Write what is pending, KEYS_PER_TRANSACTION keys a transaction, letting the worker's
-        other requests run between transactions; raise the database's error after keeping what
+        """Write what is pending (and the messages of the webhook events emitted soon), KEYS_PER_TRANSACTION
+        keys a transaction, letting the worker's other requests run between transactions; raise the database's error after keeping what
         was not written for the next try."""
         with self.flush_lock:
             self.flush_pending()
@@ -103,19 +105,23 @@ class UsageCounter:
         # connections the requests waiting on the lock (total()) hold.
         self.database.connect(reuse_if_open=True)
         counts = None
+        # Webhook events decided on the hot path (webhooks/outbox.py's emit_soon): their messages are
+        # written in the first transaction, and given back unless it committed.
+        events = []
         try:
             with self.write_lock:
                 self.settle_doubt()
             with self.pending_lock:
                 counts = dict(self.pending)
-            if not counts:
+            events = outbox.take_soon()
+            if not counts and not events:
                 return
             by_key = collections.defaultdict(dict)
             for entry, count in counts.items():
                 by_key[entry[0]][entry] = count
             keys = sorted(by_key)
             used_at = utcnow()
-            for start in range(0, len(keys), KEYS_PER_TRANSACTION):
+            for start in range(0, max(len(keys), 1), KEYS_PER_TRANSACTION):
                 if start:
                     pause_between_transactions()
                 batch = {entry: count for key_id in keys[start:start + KEYS_PER_TRANSACTION]
@@ -124,15 +130,21 @@ class UsageCounter:
                     self.sequence += 1
                     try:
                         with write_transaction(self.database):
-                            self.write(batch, used_at)
+                            if batch:
+                                self.write(batch, used_at)
+                            outbox.write_soon(events)
                             self.database.execute_sql(self.database.statements.mark_usage_written,
                                                       (self.writer, self.sequence, used_at))
                     except BaseException:
                         # Also a connection lost at COMMIT, which PostgreSQL may have carried out.
-                        self.in_doubt = (self.sequence, batch)
+                        self.in_doubt = (self.sequence, batch, events)
+                        events = []
                         raise
                     self.written(batch)
+                    events = []
         finally:
+            # Taken, but an error came before a transaction tried them.
+            outbox.give_back(events)
             release_connection(self.database)
             if counts:
                 metrics.usage_flushed(time.perf_counter() - started)
@@ -153,10 +165,12 @@ class UsageCounter:
         if so take its counts out of pending; raise the database's error when it cannot tell."""
         if self.in_doubt is None:
             return
-        sequence, batch = self.in_doubt
+        sequence, batch, events = self.in_doubt
         row = self.database.execute_sql(self.database.statements.usage_written, (self.writer,)).fetchone()
         if row is not None and row[0] >= sequence:
             self.written(batch)
+        else:
+            outbox.give_back(events)
         self.in_doubt = None
 
     def write(self, batch, used_at):

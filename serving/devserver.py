@@ -338,7 +338,9 @@ def serve(app, host, port, reason):
         log.warning(warning)
     # As gunicorn.conf.py's post_worker_init: what is loaded by now lives as long as the process.
     gc.freeze()
+    app.extensions["webhooks"].start()
     stop.wait()
     server.stop_gracefully()
+    app.extensions["webhooks"].close()
     app.extensions["usage"].close()
     log.info("Stopped; usage counts written.")

@@ -89,9 +89,13 @@ def add_metering(database, migrator):
     migrate(*(migrator.add_column("api_keys", name, field) for name, field in columns.items() if name not in have))
 
 
+def add_webhooks(database, migrator):
+    """Version 9: webhook endpoints, their outbox and attempts, new tables only."""
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
-         keep_totp_setups_with_their_session, add_usage_writers, add_metering]
+         keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days}

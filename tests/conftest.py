@@ -37,7 +37,7 @@ SLOW_MODULES = {
     "test_devserver", "test_faults", "test_first_run", "test_fuzz", "test_hardening_live", "test_hostile",
     "test_keycache_live", "test_lifecycle_live", "test_operations_live", "test_pages", "test_passkeys_browser",
     "test_reload", "test_scale", "test_server", "test_settings", "test_socket_attacks", "test_sockets",
-    "test_twofactor_live",
+    "test_twofactor_live", "test_webhooks_live",
 }
 LIVE_FIXTURES = {"live", "server", "servers", "fallback", "cluster", "run_mode"}
 

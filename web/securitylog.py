@@ -14,6 +14,8 @@ EVENTS = {
     # Account protection (issue 29).
     "user.2fa_enabled", "user.2fa_disabled", "user.2fa_failed", "user.recovery_code_used",
     "user.passkey_added", "user.passkey_removed", "user.passkey_login",
+    # Webhooks (issue 40).
+    "webhook.added", "webhook.removed", "webhook.disabled",
 }
 SHOWN = 50
 # Events kept per account; older ones are deleted as each new one is written.
@@ -22,10 +24,12 @@ KEPT = 1000
 FAILURES_RECORDED_PER_HOUR = 20
 
 
-def record(user_id, event, detail=""):
-    """Add an event to the account's log (inside the caller's transaction, where it has one)."""
+def record(user_id, event, detail="", address=None):
+    """Add an event to the account's log (inside the caller's transaction, where it has one); the
+    address is the request's, else `cli` (the service's own doings give "-")."""
     assert event in EVENTS, event
-    address = request.remote_addr if has_request_context() else "cli"
+    if address is None:
+        address = request.remote_addr if has_request_context() else "cli"
     SecurityEvent.create(user=user_id, event=event, ip=(address or "-")[:64], detail=detail[:200])
     forget_beyond_kept(user_id)
 

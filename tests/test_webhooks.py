@@ -1,0 +1,464 @@
+"""Webhooks with Flask's test client, the CLI runner and a local receiver that verifies every
+delivery with the `standardwebhooks` library, on SQLite and PostgreSQL: signing, each key event
+with its data, retries, the address rules, the CLI and the Security tab's section."""
+
+import base64
+import collections
+import datetime
+import http.client
+import re
+import socket
+
+import pytest
+from peewee import OperationalError
+from standardwebhooks import Webhook
+
+import auth
+from models import ApiKey, SecurityEvent, utcnow
+from serving import settings
+from web import accounts
+from webhookreceiver import receiving
+from webhooks import addresses, delivery, endpoints, outbox, periodic, signing
+from webhooks.models import DELIVERED, FAILED, PENDING, WebhookEndpoint, WebhookMessage
+
+REFUSED = ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "::", "::1",
+           "::ffff:127.0.0.1", "::ffff:10.0.0.1", "fc00::1", "fe80::1", "224.0.0.1", "ff02::1", "100.64.0.1",
+           "255.255.255.255", "64:ff9b::a00:1", "2002:7f00:1::1"]
+PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+
+
+@pytest.fixture
+def app(make_app, database_url):
+    app = make_app({
+        "DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://", "RATE_LIMIT_TIERS": "free=5/minute",
+        "PUBLIC_RATE_LIMIT": "off", "TESTING": True, "WTF_CSRF_ENABLED": False,
+        "WEBHOOK_RETRY_SCHEDULE": "1s,1s", "WEBHOOK_ALLOW_PRIVATE": True,
+    })
+    with app.app_context():
+        yield app
+
+
+@pytest.fixture(autouse=True)
+def no_events_left_over():
+    """emit_soon's queue is the process's: a test starts without another's events."""
+    outbox.soon.clear()
+
+
+@pytest.fixture
+def receiver():
+    with receiving() as receiver:
+        yield receiver
+
+
+@pytest.fixture
+def hook(app, user, receiver):
+    """(endpoint, secret) of alice's endpoint at the receiver, subscribed to every event."""
+    endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/alice")
+    receiver.secrets["/alice"] = secret
+    return endpoint, secret
+
+
+def deliver(app):
+    return delivery.deliver_due(app)
+
+
+def due_now(message_id):
+    """Bring a message's next attempt forward to now, as if its pause had passed."""
+    WebhookMessage.update(next_attempt_at=utcnow()).where(
+        (WebhookMessage.message_id == message_id) & (WebhookMessage.state == PENDING)).execute()
+
+
+# Signing
+
+def test_a_secret_is_whsec_and_the_base64_of_24_random_bytes():
+    secret = signing.new_secret()
+    assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:], validate=True)) == 24
+    assert signing.new_secret() != secret
+
+
+def test_the_signature_is_hmac_sha256_of_id_timestamp_body_as_the_library_computes_it():
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    body = b'{"type":"webhook.test","timestamp":"2026-11-22T00:53:39.123Z","data":{}}'
+    headers = signing.headers(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body)
+    # The library's own signing of the same message, and a known answer, computed independently.
+    expected = Webhook(secret).sign("msg_p5jXN8AQM9LWM0D4loKWxJek",
+                                    datetime.datetime.fromtimestamp(1614265330, datetime.UTC), body.decode())
+    assert headers["webhook-signature"] == expected
+    assert headers["webhook-timestamp"] == "1614265330" and headers["webhook-id"] == "msg_p5jXN8AQM9LWM0D4loKWxJek"
+
+
+def test_a_delivery_verifies_with_the_library_and_keeps_its_bytes(app, hook, receiver):
+    endpoint, secret = hook
+    message = endpoints.send_test(endpoint)
+    [(claimed, outcome, state)] = deliver(app)
+    assert state == DELIVERED and outcome.status == 204
+    [received] = receiver.received()
+    assert received.error is None, received.error
+    assert received.verified == {"type": "webhook.test", "timestamp": received.payload["timestamp"],
+                                 "data": {"endpoint_id": endpoint.id, "url": endpoint.url}}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", received.payload["timestamp"])
+    assert received.headers["content-type"] == "application/json"
+    assert received.message_id == message.message_id and received.message_id.startswith("msg_")
+    assert received.body == message.body.encode()
+    assert secret not in received.body.decode() and secret not in str(received.headers)
+
+
+def test_the_secret_is_stored_sealed(app, hook):
+    endpoint, secret = hook
+    stored = WebhookEndpoint.get_by_id(endpoint.id).sealed_secret
+    assert secret not in stored and secret[6:] not in stored and signing.unseal(stored) == secret
+
+
+def test_http_client_still_opens_its_socket_through_create_connection():
+    # delivery.post replaces this attribute to connect to a checked address; a Python that moved it
+    # would connect unchecked.
+    assert http.client.HTTPConnection("example.com")._create_connection is socket.create_connection
+
+
+# Events and their data
+
+def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, receiver):
+    key, secret = auth.issue_key(user, "Laptop", "production", expires_in=3600, scopes=["test:read"])
+    new_secret = auth.roll_key(key, grace=60)
+    auth.revoke_key(ApiKey.get_by_id(key.id))
+    leaked, leaked_secret = auth.issue_key(user, "Leaky", "development")
+    assert client.post("/api/v1/keys/revoke", headers={"X-API-Key": leaked_secret}).status_code == 200
+    deliver(app)
+    by_type = {delivery.payload["type"]: delivery for delivery in receiver.wait_for(5)
+               if delivery.payload["data"]["key_name"] == "Laptop" or delivery.payload["type"] != "key.created"}
+    assert all(delivery.error is None for delivery in by_type.values())
+    names = {"key_id": key.id, "key_name": "Laptop"}
+    created = by_type["key.created"].verified["data"]
+    assert created == {**names, "key_prefix": secret[:12], "key_type": "production", "scopes": ["test:read"],
+                       "expires_at": created["expires_at"]}
+    assert created["expires_at"].endswith("Z")
+    rolled = by_type["key.rolled"].verified["data"]
+    assert rolled == {**names, "key_prefix": new_secret[:12], "previous_key_prefix": secret[:12],
+                      "previous_valid_until": rolled["previous_valid_until"]}
+    assert by_type["key.revoked"].verified["data"] == {**names, "key_prefix": new_secret[:12],
+                                                       "revoked_at": by_type["key.revoked"].verified["data"]["revoked_at"]}
+    assert by_type["key.revoked_as_leaked"].verified["data"]["key_id"] == leaked.id
+    everything = " ".join(delivery.body.decode() + str(delivery.headers) for delivery in receiver.received())
+    for shown_once in (secret, new_secret, leaked_secret, hook[1]):
+        assert shown_once not in everything and shown_once[12:] not in everything
+
+
+def test_an_endpoint_gets_only_the_events_it_is_subscribed_to(app, user, receiver):
+    endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/revocations", ["key.revoked"])
+    receiver.secrets["/revocations"] = secret
+    key, _ = auth.issue_key(user, "Laptop", "production")
+    auth.revoke_key(key)
+    deliver(app)
+    assert [delivery.payload["type"] for delivery in receiver.wait_for(1)] == ["key.revoked"]
+
+
+def test_a_change_that_rolls_back_leaves_no_message(app, user, hook):
+    with pytest.raises(auth.KeyCapReached):
+        app.config["MAX_KEYS_PER_USER"] = 0
+        auth.issue_key(user, "Refused", "production")
+    assert WebhookMessage.select().count() == 0
+
+
+def test_an_account_without_endpoints_costs_one_query_and_gets_no_message(app, user):
+    auth.issue_key(user, "Laptop", "production")
+    assert WebhookMessage.select().count() == 0
+
+
+def test_expiring_and_expired_are_sent_once_each(app, user, hook, receiver):
+    soon, _ = auth.issue_key(user, "Soon", "production", expires_in=3 * 86400)
+    auth.issue_key(user, "Later", "production", expires_in=30 * 86400)
+    deliver(app)
+    receiver.deliveries.clear()
+    assert periodic.run() == 1 and periodic.run() == 0
+    after_expiry = utcnow() + datetime.timedelta(days=3, hours=12)
+    assert periodic.run(now=after_expiry) == 1 and periodic.run(now=after_expiry) == 0
+    deliver(app)
+    expiring, expired = sorted(receiver.wait_for(2), key=lambda delivery: delivery.payload["type"])[::-1]
+    assert expiring.payload["type"] == "key.expiring" and expired.payload["type"] == "key.expired"
+    for event in (expiring, expired):
+        assert event.verified["data"] == {"key_id": soon.id, "key_name": "Soon", "key_prefix": soon.display_prefix,
+                                          "expires_at": event.verified["data"]["expires_at"]}
+
+
+def test_events_emitted_soon_are_written_once_by_the_usage_flush_with_its_counts(app, user, hook, monkeypatch):
+    key, _ = auth.issue_key(user, "Busy", "production")
+    WebhookMessage.delete().execute()
+    counter = app.extensions["usage"]
+    counter.interval = 3600  # no flush but this test's
+    counter.add(key.id, "/api/v1/protected/test", 200, True)
+    outbox.emit_soon(user.id, "usage.threshold", outbox.key_data(key, percent=80))
+    assert WebhookMessage.select().count() == 0
+    written = counter.write
+
+    def fail(*args):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(counter, "write", fail)
+    with pytest.raises(OperationalError):
+        counter.flush()
+    assert WebhookMessage.select().count() == 0 and ApiKey.get_by_id(key.id).total_requests == 0
+    monkeypatch.setattr(counter, "write", written)
+    counter.flush()
+    counter.flush()
+    [message] = WebhookMessage.select()
+    assert message.event == "usage.threshold" and ApiKey.get_by_id(key.id).total_requests == 1
+    assert outbox.soon == collections.deque()
+
+
+# Retries
+
+def test_a_receiver_failing_twice_gets_three_attempts_with_one_webhook_id(app, hook, receiver):
+    receiver.answer = lambda delivery: 500 if len(receiver.received()) <= 2 else 200
+    message = endpoints.send_test(hook[0])
+    states = []
+    for _ in range(3):
+        [(claimed, outcome, state)] = deliver(app)
+        states.append((claimed.number, outcome.status, state))
+        if state == PENDING:
+            pause = WebhookMessage.get_by_id(message.id).next_attempt_at - utcnow()
+            assert datetime.timedelta(seconds=0.5) < pause <= datetime.timedelta(seconds=1)
+            assert deliver(app) == []  # not due before its pause
+            due_now(message.message_id)
+    assert states == [(1, 500, PENDING), (2, 500, PENDING), (3, 200, DELIVERED)]
+    assert {delivery.message_id for delivery in receiver.received()} == {message.message_id}
+    assert all(delivery.error is None for delivery in receiver.received())
+
+
+def test_a_redirect_is_a_failure_and_is_not_followed(app, hook, receiver):
+    receiver.answer = lambda delivery: 302
+    endpoints.send_test(hook[0])
+    [(_, outcome, state)] = deliver(app)
+    assert outcome.status == 302 and state == PENDING
+    assert [delivery.path for delivery in receiver.received()] == ["/alice"]
+
+
+def test_a_message_fails_for_good_once_the_schedule_is_spent(app, hook, receiver):
+    receiver.answer = lambda delivery: 503
+    message = endpoints.send_test(hook[0])
+    for _ in range(3):
+        deliver(app)
+        due_now(message.message_id)
+    assert deliver(app) == []
+    stored = WebhookMessage.get_by_id(message.id)
+    assert (stored.state, stored.attempts, stored.next_attempt_at) == (FAILED, 3, None)
+    assert [attempt.number for attempt in endpoints.recent_attempts(hook[0])] == [3, 2, 1]
+
+
+def test_an_endpoint_failing_for_five_days_is_disabled(app, user, hook, receiver):
+    receiver.answer = lambda delivery: 500
+    endpoint = hook[0]
+    endpoints.send_test(endpoint)
+    deliver(app)
+    WebhookEndpoint.update(failing_since=utcnow() - datetime.timedelta(days=5, minutes=1)).execute()
+    waiting = WebhookMessage.get(WebhookMessage.state == PENDING)
+    due_now(waiting.message_id)
+    deliver(app)
+    stored = WebhookEndpoint.get_by_id(endpoint.id)
+    assert stored.disabled_at is not None and endpoints.state(stored) == "disabled"
+    assert WebhookMessage.get_by_id(waiting.id).state == FAILED
+    assert SecurityEvent.get(SecurityEvent.event == "webhook.disabled").detail.startswith(endpoint.url)
+    auth.issue_key(user, "Unheard", "production")
+    assert WebhookMessage.select().where(WebhookMessage.event == "key.created").count() == 0
+
+
+def test_a_claimed_message_is_not_claimed_again_until_its_lease_ends(app, hook):
+    from models import db
+
+    endpoints.send_test(hook[0])
+    [first] = delivery.claim(db.obj, 10)
+    assert delivery.claim(db.obj, 10) == []
+    later = utcnow() + datetime.timedelta(seconds=delivery.LEASE_SECONDS + 1)
+    [again] = delivery.claim(db.obj, 10, now=later)
+    assert (again.message_id, again.number) == (first.message_id, 2)
+
+
+# Where webhooks may go
+
+@pytest.mark.parametrize("address", REFUSED)
+def test_addresses_that_are_not_public_are_refused(address):
+    assert not addresses.is_public(address)
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_public_addresses_are_allowed(address):
+    assert addresses.is_public(address)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1/", "http://10.0.0.1/hook", "http://169.254.169.254/latest",
+                                 "http://[::ffff:127.0.0.1]:8080/", "http://0.0.0.0/", "http://[::1]/",
+                                 "http://localhost/", "https://192.168.0.10/"])
+def test_a_private_url_is_refused_at_registration(app, user, url):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    with pytest.raises(addresses.RefusedAddress, match="WEBHOOK_ALLOW_PRIVATE"):
+        endpoints.add_endpoint(user, url)
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = True
+    endpoints.add_endpoint(user, url)
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/", "example.com/hook", "http://user:pw@example.com/",
+                                 "http:///path", "http://example.com:99999/", "javascript:alert(1)",
+                                 "http://exa mple.com/", "http://example.com/\x00"])
+def test_urls_that_are_not_http_are_refused(app, user, url):
+    with pytest.raises(ValueError):
+        endpoints.add_endpoint(user, url)
+
+
+def test_a_name_that_resolves_to_a_private_address_at_delivery_is_refused(app, user, monkeypatch):
+    """DNS rebinding: a public address when the endpoint is added, loopback when a delivery connects."""
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    real = socket.getaddrinfo
+    answers = {"hooks.example.test": "93.184.216.34"}
+
+    def fake(host, port, *args, **kwargs):
+        if host in answers:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    endpoint, _ = endpoints.add_endpoint(user, "http://hooks.example.test/in")
+    answers["hooks.example.test"] = "127.0.0.1"
+    endpoints.send_test(endpoint)
+    [(_, outcome, state)] = deliver(app)
+    assert outcome.status is None and "hooks.example.test (127.0.0.1)" in outcome.error and state == PENDING
+
+
+def test_localhost_is_refused_when_a_delivery_connects(app, user, receiver):
+    endpoint, _ = endpoints.add_endpoint(user, receiver.url.replace("127.0.0.1", "localhost") + "/local")
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    endpoints.send_test(endpoint)
+    [(_, outcome, _)] = deliver(app)
+    assert outcome.status is None and "not sent to localhost" in outcome.error
+    assert receiver.received() == []
+
+
+# Settings
+
+def test_the_retry_schedule_parses_durations():
+    assert settings.retry_schedule(settings.DEFAULT_RETRY_SCHEDULE) == [5, 300, 1800, 7200, 18000, 36000, 36000]
+    assert settings.retry_schedule(" 1s, 2m,3h ,1d") == [1, 120, 10800, 86400]
+
+
+@pytest.mark.parametrize("text", ["", "5", "0s", "1x", "1s,,2s", "-1s", ",".join(["1s"] * 21)])
+def test_a_bad_retry_schedule_is_one_sentence(text):
+    with pytest.raises(settings.ConfigError, match="WEBHOOK_RETRY_SCHEDULE must be"):
+        settings.retry_schedule(text)
+
+
+def test_allow_private_is_a_switch():
+    assert settings.switch({"WEBHOOK_ALLOW_PRIVATE": "1"}, "WEBHOOK_ALLOW_PRIVATE") is True
+    assert settings.switch({}, "WEBHOOK_ALLOW_PRIVATE") is False
+    with pytest.raises(settings.ConfigError, match="WEBHOOK_ALLOW_PRIVATE must be 1 or 0"):
+        settings.switch({"WEBHOOK_ALLOW_PRIVATE": "maybe"}, "WEBHOOK_ALLOW_PRIVATE")
+
+
+# Command line
+
+def test_the_cli_adds_lists_tests_and_removes_endpoints(app, runner, user, receiver):
+    added = runner.invoke(args=["webhooks", "add", "alice", f"{receiver.url}/cli", "--events",
+                                "key.revoked,key.created"])
+    assert added.exit_code == 0, added.output
+    secret = added.output.strip().splitlines()[-1]
+    assert re.fullmatch(r"whsec_[A-Za-z0-9+/]{32}", secret)
+    receiver.secrets["/cli"] = secret
+    endpoint = WebhookEndpoint.get()
+    listed = runner.invoke(args=["webhooks", "list", "alice"])
+    assert listed.output == f"{endpoint.id}\t{receiver.url}/cli\tkey.created,key.revoked\tactive\n"
+    assert secret not in listed.output and secret[6:] not in listed.output
+    tested = runner.invoke(args=["webhooks", "test", str(endpoint.id)])
+    assert tested.exit_code == 0 and "Delivered msg_" in tested.output and "HTTP 204" in tested.output
+    assert receiver.received()[0].verified["type"] == "webhook.test"
+    removed = runner.invoke(args=["webhooks", "remove", str(endpoint.id)])
+    assert removed.exit_code == 0 and WebhookEndpoint.select().count() == 0
+    assert [event.event for event in SecurityEvent.select().order_by(SecurityEvent.id)][-2:] == [
+        "webhook.added", "webhook.removed"]
+
+
+def test_the_cli_says_why_it_refuses(app, runner, user):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    for args, sentence in [
+        (["webhooks", "add", "alice", "http://127.0.0.1/"], "Webhooks are not sent to 127.0.0.1"),
+        (["webhooks", "add", "alice", "https://93.184.216.34/", "--events", "key.exploded"], "Unknown event"),
+        (["webhooks", "add", "nobody", "https://93.184.216.34/"], "There is no user named 'nobody'"),
+        (["webhooks", "remove", "999"], "There is no webhook endpoint with id 999"),
+        (["webhooks", "test", "999"], "There is no webhook endpoint with id 999"),
+    ]:
+        result = runner.invoke(args=args)
+        assert result.exit_code == 1 and sentence in result.output, result.output
+
+
+def test_the_cli_test_of_a_failing_endpoint_exits_1_and_leaves_it_to_the_schedule(app, runner, user, receiver):
+    receiver.answer = lambda delivery: 500
+    endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/down")
+    result = runner.invoke(args=["webhooks", "test", str(endpoint.id)])
+    assert result.exit_code == 1 and "not delivered: HTTP 500" in result.output
+    assert WebhookMessage.get().state == PENDING
+
+
+def test_an_account_has_at_most_ten_endpoints(app, user, receiver):
+    for n in range(endpoints.MAX_ENDPOINTS):
+        endpoints.add_endpoint(user, f"{receiver.url}/{n}")
+    with pytest.raises(endpoints.EndpointCapReached, match="10 webhook endpoints"):
+        endpoints.add_endpoint(user, f"{receiver.url}/eleven")
+
+
+# The Security tab
+
+def test_the_security_tab_adds_an_endpoint_and_shows_its_secret_once(app, logged_in, receiver):
+    response = logged_in.post("/settings/security/webhooks", data={
+        "url": f"{receiver.url}/web", "events_shown": "1", "events": ["key.created", "usage.threshold"]})
+    assert response.status_code == 302 and response.location.endswith("/settings/security#webhooks")
+    page = logged_in.get("/settings/security").text
+    secret = re.search(r'id="webhook-secret"[^>]*>(whsec_[^<]+)<', page)[1]
+    assert signing.unseal(WebhookEndpoint.get().sealed_secret) == secret
+    assert "key.created, usage.threshold" in page
+    again = logged_in.get("/settings/security").text
+    assert secret not in again and secret[6:] not in again and "webhook-secret" not in again
+
+
+def test_the_security_tab_sends_a_test_event_and_lists_the_attempt(app, logged_in, user, receiver):
+    endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/web")
+    receiver.secrets["/web"] = secret
+    response = logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test")
+    assert response.status_code == 302
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 409  # one at a time
+    deliver(app)
+    assert receiver.received()[0].verified["type"] == "webhook.test"
+    page = logged_in.get("/settings/security").text
+    assert re.search(r'<tr class="attempt">.*webhook\.test.*HTTP 204.*ms.*>1<', page, re.S)
+    assert secret not in page and secret[6:] not in page
+
+
+def test_the_security_tab_refuses_with_a_sentence(app, logged_in):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    response = logged_in.post("/settings/security/webhooks", data={"url": "http://10.0.0.7/", "events_shown": "1",
+                                                                   "events": ["key.created"]})
+    assert response.status_code == 400 and "Webhooks are not sent to 10.0.0.7" in response.text
+    response = logged_in.post("/settings/security/webhooks", data={"url": "https://93.184.216.34/",
+                                                                   "events_shown": "1"})
+    assert response.status_code == 400 and "Choose at least one event." in response.text
+    assert WebhookEndpoint.select().count() == 0
+
+
+def test_another_accounts_endpoint_is_a_404(app, logged_in, receiver):
+    bob = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+    endpoint, _ = endpoints.add_endpoint(bob, f"{receiver.url}/bob")
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 404
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 404
+    assert WebhookEndpoint.select().count() == 1
+
+
+def test_removing_an_endpoint_drops_its_messages(app, logged_in, user, receiver):
+    endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/web")
+    endpoints.send_test(endpoint)
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 302
+    assert WebhookMessage.select().count() == 0 and deliver(app) == []
+    assert SecurityEvent.select().where(SecurityEvent.event == "webhook.removed").count() == 1
+
+
+def test_the_webhook_forms_need_the_csrf_token(app, logged_in, user, receiver):
+    app.config["WTF_CSRF_ENABLED"] = True
+    endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/web")
+    for path in ["/settings/security/webhooks", f"/settings/security/webhooks/{endpoint.id}/test",
+                 f"/settings/security/webhooks/{endpoint.id}/remove"]:
+        assert logged_in.post(path, data={"url": f"{receiver.url}/x"}).status_code == 400
+    assert WebhookEndpoint.select().count() == 1 and WebhookMessage.select().count() == 0

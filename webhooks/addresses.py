@@ -1,0 +1,106 @@
+"""Where a webhook may go: http and https URLs whose host is, and resolves only to, public
+addresses. The check is made on the address actually connected to, at every connection, and the
+connection goes to that checked address (a name that re-resolves elsewhere cannot switch it)."""
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+MAX_URL_LENGTH = 2000
+SCHEMES = {"http": 80, "https": 443}
+# Addresses of the NAT64 prefix carry an IPv4 address in their last 32 bits.
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+class RefusedAddress(ValueError):
+    """The URL, or the address its host resolves to, is not one a webhook may be sent to."""
+
+
+def parse_url(url):
+    """(scheme, host, port) of a URL a webhook may be sent to; RefusedAddress with a sentence otherwise."""
+    url = url.strip()
+    if not url or len(url) > MAX_URL_LENGTH or not url.isprintable() or " " in url:
+        raise RefusedAddress(f"A webhook URL is an http:// or https:// URL of at most {MAX_URL_LENGTH} characters, "
+                             "without spaces.")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise RefusedAddress("That webhook URL cannot be read; check its host and port.") from None
+    if parts.scheme.lower() not in SCHEMES or not parts.hostname:
+        raise RefusedAddress("A webhook URL starts with http:// or https:// and names a host.")
+    if parts.username is not None or parts.password is not None:
+        raise RefusedAddress("A webhook URL cannot hold a user name or password.")
+    if parts.fragment:
+        raise RefusedAddress("A webhook URL cannot have a #fragment.")
+    return parts.scheme.lower(), parts.hostname, port or SCHEMES[parts.scheme.lower()]
+
+
+def unwrapped(address):
+    """The IPv4 address an IPv6 one stands for (IPv4-mapped, NAT64, 6to4), else the address itself."""
+    if address.version == 6:
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address in NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if address.sixtofour is not None:
+            return address.sixtofour
+    return address
+
+
+def is_public(address):
+    """True for an address a webhook may reach: not loopback, private, link-local, multicast,
+    unspecified, reserved or otherwise not globally reachable."""
+    address = unwrapped(ipaddress.ip_address(address.split("%", 1)[0]) if isinstance(address, str) else address)
+    return address.is_global and not (address.is_multicast or address.is_reserved or address.is_loopback
+                                      or address.is_link_local or address.is_private or address.is_unspecified)
+
+
+def resolve(host, port):
+    """The (family, type, proto, sockaddr) a host name or literal resolves to; RefusedAddress when none."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        raise RefusedAddress(f"The host {host!r} cannot be resolved ({error}).") from None
+    return [(family, kind, proto, sockaddr) for family, kind, proto, _, sockaddr in found]
+
+
+def check_url(url, allow_private=False):
+    """Refuse (RefusedAddress) a URL that is not http(s), or whose host is or resolves to an address
+    that is not public (unless allow_private); return the URL, stripped."""
+    _, host, port = parse_url(url)
+    if not allow_private:
+        for *_, sockaddr in resolve(host, port):
+            if not is_public(sockaddr[0]):
+                raise RefusedAddress(refusal(host, sockaddr[0]))
+    return url.strip()
+
+
+def refusal(host, address):
+    shown = host if host == address else f"{host} ({address})"
+    return (f"Webhooks are not sent to {shown}: a loopback, private, link-local, multicast or unspecified "
+            "address is refused (WEBHOOK_ALLOW_PRIVATE=1 allows them for local tests).")
+
+
+def checked_connection(allow_private):
+    """A replacement for http.client's socket.create_connection: resolves the host, refuses every
+    address that is not public (unless allow_private), and connects to a checked address itself."""
+
+    def create_connection(address, timeout=None, source_address=None, **_):
+        host, port = address
+        last_error = None
+        for family, kind, proto, sockaddr in resolve(host, port):
+            if not allow_private and not is_public(sockaddr[0]):
+                last_error = RefusedAddress(refusal(host, sockaddr[0]))
+                continue
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(sockaddr)
+                return sock
+            except OSError as error:
+                sock.close()
+                last_error = error
+        raise last_error or RefusedAddress(f"The host {host!r} has no address.")
+
+    return create_connection

@@ -1,0 +1,68 @@
+"""The `webhooks` command group: add, list, remove and test an account's endpoints."""
+
+import click
+from flask import current_app
+
+import cli
+from webhooks import delivery, endpoints
+from webhooks.models import WebhookEndpoint
+
+webhooks_cli = cli.CommandGroup("webhooks", help="Manage webhook endpoints.")
+
+
+def find_endpoint(endpoint_id):
+    endpoint = WebhookEndpoint.get_or_none(WebhookEndpoint.id == endpoint_id)
+    if endpoint is None:
+        raise click.ClickException(f"There is no webhook endpoint with id {endpoint_id}.")
+    return endpoint
+
+
+@webhooks_cli.command("add")
+@click.argument("username")
+@click.argument("url")
+@click.option("--events", default="", metavar="E,E", help="The events to send (default: every event).")
+def add_command(username, url, events):
+    """Add a webhook endpoint; its signing secret is printed alone on the last line."""
+    user = cli.find_user(username)
+    try:
+        endpoint, secret = endpoints.add_endpoint(user, url, events.split(","))
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"Added webhook endpoint {endpoint.id} for {user.username}: {endpoint.url} ({endpoint.events}). "
+               "Its signing secret is shown only this once:")
+    click.echo(secret)
+
+
+@webhooks_cli.command("list")
+@click.argument("username")
+def list_command(username):
+    """One line per endpoint: ENDPOINT_ID, URL, events, state."""
+    for endpoint in endpoints.owned(cli.find_user(username)):
+        click.echo(f"{endpoint.id}\t{endpoint.url}\t{endpoint.events}\t{endpoints.state(endpoint)}")
+
+
+@webhooks_cli.command("remove")
+@click.argument("endpoint_id", type=int)
+def remove_command(endpoint_id):
+    """Remove an endpoint, with its waiting messages."""
+    endpoint = find_endpoint(endpoint_id)
+    endpoints.remove_endpoint(endpoint)
+    click.echo(f"Removed webhook endpoint {endpoint.id} ({endpoint.url}).")
+
+
+@webhooks_cli.command("test")
+@click.argument("endpoint_id", type=int)
+def test_command(endpoint_id):
+    """Send a webhook.test event now and say how the endpoint answered; exit 1 when it failed (it
+    is then tried again on the retry schedule, by the running service)."""
+    message = endpoints.send_test(find_endpoint(endpoint_id))
+    attempts = delivery.deliver_due(current_app._get_current_object(), limit=1, only=message.id)
+    if not attempts:
+        click.echo(f"Queued {message.message_id}; a running service is sending it.")
+        return
+    _, outcome, state = attempts[0]
+    answer = f"HTTP {outcome.status}" if outcome.status is not None else outcome.error
+    if not delivery.is_delivered(outcome):
+        raise click.ClickException(f"{message.message_id} not delivered: {answer} ({outcome.duration_ms} ms). "
+                                   f"It is tried again on the retry schedule ({state}).")
+    click.echo(f"Delivered {message.message_id}: {answer} in {outcome.duration_ms} ms.")

@@ -1,0 +1,308 @@
+"""Delivery: each process's sender claims due messages from the outbox, one attempt at a time per
+message across every worker and instance, sends each in a greenlet of its own within 10 s, and
+records the attempt and the next one (the retry schedule), or the delivery."""
+
+import collections
+import datetime
+import http.client
+import logging
+import random
+import ssl
+import time
+from urllib.parse import urlsplit
+
+import gevent
+import gevent.event
+import gevent.pool
+from peewee import PostgresqlDatabase, SqliteDatabase
+
+from models import db, release_connection, utcnow
+from serving import settings
+from store.connections import greenlets_share_thread
+from store.writelock import write_transaction
+from web import securitylog
+from webhooks import addresses, periodic, signing
+from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
+
+log = logging.getLogger(__name__)
+
+# An attempt's whole time: connecting, sending, the answer's head and up to ANSWER_BYTES of its body.
+DEADLINE_SECONDS = 10
+ANSWER_BYTES = 1024
+# A claimed message is due again after this, should its process die before recording the attempt.
+LEASE_SECONDS = 30
+POLL_SECONDS = 1.0
+# Attempts a process makes at once, each in its own greenlet.
+CONCURRENCY = 50
+# An endpoint whose every attempt has failed for this long is disabled.
+DISABLE_AFTER = datetime.timedelta(days=5)
+ATTEMPTS_KEPT = 50
+USER_AGENT = "api-key-demo-service-webhooks/1"
+
+Claimed = collections.namedtuple("Claimed", "pk message_id event body number endpoint_id user_id url sealed_secret")
+Outcome = collections.namedtuple("Outcome", "status error duration_ms")
+
+
+class TimedOut(Exception):
+    pass
+
+
+def claim(database, limit, now=None, only=None):
+    """Claim up to limit due messages (only: the one with this primary key) for one attempt each:
+    their attempt count goes up and they are not due again until the lease ends. On PostgreSQL the
+    rows are locked with SKIP LOCKED, so processes claiming at once take different messages; on
+    SQLite the claim holds the write lock. Return [Claimed]."""
+    now = now or utcnow()
+    due = WebhookMessage.next_attempt_at <= now
+    if only is not None:
+        due &= WebhookMessage.id == only
+    with claim_transaction(database):
+        query = WebhookMessage.select(WebhookMessage.id).where(due).order_by(WebhookMessage.next_attempt_at).limit(limit)
+        if isinstance(database, PostgresqlDatabase):
+            query = query.for_update(skip_locked=True)
+        ids = [pk for pk, in query.tuples()]
+        if not ids:
+            return []
+        (WebhookMessage.update(next_attempt_at=now + datetime.timedelta(seconds=LEASE_SECONDS),
+                               attempts=WebhookMessage.attempts + 1)
+         .where(WebhookMessage.id.in_(ids) & due).execute())
+        rows = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.message_id, WebhookMessage.event,
+                                      WebhookMessage.body, WebhookMessage.attempts, WebhookEndpoint.id,
+                                      WebhookEndpoint.user, WebhookEndpoint.url, WebhookEndpoint.sealed_secret)
+                .join(WebhookEndpoint).where(WebhookMessage.id.in_(ids)).tuples())
+        return [Claimed(*row) for row in rows]
+
+
+def claim_transaction(database):
+    """A write transaction that takes SQLite's write lock at its start, in a gevent worker or not
+    (the CLI): two processes never read the same due messages and both claim them."""
+    if isinstance(database, SqliteDatabase) and not greenlets_share_thread():
+        return database.atomic("IMMEDIATE")
+    return write_transaction(database)
+
+
+def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
+    """Make one attempt of a claimed message; return its Outcome (an HTTP status, or an error)."""
+    started = time.monotonic()
+    status, error = None, None
+    secret = signing.unseal(claimed.sealed_secret)
+    if secret is None:
+        error = "The signing secret cannot be read: SECRET_KEY changed since the endpoint was added."
+    else:
+        body = claimed.body.encode()
+        headers = signing.headers(secret, claimed.message_id, int(time.time()), body)
+        try:
+            with gevent.Timeout(deadline, TimedOut):
+                status = post(claimed.url, body, headers, allow_private, deadline)
+        except TimedOut:
+            error = f"No answer within {deadline} s."
+        except addresses.RefusedAddress as refused:
+            error = str(refused)
+        except (OSError, http.client.HTTPException, ssl.SSLError, ValueError) as failure:
+            error = described(failure)
+    return Outcome(status, error, round((time.monotonic() - started) * 1000))
+
+
+def post(url, body, headers, allow_private, timeout):
+    """POST body to url through a connection made to a checked address; return the answer's status
+    after reading at most ANSWER_BYTES of its body. Redirects are answers like any other."""
+    scheme, host, port = addresses.parse_url(url)
+    parts = urlsplit(url.strip())
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if scheme == "https":
+        connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    # http.client opens its socket with this attribute (socket.create_connection by default); the
+    # TLS handshake, SNI and certificate check still use the host name. tests/test_webhooks.py pins it.
+    connection._create_connection = addresses.checked_connection(allow_private)
+    try:
+        connection.request("POST", target, body=body, headers={
+            "Content-Type": "application/json", "User-Agent": USER_AGENT, **headers})
+        response = connection.getresponse()
+        response.read(ANSWER_BYTES)
+        return response.status
+    finally:
+        connection.close()
+
+
+def described(failure):
+    """A failed attempt's cause in a few words for the Security tab."""
+    if isinstance(failure, ssl.SSLCertVerificationError):
+        return f"TLS certificate not accepted: {failure.verify_message}."
+    if isinstance(failure, (TimeoutError, ConnectionRefusedError, ConnectionResetError)):
+        return {TimeoutError: "No answer in time.", ConnectionRefusedError: "Connection refused.",
+                ConnectionResetError: "Connection reset."}[type(failure)]
+    text = str(failure) or type(failure).__name__
+    return f"{type(failure).__name__}: {text}"[:200]
+
+
+def is_delivered(outcome):
+    return outcome.status is not None and 200 <= outcome.status < 300
+
+
+def record(claimed, outcome, schedule, now=None):
+    """Record an attempt: the message delivered, due again after the schedule's next pause, or
+    failed once the schedule is spent; the endpoint disabled when every attempt has failed for
+    DISABLE_AFTER. Return the message's state, or None when the message is gone (its endpoint
+    removed) or was claimed again after this attempt's lease ended."""
+    now = now or utcnow()
+    delivered = is_delivered(outcome)
+    if delivered:
+        state, next_at = DELIVERED, None
+    elif claimed.number <= len(schedule):
+        state, next_at = PENDING, now + datetime.timedelta(seconds=schedule[claimed.number - 1])
+    else:
+        state, next_at = FAILED, None
+    with write_transaction(db.obj):
+        updated = (WebhookMessage.update(state=state, next_attempt_at=next_at)
+                   .where((WebhookMessage.id == claimed.pk) & (WebhookMessage.attempts == claimed.number)).execute())
+        if not updated:
+            return None
+        WebhookAttempt.create(endpoint=claimed.endpoint_id, message_id=claimed.message_id, event=claimed.event,
+                              attempted_at=now, number=claimed.number, status=outcome.status,
+                              error=outcome.error and outcome.error[:200], duration_ms=outcome.duration_ms)
+        forget_old_attempts(claimed.endpoint_id)
+        endpoint = WebhookEndpoint.id == claimed.endpoint_id
+        if delivered:
+            WebhookEndpoint.update(failing_since=None, disabled_at=None).where(endpoint).execute()
+        else:
+            WebhookEndpoint.update(failing_since=now).where(endpoint & WebhookEndpoint.failing_since.is_null()).execute()
+            disable_if_failing(claimed, now)
+    return state
+
+
+def forget_old_attempts(endpoint_id):
+    """Keep the endpoint's newest ATTEMPTS_KEPT attempts: one index walk."""
+    oldest_kept = (WebhookAttempt.select(WebhookAttempt.id).where(WebhookAttempt.endpoint == endpoint_id)
+                   .order_by(WebhookAttempt.id.desc()).offset(ATTEMPTS_KEPT - 1).limit(1).scalar())
+    if oldest_kept is not None:
+        WebhookAttempt.delete().where((WebhookAttempt.endpoint == endpoint_id)
+                                      & (WebhookAttempt.id < oldest_kept)).execute()
+
+
+def disable_if_failing(claimed, now):
+    """Disable the endpoint when every attempt since failing_since has failed for DISABLE_AFTER: its
+    waiting messages fail, no new ones are written, and the security log says so."""
+    disabled = (WebhookEndpoint.update(disabled_at=now)
+                .where((WebhookEndpoint.id == claimed.endpoint_id) & WebhookEndpoint.disabled_at.is_null()
+                       & (WebhookEndpoint.failing_since <= now - DISABLE_AFTER)).execute())
+    if disabled:
+        (WebhookMessage.update(state=FAILED, next_attempt_at=None)
+         .where((WebhookMessage.endpoint == claimed.endpoint_id) & (WebhookMessage.state == PENDING)).execute())
+        securitylog.record(claimed.user_id, "webhook.disabled",
+                           f"{claimed.url} (id {claimed.endpoint_id}): every attempt failed for "
+                           f"{DISABLE_AFTER.days} days", address="-")
+
+
+def attempt(app, claimed):
+    """Send one claimed message and record the outcome; return (Outcome, state)."""
+    with app.app_context():
+        outcome = send(claimed, app.config["WEBHOOK_ALLOW_PRIVATE"])
+        try:
+            return outcome, record(claimed, outcome, app.extensions["webhooks"].schedule)
+        finally:
+            release_connection()
+
+
+def deliver_due(app, limit=CONCURRENCY, only=None):
+    """Claim the due messages (only: that one) and attempt each in turn, here; return [(Claimed,
+    Outcome, state)]. The CLI's `webhooks test` and the tests use it; servers use Sender."""
+    with app.app_context():
+        claimed = claim(db.obj, limit, only=only)
+        release_connection()
+    return [(message, *attempt(app, message)) for message in claimed]
+
+
+class Sender:
+    """A process's sender: a greenlet that polls the outbox every POLL_SECONDS (an indexed look at
+    the due messages), claims what is due and sends each message in a greenlet of its own, never in
+    a request's way. Started once the process serves (gunicorn.conf.py's post_worker_init, and
+    serving/devserver.py); close() stops it."""
+
+    def __init__(self, app, schedule, interval=POLL_SECONDS, concurrency=CONCURRENCY):
+        self.app = app
+        self.schedule = schedule
+        self.interval = interval
+        self.pool = gevent.pool.Pool(concurrency)
+        self.in_flight = {}
+        self.stopped = False
+        self.wake = gevent.event.Event()
+        self.greenlet = None
+        self.periodic = periodic.Periodic(app)
+
+    def start(self):
+        if self.greenlet is None:
+            self.greenlet = gevent.spawn(self.run)
+
+    def run(self):
+        while not self.stopped:
+            free = self.pool.free_count()
+            claimed = []
+            try:
+                with self.app.app_context():
+                    self.periodic.run_when_due()
+                    if free and due_exists():
+                        claimed = claim(db.obj, free)
+            except Exception:
+                log.exception("Could not claim webhook messages; trying again in %s s.", self.interval)
+            finally:
+                release_connection()
+            for message in claimed:
+                self.in_flight[message.pk] = message
+                self.pool.spawn(self.attempt, message)
+            if claimed and len(claimed) == free:
+                self.pool.wait_available(timeout=self.interval)
+            else:
+                self.wake.wait(self.interval * random.uniform(0.8, 1.0))
+                self.wake.clear()
+
+    def attempt(self, message):
+        try:
+            outcome, state = attempt(self.app, message)
+            if state is None:
+                log.info("Webhook message %s: its endpoint was removed, or it was claimed again.", message.message_id)
+        except Exception:
+            log.exception("Could not record the attempt of webhook message %s; it is tried again after its lease.",
+                          message.message_id)
+        finally:
+            self.in_flight.pop(message.pk, None)
+
+    def close(self):
+        """Stop claiming and cut the attempts under way; each cut one is due again at once, under
+        the same webhook-id (the next process to start sends it)."""
+        self.stopped = True
+        self.wake.set()
+        if self.greenlet is not None:
+            self.greenlet.kill(block=False)
+        cut = list(self.in_flight.values())
+        self.pool.kill(block=True, timeout=1)
+        if cut:
+            with self.app.app_context():
+                try:
+                    release_claims(cut)
+                except Exception:
+                    log.exception("Could not give back %d webhook messages; each is sent after its lease.", len(cut))
+                finally:
+                    release_connection()
+
+
+def due_exists(now=None):
+    """True when some message is due: one look at the index on next_attempt_at."""
+    return WebhookMessage.select(WebhookMessage.id).where(
+        WebhookMessage.next_attempt_at <= (now or utcnow())).limit(1).exists()
+
+
+def release_claims(claims, now=None):
+    """Make messages whose attempt was cut due again at once, that attempt not counted."""
+    now = now or utcnow()
+    with write_transaction(db.obj):
+        for message in claims:
+            (WebhookMessage.update(next_attempt_at=now, attempts=WebhookMessage.attempts - 1)
+             .where((WebhookMessage.id == message.pk) & (WebhookMessage.attempts == message.number)).execute())
+
+
+def init_app(app):
+    """Parse the retry schedule; the sender is made here and started where the process serves."""
+    schedule = settings.retry_schedule(app.config["WEBHOOK_RETRY_SCHEDULE"])
+    app.extensions["webhooks"] = Sender(app, schedule)

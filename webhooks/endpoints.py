@@ -1,0 +1,84 @@
+"""Each account's webhook endpoints: adding one (its secret made and shown once), listing,
+removing, and asking for a test event; the CLI, the Security tab and the tests call these."""
+
+from flask import current_app
+
+from models import db
+from web import accounts, securitylog
+from webhooks import addresses, outbox, signing
+from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
+
+MAX_ENDPOINTS = 10
+
+
+class EndpointCapReached(ValueError):
+    pass
+
+
+def parse_events(names):
+    """The events named, checked and in the contract's order; every event when none is named."""
+    names = [name.strip() for name in names if name.strip()]
+    if unknown := [name for name in names if name not in outbox.SUBSCRIBABLE]:
+        raise ValueError(f"Unknown event {unknown[0]!r}; the events are: {', '.join(outbox.SUBSCRIBABLE)}.")
+    return [event for event in outbox.SUBSCRIBABLE if event in names] if names else list(outbox.SUBSCRIBABLE)
+
+
+def add_endpoint(user, url, events=None):
+    """Add an endpoint for the user, subscribed to events (None or empty: all of them); return
+    (WebhookEndpoint, its signing secret). The secret exists only here; the database keeps it
+    sealed. ValueError (RefusedAddress among them) with a sentence for a URL or event refused,
+    EndpointCapReached beyond MAX_ENDPOINTS."""
+    accounts.refuse_control_characters(url, "A webhook URL")
+    events = parse_events(events or [])
+    url = addresses.check_url(url, current_app.config["WEBHOOK_ALLOW_PRIVATE"])
+    secret = signing.new_secret()
+    with db.atomic():
+        accounts.lock_user(user)
+        if WebhookEndpoint.select().where(WebhookEndpoint.user == user.id).count() >= MAX_ENDPOINTS:
+            raise EndpointCapReached(f"An account may have {MAX_ENDPOINTS} webhook endpoints; remove one before "
+                                     "adding another.")
+        endpoint = WebhookEndpoint.create(user=user.id, url=url, events=",".join(events),
+                                          sealed_secret=signing.seal(secret))
+        securitylog.record(user.id, "webhook.added", f"{url} (id {endpoint.id}; {', '.join(events)})")
+    return endpoint, secret
+
+
+def remove_endpoint(endpoint):
+    """Delete the endpoint with its messages and attempts; return True when this call removed it."""
+    with db.atomic():
+        removed = WebhookEndpoint.delete().where(WebhookEndpoint.id == endpoint.id).execute()
+        if removed:
+            securitylog.record(endpoint.user_id, "webhook.removed", f"{endpoint.url} (id {endpoint.id})")
+    return bool(removed)
+
+
+def send_test(endpoint):
+    """Queue a webhook.test message for the endpoint (delivered within seconds); return it. One at
+    a time: ValueError while the last one still waits, so a button cannot make the service flood
+    a URL."""
+    with db.atomic():
+        waiting = WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
+                                                & (WebhookMessage.event == "webhook.test")
+                                                & (WebhookMessage.state == PENDING))
+        if waiting.exists():
+            raise ValueError("A test event for this endpoint is still waiting to be delivered; try again once "
+                             "it has been.")
+        return outbox.write_test(endpoint)
+
+
+def owned(user):
+    """The user's endpoints, oldest first."""
+    return list(WebhookEndpoint.select().where(WebhookEndpoint.user == user.id).order_by(WebhookEndpoint.id))
+
+
+def recent_attempts(endpoint):
+    """The endpoint's kept attempts, newest first."""
+    return list(WebhookAttempt.select().where(WebhookAttempt.endpoint == endpoint.id)
+                .order_by(WebhookAttempt.id.desc()))
+
+
+def state(endpoint):
+    """The endpoint's state in a word: active, failing or disabled."""
+    if endpoint.disabled_at is not None:
+        return "disabled"
+    return "failing" if endpoint.failing_since is not None else "active"

@@ -1,0 +1,78 @@
+"""The webhook tables: each account's endpoints, the outbox of messages to deliver, and the attempts."""
+
+from peewee import BigIntegerField, CharField, DateTimeField, ForeignKeyField, IntegerField, TextField
+
+from models import ApiKey, BaseModel, User, utcnow
+
+# A message's states: waiting for its next attempt (or in one), delivered, failed for good.
+PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+
+
+class WebhookEndpoint(BaseModel):
+    user = ForeignKeyField(User, on_delete="CASCADE", index=True)
+    url = CharField(max_length=2000)
+    # Comma-separated event names the endpoint is subscribed to.
+    events = CharField(max_length=300)
+    # The signing secret (whsec_...), sealed by store/sealing.py.
+    sealed_secret = TextField()
+    created_at = DateTimeField(default=utcnow)
+    # Since when every attempt has failed (None after a success or before any attempt).
+    failing_since = DateTimeField(null=True)
+    disabled_at = DateTimeField(null=True)
+
+    class Meta:
+        table_name = "webhook_endpoints"
+
+    def event_list(self):
+        return self.events.split(",")
+
+
+class WebhookMessage(BaseModel):
+    """One event for one endpoint: the body is made once, so every attempt sends the same bytes
+    under the same webhook-id. next_attempt_at is when it is due; a process that claims it moves
+    it to the end of its lease, so a message whose process died is due again after the lease."""
+
+    endpoint = ForeignKeyField(WebhookEndpoint, on_delete="CASCADE", index=True)
+    message_id = CharField(max_length=40, unique=True)
+    event = CharField(max_length=32)
+    body = TextField()
+    created_at = DateTimeField(default=utcnow)
+    state = CharField(max_length=16, default=PENDING)
+    attempts = IntegerField(default=0)
+    next_attempt_at = DateTimeField(null=True, index=True)
+
+    class Meta:
+        table_name = "webhook_messages"
+
+
+class WebhookAttempt(BaseModel):
+    """One attempt of a message, as the Security tab lists it (each endpoint keeps its newest)."""
+
+    endpoint = ForeignKeyField(WebhookEndpoint, on_delete="CASCADE")
+    # The message's webhook-id; the attempt outlives the message, which is forgotten after a while.
+    message_id = CharField(max_length=40)
+    attempted_at = DateTimeField(default=utcnow)
+    event = CharField(max_length=32)
+    number = IntegerField()
+    # The HTTP status, or None when there was no answer (then error says why).
+    status = IntegerField(null=True)
+    error = CharField(max_length=200, null=True)
+    duration_ms = BigIntegerField()
+
+    class Meta:
+        table_name = "webhook_attempts"
+        indexes = ((("endpoint", "id"), False),)
+
+
+class WebhookMarker(BaseModel):
+    """An event about a key that is sent once (key.expiring, key.expired): its row says it was."""
+
+    api_key = ForeignKeyField(ApiKey, on_delete="CASCADE")
+    event = CharField(max_length=32)
+
+    class Meta:
+        table_name = "webhook_markers"
+        indexes = ((("api_key", "event"), True),)
+
+
+MODELS = [WebhookEndpoint, WebhookMessage, WebhookAttempt, WebhookMarker]

@@ -1,0 +1,92 @@
+"""The outbox: each event becomes one message per endpoint subscribed to it, written in the
+transaction of the change that caused it, so a change is never committed without its messages
+(nor a message without its change). webhooks/delivery.py sends them."""
+
+import collections
+import json
+import secrets
+
+from models import iso_ms, utcnow
+from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage
+
+EVENTS = ("key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked", "key.expiring", "key.expired",
+          "usage.threshold", "credits.low", "credits.exhausted", "webhook.test")
+# webhook.test goes to one endpoint when asked for, whatever it is subscribed to.
+SUBSCRIBABLE = EVENTS[:-1]
+
+# Events decided on the hot path (emit_soon) as (user_id, event, data, when), waiting for
+# metering/usage.py's next flush to write them in the transaction of its counts. A deque: appending
+# and taking need no lock, between greenlets or real threads.
+soon = collections.deque()
+
+
+def key_data(key, **more):
+    """The data every key event starts with: the key as `keys list` names it, never its secret."""
+    return {"key_id": key.id, "key_name": key.name, "key_prefix": key.display_prefix, **more}
+
+
+def emit(user_id, event, data, now=None):
+    """Write one message per enabled endpoint of the user subscribed to the event; call it inside the
+    caller's open transaction (db.atomic()). Return how many were written."""
+    assert event in EVENTS, event
+    endpoints = subscribed(user_id, event)
+    if endpoints:
+        write_messages(endpoints, event, data, now or utcnow())
+    return len(endpoints)
+
+
+def emit_soon(user_id, event, data):
+    """Record an event decided where no transaction is open (the hot path): it never blocks and never
+    touches the database here; the usage flush writes its messages within a second, in the
+    transaction of its counts."""
+    soon.append((user_id, event, data, utcnow()))
+
+
+def take_soon():
+    """The events emit_soon recorded so far, taken out of the queue (give_back returns them)."""
+    taken = []
+    while soon:
+        taken.append(soon.popleft())
+    return taken
+
+
+def give_back(events):
+    """Return events whose transaction did not commit, first in line for the next flush."""
+    soon.extendleft(reversed(events))
+
+
+def write_soon(events):
+    """Write the messages of events taken with take_soon, inside the caller's transaction."""
+    for user_id, event, data, when in events:
+        emit(user_id, event, data, now=when)
+
+
+def subscribed(user_id, event):
+    """The ids of the user's enabled endpoints subscribed to the event: one indexed query, none found
+    for most accounts."""
+    rows = (WebhookEndpoint.select(WebhookEndpoint.id, WebhookEndpoint.events)
+            .where((WebhookEndpoint.user == user_id) & WebhookEndpoint.disabled_at.is_null()).tuples())
+    return [endpoint_id for endpoint_id, events in rows if event in events.split(",")]
+
+
+def write_test(endpoint):
+    """Write a webhook.test message for the endpoint (inside the caller's transaction); return it."""
+    now = utcnow()
+    return write_messages([endpoint.id], "webhook.test", {"endpoint_id": endpoint.id, "url": endpoint.url}, now)[0]
+
+
+def write_messages(endpoint_ids, event, data, now):
+    body = message_body(event, data, now)
+    # An account has at most ten endpoints: a row each.
+    return [WebhookMessage.create(endpoint=endpoint_id, message_id=new_message_id(), event=event, body=body,
+                                  created_at=now, state=PENDING, next_attempt_at=now) for endpoint_id in endpoint_ids]
+
+
+def message_body(event, data, now):
+    """The body every attempt sends, byte for byte: {"type", "timestamp", "data"}."""
+    return json.dumps({"type": event, "timestamp": iso_ms(now), "data": data}, separators=(",", ":"))
+
+
+def new_message_id():
+    """msg_ and 24 random URL-safe characters: the webhook-id of every attempt of one message."""
+    return "msg_" + secrets.token_urlsafe(18)

@@ -1,0 +1,83 @@
+"""The Security tab's Webhooks section: add an endpoint (its secret shown once), send a test event,
+remove one; templates/_webhooks.html shows each endpoint with its last attempts."""
+
+import json
+
+from flask import Blueprint, abort, flash, g, redirect, request, session, url_for
+
+from web import accounts, pages
+from web.pages import MAX_ID, login_required, render_security_tab
+from webhooks import endpoints, outbox
+from webhooks.models import WebhookEndpoint
+
+bp = Blueprint("webhooks", __name__)
+bp.before_request(pages.load_logged_in_user)
+bp.after_request(pages.add_page_headers)
+bp.register_error_handler(accounts.AccountGone, pages.account_gone)
+
+SECTION = "#webhooks"
+
+
+def init_app(app):
+    app.register_blueprint(bp)
+
+
+@bp.app_context_processor
+def webhook_section():
+    """webhook_section(): what templates/_webhooks.html shows, read only where it is included."""
+
+    def section():
+        owned = endpoints.owned(g.user)
+        return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint))
+                              for endpoint in owned],
+                "events": outbox.SUBSCRIBABLE, "cap": endpoints.MAX_ENDPOINTS}
+
+    return {"webhook_section": section}
+
+
+@bp.post("/settings/security/webhooks")
+@login_required
+def add_endpoint():
+    form = request.form
+    try:
+        events = form.getlist("events")
+        if "events_shown" in form and not events:
+            raise ValueError("Choose at least one event.")
+        endpoint, secret = endpoints.add_endpoint(g.user, form.get("url", ""), events)
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=400)
+    # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
+    accounts.keep_pending_secret(g.session, session["sid"],
+                                 json.dumps({"webhook_url": endpoint.url, "webhook_secret": secret}))
+    return redirect(url_for("web.settings_security") + SECTION)
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/test")
+@login_required
+def send_test(endpoint_id):
+    endpoint = own_endpoint(endpoint_id)
+    try:
+        message = endpoints.send_test(endpoint)
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=409)
+    flash(f"A test event ({message.message_id}) is on its way to {endpoint.url}; reload to see the attempt.")
+    return redirect(url_for("web.settings_security") + SECTION)
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/remove")
+@login_required
+def remove_endpoint(endpoint_id):
+    endpoint = own_endpoint(endpoint_id)
+    endpoints.remove_endpoint(endpoint)
+    flash(f"Removed the webhook endpoint {endpoint.url}.")
+    return redirect(url_for("web.settings_security") + SECTION)
+
+
+def own_endpoint(endpoint_id):
+    """The logged-in user's endpoint with this id; another user's, or none, is a 404."""
+    endpoint = WebhookEndpoint.get_or_none((WebhookEndpoint.id == endpoint_id) & (WebhookEndpoint.user == g.user.id))
+    if endpoint is None:
+        abort(404)
+    return endpoint

@@ -1,0 +1,77 @@
+"""What each serving process's sender does once a minute: key.expiring (7 days before a key's
+expiry) and key.expired, each sent once per key (a marker row says it was), and delivered or
+failed messages forgotten after a week."""
+
+import datetime
+import logging
+import random
+import time
+
+from peewee import IntegrityError
+
+from models import ApiKey, db, iso_seconds, utcnow
+from store.writelock import write_transaction
+from webhooks import outbox
+from webhooks.models import PENDING, WebhookMarker, WebhookMessage
+
+log = logging.getLogger(__name__)
+
+INTERVAL_SECONDS = 60
+FIRST_RUN_SECONDS = (2, 10)
+EXPIRING_AHEAD = datetime.timedelta(days=7)
+# A key that expired longer ago than this (before the service ran, say) gets no key.expired.
+EXPIRED_WITHIN = datetime.timedelta(days=1)
+MESSAGES_KEPT_FOR = datetime.timedelta(days=7)
+BATCH = 500
+
+
+def run(now=None):
+    """Send what is due of key.expiring and key.expired, and forget old messages; return the
+    number of key events sent."""
+    now = now or utcnow()
+    unrevoked = ApiKey.revoked_at.is_null()
+    expiring = unrevoked & (ApiKey.expires_at > now) & (ApiKey.expires_at <= now + EXPIRING_AHEAD)
+    expired = unrevoked & (ApiKey.expires_at <= now) & (ApiKey.expires_at > now - EXPIRED_WITHIN)
+    sent = send_once("key.expiring", expiring, now) + send_once("key.expired", expired, now)
+    with write_transaction(db.obj):
+        old = (WebhookMessage.select(WebhookMessage.id)
+               .where((WebhookMessage.state != PENDING) & (WebhookMessage.created_at < now - MESSAGES_KEPT_FOR))
+               .limit(BATCH))
+        WebhookMessage.delete().where(WebhookMessage.id.in_(old)).execute()
+    return sent
+
+
+def send_once(event, condition, now):
+    """Emit the event for each key that meets condition and has no marker for it yet, the marker
+    written in the same transaction: once per key, whichever process gets there first."""
+    marked = WebhookMarker.select(WebhookMarker.api_key).where(WebhookMarker.event == event)
+    keys = list(ApiKey.select(ApiKey.id, ApiKey.user, ApiKey.name, ApiKey.display_prefix, ApiKey.expires_at)
+                .where(condition & ApiKey.id.not_in(marked)).limit(BATCH))
+    sent = 0
+    for key in keys:
+        try:
+            with write_transaction(db.obj):
+                WebhookMarker.create(api_key=key.id, event=event)
+                outbox.emit(key.user_id, event, outbox.key_data(key, expires_at=iso_seconds(key.expires_at)))
+            sent += 1
+        except IntegrityError:
+            pass  # another process sent it
+    return sent
+
+
+class Periodic:
+    """When the sender's loop should run() next: once a minute, the first a few seconds after start."""
+
+    def __init__(self, app, interval=INTERVAL_SECONDS):
+        self.app = app
+        self.interval = interval
+        self.next_run = time.monotonic() + random.uniform(*FIRST_RUN_SECONDS)
+
+    def run_when_due(self):
+        if time.monotonic() < self.next_run:
+            return
+        self.next_run = time.monotonic() + self.interval
+        try:
+            run()
+        except Exception:
+            log.exception("Could not send the key expiry webhooks; trying again in %d s.", self.interval)
