@@ -37,6 +37,8 @@ BAD_VALUES = [
     ("RATELIMIT_STORAGE_URL", "redis://:hunter2@cache:abc/0"),
     ("RATELIMIT_STORAGE_URL", "memcache://cache:11211"),
     ("RATELIMIT_STORAGE_URL", "redis+sentinel://:hunter2@cache:26379"),
+    ("WEBHOOK_RETRY_SCHEDULE", "5s,soon"),
+    ("WEBHOOK_ALLOW_PRIVATE", "perhaps"),
 ]
 
 
