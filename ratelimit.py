@@ -109,10 +109,19 @@ class Limiter:
         if plan.simple:
             window = plan.windows[0]
             state = self.hit_window(window.item, window.key, window.policy, environ, generation)
+        elif key.has_credits:
+            # A key without credits left is refused before its windows are charged: otherwise each
+            # refusal would hold a place in them (its account's too) until its credit is found missing.
+            try:
+                credits.require_some(key)
+            except credits.CreditsExhausted:
+                environ[credits.CREDITS_REMAINING] = 0
+                environ[RATE_LIMIT_STATE] = self.peek(plan)
+                raise
+            state = self.hit_windows(plan, environ, generation)
+            self.spend_credit(key, plan, environ)
         else:
             state = self.hit_windows(plan, environ, generation)
-            if key.has_credits:
-                self.spend_credit(key, plan, environ)
         usage.counted(environ)
         return state
 
@@ -159,6 +168,20 @@ class Limiter:
         whose = "account's" if refusal is AccountRateLimitExceeded else f"{state.policy!r}"
         raise refusal(f"The {whose} allowance of {state.limit} requests is used up; retry in {retry_after} seconds.",
                       retry_after=retry_after)
+
+    def peek(self, plan):
+        """The RateLimitState of the plan's window with the fewest requests left, counting nothing."""
+        states = []
+        try:
+            for window in plan.windows:
+                count = self.storage.get(window.key)
+                reset = self.storage.get_expiry(window.key) if count else time.time() + window.item.get_expiry()
+                states.append(RateLimitState(window.policy, window.item.amount, max(0, window.item.amount - count),
+                                             reset, window.item.get_expiry(), plan.policies))
+        except StorageError as error:
+            log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            raise LimitStorageUnavailable() from None
+        return min(states, key=lambda state: state.remaining)
 
     def spend_credit(self, key, plan, environ):
         """Spend one of the key's credits; when none is left (or the database fails), take the request

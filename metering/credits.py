@@ -10,6 +10,7 @@ applied by the first spend (or read) of a new period, in the same statement: two
 figures behind the choice."""
 
 import datetime
+import math
 import re
 
 from peewee import SqliteDatabase
@@ -79,14 +80,32 @@ def spend(key, environ, now=None):
         row = database.execute_sql(database.statements.spend_credit, params).fetchone()
     if row is None:
         environ[CREDITS_REMAINING] = 0
-        retry_after = None
-        if key.credits_refill_interval is not None:
-            retry_after = max(1, int((next_refill_at(key.credits_refill_interval, now) - (now or utcnow()))
-                                     .total_seconds() + 0.999))
-        refill = " until its next refill" if retry_after else ""
-        raise CreditsExhausted(f"This API key has no credits left{refill}.", retry_after=retry_after)
+        raise exhausted(key, now)
     environ[CREDITS_REMAINING] = row[0]
     return row[0], row[1]
+
+
+def require_some(key, now=None):
+    """Raise CreditsExhausted, spending nothing, when the key has no credit left (a due refill
+    counted in): one read, so a key that has run out costs its windows nothing."""
+    row = db.obj.execute_sql(db.obj.statements.credits_of, (key.id,)).fetchone()
+    if row is None:
+        return
+    stored = ApiKey(__no_default__=True, id=key.id, credits_remaining=row[0], credits_refill_amount=row[1],
+                    credits_refill_interval=row[2],
+                    credits_refilled_for=ApiKey.credits_refilled_for.python_value(row[3]))
+    if effective_remaining(stored, now) == 0:
+        raise exhausted(stored, now)
+
+
+def exhausted(key, now=None):
+    """The CreditsExhausted for a key, with Retry-After until its next refill when it has one."""
+    retry_after = None
+    if key.credits_refill_interval is not None:
+        now = now or utcnow()
+        retry_after = max(1, math.ceil((next_refill_at(key.credits_refill_interval, now) - now).total_seconds()))
+    refill = " until its next refill" if retry_after else ""
+    return CreditsExhausted(f"This API key has no credits left{refill}.", retry_after=retry_after)
 
 
 def effective_remaining(key, now=None):

@@ -287,6 +287,8 @@ return replies
             replies = self.admit_script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
         except self.storage.base_exceptions as error:
             raise StorageError(error) from error
+        generation = replies[0]
+        self.generation = generation.decode() if isinstance(generation, bytes) else generation
         if replies[1] < 0:
             raise KeysChanged()
         now = time.time()

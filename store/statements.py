@@ -34,6 +34,8 @@ class Statements:
             f"ELSE {p} END ELSE credits_refilled_for END "
             f"WHERE id = {p} AND CASE WHEN {due} THEN credits_refill_amount ELSE credits_remaining END > 0 "
             "RETURNING credits_remaining, credits_granted")
+        self.credits_of = ("SELECT credits_remaining, credits_refill_amount, credits_refill_interval, "
+                           f"credits_refilled_for FROM api_keys WHERE id = {p} AND credits_remaining IS NOT NULL")
         self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
         self.add_usage = (
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "

@@ -78,16 +78,17 @@ class CliSession:
               "from app import app\n"
               "runner = app.test_cli_runner()\n"
               "for line in sys.stdin:\n"
-              "    result = runner.invoke(args=json.loads(line))\n"
+              "    args, stdin = json.loads(line)\n"
+              "    result = runner.invoke(args=args, input=stdin)\n"
               "    print(json.dumps([result.exit_code, result.output]), flush=True)\n")
 
     def __init__(self, env):
         self.process = subprocess.Popen([sys.executable, "-c", self.DRIVER], cwd=ROOT, env=env, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
-    def __call__(self, *args):
-        """Run one command; return its output, asserting it succeeded."""
-        self.process.stdin.write(json.dumps(args) + "\n")
+    def __call__(self, *args, stdin=None):
+        """Run one command (with stdin as its input); return its output, asserting it succeeded."""
+        self.process.stdin.write(json.dumps([args, stdin]) + "\n")
         self.process.stdin.flush()
         code, output = json.loads(self.process.stdout.readline())
         assert code == 0, output

@@ -290,3 +290,33 @@ def test_when_a_call_fails_everyone_waiting_fails_with_it_without_another_call(b
     assert [type(hit.exception) for hit in hits] == [type(None)] + [StorageError] * 600
     assert batches == [1, 256]  # the 344 beyond the failed call were not sent behind it
     assert windows.sender is None and windows.waiting == []
+
+
+@pytest.mark.parametrize("storage_kind", ["memory", "redis"])
+def test_hit_all_counts_every_window_or_none(storage_kind, request):
+    storage = (limitstorage.SweptMemoryStorage() if storage_kind == "memory"
+               else request.getfixturevalue("redis_storage"))
+    admit = limitstorage.window_admitter(storage)
+    windows = [("short", 60, 3), ("long", 3600, 10)]
+    try:
+        assert [admit(windows)[0] for _ in range(4)] == [-1, -1, -1, 0]
+        # Refused by the short window: the long one still holds only the three admitted.
+        assert storage.get("long") == 3
+        refused, counts = admit([("long", 3600, 10), ("short", 60, 3)])
+        assert refused == 1 and [count for count, _ in counts] == [3, 3]
+        assert 3595 < counts[0][1] - time.time() <= 3600
+        assert admit([("long", 3600, 4)]) == (-1, [(4, pytest.approx(counts[0][1], abs=1))])
+    finally:
+        if storage_kind == "memory":
+            storage.close()
+
+
+def test_redis_hit_all_counts_nothing_for_a_stale_key_generation(redis_storage):
+    windows = limitstorage.redis_windows(redis_storage)
+    admit = limitstorage.window_admitter(redis_storage, windows)
+    admit([("kept", 60, 5)])
+    current = windows.generation
+    with pytest.raises(limitstorage.KeysChanged):
+        admit([("kept", 60, 5)], "an older generation")
+    assert redis_storage.get("kept") == 1
+    assert admit([("kept", 60, 5)], current)[1][0][0] == 2
