@@ -101,6 +101,8 @@ def every_page(page, server):
     page.get_by_label("Expires in").select_option("30d")
     page.get_by_label("usage:read").uncheck()
     page.get_by_label("Allowed IP addresses").fill("127.0.0.0/8\n::1")
+    page.get_by_label("Requests in all").fill("500")
+    page.get_by_label("Refill").fill("1000/month")
     page.get_by_role("button", name="Create New API Key").click()
     expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
     yield "Security tab with a new key's secret"
@@ -127,6 +129,8 @@ def every_page(page, server):
         page.reload()
     expect(chart.locator("svg rect.success")).to_have_count(1)
     expect(chart.locator("svg rect.insufficient_scope")).to_have_count(1)
+    # Four counted requests spent four credits; the 403 spent none.
+    expect(page.locator("#credits")).to_contain_text("496 left; set to 1000 on the 1st of each month, next at")
     yield "a key's page"
 
     page.get_by_role("link", name="Try it in the playground").click()

@@ -263,12 +263,28 @@ def test_the_secret_page_is_never_cached(logged_in):
     ({"name": "x" * 101, "type": "development"}, "A key name is 1 to 100 characters."),
     ({"name": "ok", "type": "staging"}, "The key type is either development or production."),
     ({"name": "ok"}, "The key type is either development or production."),
+    ({"name": "ok", "type": "development", "credits": "-5"}, "Credits must be a whole number from 0"),
+    ({"name": "ok", "type": "development", "credits": "1e3"}, "Credits must be a whole number from 0"),
+    ({"name": "ok", "type": "development", "credits": "10", "refill": "10/week"}, "A refill is a whole number"),
 ])
 def test_create_key_rejects_bad_input(logged_in, data, message):
     response = logged_in.post("/settings/security/keys", data=data)
     assert response.status_code == 400
     assert message in page(response)
     assert ApiKey.select().count() == 0
+
+
+def test_the_create_form_gives_a_key_credits_and_a_refill_that_its_page_shows(logged_in):
+    response = logged_in.post("/settings/security/keys", data={
+        "name": "Metered", "type": "development", "credits": " 250 ", "refill": "1000/day"})
+    assert response.status_code == 302
+    key = ApiKey.get(ApiKey.name == "Metered")
+    assert (key.credits_remaining, key.credits_refill_amount, key.credits_refill_interval) == (250, 1000, "day")
+    html = re.sub(r"\s+", " ", page(logged_in.get(f"/settings/security/keys/{key.id}")))
+    assert "250 left; set to 1000 every day, next at" in html
+    logged_in.post("/settings/security/keys", data={"name": "Plain", "type": "development", "credits": ""})
+    assert ApiKey.get(ApiKey.name == "Plain").credits_remaining is None
+    assert 'id="credits"' not in page(logged_in.get(f"/settings/security/keys/{ApiKey.get(ApiKey.name == 'Plain').id}"))
 
 
 def test_security_tab_lists_each_key_with_its_details(app, logged_in, api_key):

@@ -8,6 +8,7 @@ from flask import abort, flash, g, redirect, request, session, url_for
 import auth
 import ratelimit
 from models import ApiKey
+from metering import credits
 from web import accounts, throttles
 from web.pages import MAX_ID, bp, login_required, render_security_tab
 
@@ -21,9 +22,12 @@ def create_key():
         scopes = form.getlist("scopes")
         if "scopes_shown" in form and not scopes:
             raise ValueError("Choose at least one scope.")
+        given = form.get("credits", "").strip()
         key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""),
                                      expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes,
-                                     allow_ips=form.get("allow_ips"))
+                                     allow_ips=form.get("allow_ips"),
+                                     credits_given=credits.parse_credits(given) if given else None,
+                                     refill=credits.parse_refill(form.get("refill")))
     except ratelimit.RateLimitExceeded as error:
         minutes = -(-error.retry_after // 60)
         flash(f"Too many keys created in the last hour; try again in {minutes} minutes.", "error")

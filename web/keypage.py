@@ -4,7 +4,7 @@ day by outcome and by endpoint as charts drawn on the server (SVG, no script), a
 from flask import Blueprint, render_template
 
 from models import SCOPES, utcnow
-from metering import analytics
+from metering import analytics, credits
 from web import keyforms, pages
 
 bp = Blueprint("keys", __name__)
@@ -78,7 +78,10 @@ def key_page(key_id):
     endpoints = [EndpointChart("By endpoint, last 24 hours", hours),
                  EndpointChart("By endpoint, last 7 days", days[-7:]),
                  EndpointChart("By endpoint, last 30 days", days)]
+    refill = key.credits_refill_interval
     return render_template("key_page.html", key=key, now=now, charts=charts, endpoints=endpoints,
+                           credits_left=credits.effective_remaining(key, now),
+                           next_refill=refill and credits.next_refill_at(refill, now),
                            outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=pages.KEY_TYPES, graces=pages.GRACES,
                            geometry={"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": BOTTOM, "top": TOP})
 
