@@ -19,6 +19,7 @@ from models import ApiKey, db
 from metering import credits, usage
 from ops import metrics
 from serving import settings
+from webhooks import thresholds
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,11 @@ RateLimitState.__doc__ = """One request's place in its window; reset is in epoch
 RateLimit-Policy header of a request counted in several windows, None for one."""
 Window = collections.namedtuple("Window", "item key policy")
 Window.__doc__ = "One window a key is counted in: its limits item, its storage key, its policy name."
-LimitPlan = collections.namedtuple("LimitPlan", "limiter windows limited simple policies")
+LimitPlan = collections.namedtuple("LimitPlan", "limiter windows limited simple policies marks")
 LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
-for the storage's hit_all); simple: one window and no credits, counted as before there were more."""
+for the storage's hit_all); simple: one window and no credits, counted as before there were more;
+marks: for each window, the requests left at which it reaches a usage.threshold (webhooks/thresholds.py),
+or None for the account's window."""
 ACCOUNT_POLICY = "account"
 OVERRIDE_POLICY = "key"
 # Where a request's RateLimitState waits for its response (serving/envelope.py writes the headers).
@@ -109,6 +112,8 @@ class Limiter:
         if plan.simple:
             window = plan.windows[0]
             state = self.hit_window(window.item, window.key, window.policy, environ, generation)
+            if state.remaining in plan.marks[0]:
+                thresholds.reached(key, state, plan.marks[0][state.remaining])
         elif key.has_credits:
             # A key without credits left is refused before its windows are charged: otherwise each
             # refusal would hold a place in them (its account's too) until its credit is found missing.
@@ -118,10 +123,10 @@ class Limiter:
                 environ[credits.CREDITS_REMAINING] = 0
                 environ[RATE_LIMIT_STATE] = self.peek(plan)
                 raise
-            state = self.hit_windows(plan, environ, generation)
+            state = self.hit_windows(plan, environ, generation, key)
             self.spend_credit(key, plan, environ)
         else:
-            state = self.hit_windows(plan, environ, generation)
+            state = self.hit_windows(plan, environ, generation, key)
         usage.counted(environ)
         return state
 
@@ -144,12 +149,14 @@ class Limiter:
         policies = ", ".join(f'"{window.policy}";q={window.item.amount};w={window.item.get_expiry()}'
                              for window in windows)
         simple = len(windows) == 1 and not key.has_credits
-        key.limit_plan = LimitPlan(self, windows, limited, simple, policies)
+        marks = [None if window.policy == ACCOUNT_POLICY else thresholds.marks(window.item.amount) for window in windows]
+        key.limit_plan = LimitPlan(self, windows, limited, simple, policies, marks)
         return key.limit_plan
 
-    def hit_windows(self, plan, environ, generation=None):
+    def hit_windows(self, plan, environ, generation=None, key=None):
         """Count a request in every window of the plan, or in none when one is used up (the storage's
-        hit_all); return the RateLimitState of the window with the fewest requests left."""
+        hit_all); return the RateLimitState of the window with the fewest requests left. Each of the
+        key's windows that reaches a usage.threshold emits it."""
         try:
             refused, counts = self.admit_all(plan.limited, generation)
         except StorageError as error:
@@ -159,6 +166,9 @@ class Limiter:
                                  window.item.get_expiry(), plan.policies)
                   for window, (count, reset) in zip(plan.windows, counts)]
         if refused < 0:
+            for state, marks in zip(states, plan.marks):
+                if marks is not None and state.remaining in marks:
+                    thresholds.reached(key, state, marks[state.remaining])
             state = environ[RATE_LIMIT_STATE] = min(states, key=lambda state: state.remaining)
             return state
         state = environ[RATE_LIMIT_STATE] = states[refused]

@@ -205,6 +205,30 @@ def test_events_emitted_soon_are_written_once_by_the_usage_flush_with_its_counts
     assert outbox.soon == collections.deque()
 
 
+@pytest.mark.parametrize("limits", [None, "5/minute+100/hour"])
+def test_usage_threshold_at_80_and_100_percent_once_per_window(app, client, user, hook, receiver, limits):
+    key, secret = auth.issue_key(user, "Busy", "production")
+    ApiKey.update(rate_limits=limits).where(ApiKey.id == key.id).execute()
+    statuses = [client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code for _ in range(7)]
+    assert statuses == [200] * 5 + [429] * 2
+    app.extensions["usage"].flush()
+    deliver(app)
+    thresholds = sorted((delivery.verified["data"] for delivery in receiver.received()
+                         if delivery.payload["type"] == "usage.threshold"), key=lambda data: data["used"])
+    window = "free" if limits is None else "key-minute"
+    assert [(data["window"], data["used"], data["percent"]) for data in thresholds] == [(window, 4, 80), (window, 5, 100)]
+    assert thresholds[0] == {"key_id": key.id, "key_name": "Busy", "key_prefix": key.display_prefix, "window": window,
+                             "limit": 5, "window_seconds": 60, "used": 4, "percent": 80,
+                             "reset_at": thresholds[0]["reset_at"]}
+
+
+def test_threshold_marks_for_small_and_large_allowances():
+    from webhooks import thresholds
+
+    assert thresholds.marks(1) == {0: 100} and thresholds.marks(5) == {1: 80, 0: 100}
+    assert thresholds.marks(1000) == {200: 80, 0: 100} and thresholds.marks(7) == {1: 80, 0: 100}
+
+
 # Retries
 
 def test_a_receiver_failing_twice_gets_three_attempts_with_one_webhook_id(app, hook, receiver):
