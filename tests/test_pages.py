@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from liveserver import service_env, serving
+from webhookreceiver import receiving
 from test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, DOCS, browser, create_key, require, sign_up  # noqa: F401  browser: a fixture
 
 try:
@@ -41,8 +42,10 @@ def screenshots(tmp_path):
 
 @pytest.fixture(scope="module")
 def server(browser, tmp_path_factory):
+    """The server, with server.receiver: a webhook receiver the Security tab's endpoints point at."""
     tmp_path = tmp_path_factory.mktemp("pages")
-    with serving(tmp_path, service_env(tmp_path)) as server:
+    with receiving() as receiver, serving(tmp_path, service_env(tmp_path, WEBHOOK_ALLOW_PRIVATE="1")) as server:
+        server.receiver = receiver
         yield server
 
 
@@ -119,6 +122,26 @@ def every_page(page, server):
     page.get_by_text("Revoked (1)").click()
     page.locator("table.keys tbody tr", has_text="Nightly report").get_by_text("Roll", exact=True).click()
     yield "Security tab with keys, a roll form open"
+
+    page.goto("/settings/security")
+    path = f"/{username}"
+    page.get_by_label("Endpoint URL").fill(server.receiver.url + path)
+    page.get_by_label("usage.threshold").uncheck()
+    page.get_by_role("button", name="Add endpoint").click()
+    server.receiver.secrets[path] = page.get_by_label("Signing secret").input_value()
+    yield "Security tab with a webhook endpoint's secret"
+    page.get_by_role("button", name="Send test event").click()
+    expect(page.get_by_label("Signing secret")).to_have_count(0)  # shown once
+    attempts = page.locator("#webhooks tr.attempt")
+    for _ in range(40):  # the first attempt comes within a second or two
+        if attempts.count():
+            break
+        page.wait_for_timeout(250)
+        page.reload()
+    expect(attempts.first).to_contain_text("HTTP 204")
+    [delivery] = server.receiver.received(path)
+    assert delivery.error is None and delivery.verified["type"] == "webhook.test"
+    yield "Security tab with a webhook endpoint's attempts"
 
     page.locator("table.keys tbody tr", has_text="Nightly report").get_by_role("link", name="Nightly report").click()
     chart = page.locator("figure", has=page.get_by_role("heading", name="Requests per hour, last 24 hours"))
