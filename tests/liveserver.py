@@ -3,6 +3,7 @@ command, or `python app.py`'s fallback server where gunicorn cannot be imported,
 run the real CLI against its database."""
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -108,13 +109,22 @@ def cli_session(env):
         session.close()
 
 
-def make_key(env, tier="free"):
-    """Create a production key of the tier for user carol (made on first use); return the secret."""
-    if run_cli(env, "keys", "list", "carol").returncode != 0:
-        cli(env, "users", "create", "carol", "--email", "carol@example.com", "--password-stdin",
-            stdin="a long password\n")
-    return cli(env, "keys", "create", "carol", "--name", f"{tier} key", "--type", "production",
-               "--tier", tier).strip().splitlines()[-1]
+def make_key(env, tier="free", commands=None, user="carol"):
+    """Create a production key of the tier for the user (made on first use); return the secret.
+    commands: a CliSession on env, which runs the key's commands without starting a process each."""
+    if commands is None:
+        exists = run_cli(env, "keys", "list", user).returncode == 0
+        commands = functools.partial(cli, env)
+    else:
+        try:
+            exists = commands("keys", "list", user) is not None
+        except AssertionError:
+            exists = False
+    if not exists:
+        commands("users", "create", user, "--email", f"{user}@example.com", "--password-stdin",
+                 stdin="a long password\n")
+    return commands("keys", "create", user, "--name", f"{tier} key", "--type", "production",
+                    "--tier", tier).strip().splitlines()[-1]
 
 
 def without_gunicorn(env):
