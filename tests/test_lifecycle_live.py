@@ -2,6 +2,7 @@
 that expires while its time socket is open, scopes on the time socket, a roll through the CLI
 during and after its grace period, and leaked-key revocation."""
 
+import functools
 import sqlite3
 import time
 from urllib.parse import urlparse
@@ -10,7 +11,7 @@ import pytest
 import requests
 import websocket
 
-from liveserver import cli, service_env, serving
+from liveserver import cli, cli_session, service_env, serving
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -22,14 +23,22 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def commands(env):
+    """The command line on env's database, in one process for the module."""
+    with cli_session(env) as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
 def server(env, tmp_path_factory, run_mode):
     with serving(tmp_path_factory.mktemp("lifecycle-log"), env, run_mode) as server:
         yield server
 
 
-def create(env, *options):
-    return cli(env, "keys", "create", "dora", "--name", "live key", "--type", "production",
-               *options).strip().splitlines()[-1]
+def create(commands, *options):
+    """A production key of dora's, made by commands (a CliSession, or a function that runs the CLI)."""
+    return commands("keys", "create", "dora", "--name", "live key", "--type", "production",
+                    *options).strip().splitlines()[-1]
 
 
 def status(server, secret, path="/api/v1/protected/test"):
@@ -43,8 +52,8 @@ def close_code(ws):
             return int.from_bytes(data[:2], "big")
 
 
-def test_a_key_that_expires_fails_and_its_socket_closes_with_4401(server, env):
-    secret = create(env, "--expires-in", "3s")
+def test_a_key_that_expires_fails_and_its_socket_closes_with_4401(server, commands):
+    secret = create(commands, "--expires-in", "3s")
     started = time.monotonic()
     ws = websocket.create_connection(server.base.replace("http", "ws") + f"/api/v1/ws/time?api_key={secret}",
                                      timeout=20)
@@ -54,8 +63,8 @@ def test_a_key_that_expires_fails_and_its_socket_closes_with_4401(server, env):
     assert status(server, secret) == 401
 
 
-def test_the_time_socket_needs_its_scope(server, env):
-    secret = create(env, "--scopes", "test:read")
+def test_the_time_socket_needs_its_scope(server, commands):
+    secret = create(commands, "--scopes", "test:read")
     with pytest.raises(websocket.WebSocketBadStatusException) as refused:
         websocket.create_connection(server.base.replace("http", "ws") + f"/api/v1/ws/time?api_key={secret}",
                                     timeout=10)
@@ -65,30 +74,30 @@ def test_the_time_socket_needs_its_scope(server, env):
     assert status(server, secret, "/api/v1/user/me") == 403
 
 
-def test_a_roll_through_the_cli_keeps_the_old_secret_for_its_grace_period(server, env):
-    old = create(env)
-    key_id = cli(env, "keys", "list", "dora").strip().splitlines()[-1].split("\t")[0]
-    new = cli(env, "keys", "roll", key_id, "--grace", "2s").strip().splitlines()[-1]
+def test_a_roll_through_the_cli_keeps_the_old_secret_for_its_grace_period(server, commands):
+    old = create(commands)
+    key_id = commands("keys", "list", "dora").strip().splitlines()[-1].split("\t")[0]
+    new = commands("keys", "roll", key_id, "--grace", "2s").strip().splitlines()[-1]
     assert status(server, old) == status(server, new) == 200
     time.sleep(2.5)
     assert status(server, old) == 401 and status(server, new) == 200
 
 
-def test_a_leaked_key_is_revoked_by_whoever_holds_it(server, env):
-    secret = create(env)
+def test_a_leaked_key_is_revoked_by_whoever_holds_it(server, commands):
+    secret = create(commands)
     response = requests.post(server.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10)
     assert response.status_code == 200
     assert response.json() == {"revoked": True, "api_key_name": "live key", "secret": "current"}
     assert status(server, secret) == 401
 
 
-def test_a_socket_opened_with_a_rolled_out_secret_closes_with_4401(server, env):
-    old = create(env)
+def test_a_socket_opened_with_a_rolled_out_secret_closes_with_4401(server, commands):
+    old = create(commands)
     ws = websocket.create_connection(server.base.replace("http", "ws") + f"/api/v1/ws/time?api_key={old}",
                                      timeout=20)
     ws.recv()
-    key_id = cli(env, "keys", "list", "dora").strip().splitlines()[-1].split("\t")[0]
-    new = cli(env, "keys", "roll", key_id, "--grace", "0").strip().splitlines()[-1]
+    key_id = commands("keys", "list", "dora").strip().splitlines()[-1].split("\t")[0]
+    new = commands("keys", "roll", key_id, "--grace", "0").strip().splitlines()[-1]
     started = time.monotonic()
     assert close_code(ws) == 4401
     assert time.monotonic() - started < 10
@@ -100,7 +109,7 @@ def test_a_write_lock_held_by_another_process_leaves_the_worker_serving(tmp_path
     # flush waits for it, and must not stop the worker's other requests meanwhile.
     env = service_env(tmp_path)
     cli(env, "users", "create", "dora", "--email", "dora@example.com", "--password-stdin", stdin="a long password\n")
-    secret = create(env)
+    secret = create(functools.partial(cli, env))
     with serving(tmp_path, env, run_mode) as server:
         assert status(server, secret) == 200
         made, slowest = 1, 0.0

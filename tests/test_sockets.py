@@ -13,7 +13,7 @@ import pytest
 import requests
 import websocket
 
-from liveserver import Server, cli, free_port, make_key, service_env, start_server, without_gunicorn
+from liveserver import Server, cli_session, free_port, make_key, service_env, start_server, without_gunicorn
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 DISPLAY_TIME = "%Y-%m-%d %H:%M:%S UTC"
@@ -32,8 +32,15 @@ def server(env, tmp_path_factory, run_mode):
 
 
 @pytest.fixture(scope="module")
-def key(env):
-    return make_key(env)
+def commands(env):
+    """The command line on env's database, in one process for the module."""
+    with cli_session(env) as session:
+        yield session
+
+
+@pytest.fixture(scope="module")
+def key(env, commands):
+    return make_key(env, commands=commands)
 
 
 def ws_url(server, path):
@@ -152,8 +159,8 @@ def test_handshake_counts_as_a_request(server, key):
     assert after == before + 2
 
 
-def test_time_socket_over_the_limit_gets_429(server, env):
-    key = make_key(env, tier="tiny")
+def test_time_socket_over_the_limit_gets_429(server, env, commands):
+    key = make_key(env, tier="tiny", commands=commands)
     for _ in range(2):
         connect(server, f"/api/v1/ws/time?api_key={key}").close()
     refused = refusal(server, f"/api/v1/ws/time?api_key={key}")
@@ -162,8 +169,8 @@ def test_time_socket_over_the_limit_gets_429(server, env):
     assert int(refused.resp_headers["retry-after"]) >= 1
 
 
-def test_at_most_ten_time_sockets_per_key(server, env):
-    key = make_key(env)
+def test_at_most_ten_time_sockets_per_key(server, env, commands):
+    key = make_key(env, commands=commands)
     sockets = [connect(server, f"/api/v1/ws/time?api_key={key}") for _ in range(10)]
     refused = refusal(server, f"/api/v1/ws/time?api_key={key}")
     assert refused.status_code == 429
@@ -174,13 +181,13 @@ def test_at_most_ten_time_sockets_per_key(server, env):
         ws.close()
 
 
-def test_revoked_key_closes_its_socket_with_4401(server, env):
-    key = make_key(env)
+def test_revoked_key_closes_its_socket_with_4401(server, env, commands):
+    key = make_key(env, commands=commands)
     ws = connect(server, f"/api/v1/ws/time?api_key={key}")
     assert json.loads(ws.recv())["type"] == "auth_success"
-    key_id = next(line.split("\t")[0] for line in cli(env, "keys", "list", "carol").splitlines()
+    key_id = next(line.split("\t")[0] for line in commands("keys", "list", "carol").splitlines()
                   if f"\t{key[:12]}...\t" in line)
-    cli(env, "keys", "revoke", key_id)
+    commands("keys", "revoke", key_id)
     ws.settimeout(60)
     assert close_code(ws) == 4401
 
@@ -196,7 +203,8 @@ def test_socket_logs_never_contain_the_key(server, key):
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_shutdown_closes_sockets_with_1001(tmp_path, stop_signal, run_mode):
     env = service_env(tmp_path)
-    key = make_key(env)
+    with cli_session(env) as commands:
+        key = make_key(env, commands=commands)
     server = start_server(tmp_path, env, run_mode)
     try:
         echo = connect(server, "/api/v1/ws/echo")
@@ -228,8 +236,8 @@ def test_python_app_py_gives_the_same_close_codes(tmp_path, run_mode):
         assert server.stop() == 0
 
 
-def test_vanished_clients_free_their_slots(server, env):
-    key = make_key(env)
+def test_vanished_clients_free_their_slots(server, env, commands):
+    key = make_key(env, commands=commands)
     for _ in range(30):
         ws = connect(server, f"/api/v1/ws/time?api_key={key}")
         ws.recv()
