@@ -197,7 +197,7 @@ class Limiter:
         """Spend one of the key's credits; when none is left (or the database fails), take the request
         back out of its windows: a refused request is charged to none."""
         try:
-            credits.spend(key, environ)
+            remaining, granted = credits.spend(key, environ)
         except BaseException:
             for window_key, expiry, _ in plan.limited:
                 try:
@@ -208,6 +208,7 @@ class Limiter:
             state = environ[RATE_LIMIT_STATE]
             environ[RATE_LIMIT_STATE] = state._replace(remaining=min(state.limit, state.remaining + 1))
             raise
+        thresholds.credits_spent(key, remaining, granted)
 
     def hit(self, item, identity, policy, environ=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.

@@ -222,6 +222,21 @@ def test_usage_threshold_at_80_and_100_percent_once_per_window(app, client, user
                              "reset_at": thresholds[0]["reset_at"]}
 
 
+def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client, user, hook, receiver):
+    key, secret = auth.issue_key(user, "Metered", "production", credits_given=20)
+    ApiKey.update(rate_limits="100/minute").where(ApiKey.id == key.id).execute()
+    statuses = [client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code for _ in range(22)]
+    assert statuses == [200] * 20 + [429] * 2
+    app.extensions["usage"].flush()
+    deliver(app)
+    events = sorted((delivery.verified for delivery in receiver.received()
+                     if delivery.payload["type"].startswith("credits.")), key=lambda event: -event["data"]["remaining"])
+    assert [(event["type"], event["data"]["remaining"]) for event in events] == [
+        ("credits.low", 2), ("credits.exhausted", 0)]
+    assert events[1]["data"] == {"key_id": key.id, "key_name": "Metered", "key_prefix": key.display_prefix,
+                                 "remaining": 0, "granted": 20}
+
+
 def test_threshold_marks_for_small_and_large_allowances():
     from webhooks import thresholds
 

@@ -17,6 +17,19 @@ def marks(amount):
     return {amount - math.ceil(amount * percent / 100): percent for percent in PERCENTS}
 
 
+def credits_spent(key, remaining, granted):
+    """Emit credits.exhausted when a spend leaves a key no credit, credits.low when it leaves 10 % of
+    what the last set, add or refill gave (granted): each count is left by one spend only, so
+    each is sent once until the credits are set again."""
+    if remaining == 0:
+        event = "credits.exhausted"
+    elif granted >= 10 and remaining == granted // 10:
+        event = "credits.low"
+    else:
+        return
+    outbox.emit_soon(key.user_id, event, outbox.key_data(key, remaining=remaining, granted=granted))
+
+
 def reached(key, state, percent):
     """Emit usage.threshold for the key's window (its RateLimitState after the request) without
     touching the database here: the usage flush writes it."""
