@@ -230,11 +230,12 @@ def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client,
     app.extensions["usage"].flush()
     deliver(app)
     events = sorted((delivery.verified for delivery in receiver.received()
-                     if delivery.payload["type"].startswith("credits.")), key=lambda event: -event["data"]["remaining"])
-    assert [(event["type"], event["data"]["remaining"]) for event in events] == [
+                     if delivery.payload["type"].startswith("credits.")), key=lambda event: -event["data"]["credits_remaining"])
+    assert [(event["type"], event["data"]["credits_remaining"]) for event in events] == [
         ("credits.low", 2), ("credits.exhausted", 0)]
+    assert events[0]["data"]["credits_granted"] == 20
     assert events[1]["data"] == {"key_id": key.id, "key_name": "Metered", "key_prefix": key.display_prefix,
-                                 "remaining": 0, "granted": 20}
+                                 "credits_remaining": 0, "next_refill_at": None}
 
 
 def test_threshold_marks_for_small_and_large_allowances():

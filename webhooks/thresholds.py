@@ -5,6 +5,7 @@ at the cost of a dict lookup."""
 
 import math
 
+from metering import credits
 from models import iso_seconds, utc_from_epoch
 from webhooks import outbox
 
@@ -22,12 +23,13 @@ def credits_spent(key, remaining, granted):
     what the last set, add or refill gave (granted): each count is left by one spend only, so
     each is sent once until the credits are set again."""
     if remaining == 0:
-        event = "credits.exhausted"
+        interval = key.credits_refill_interval
+        refill = interval and iso_seconds(credits.next_refill_at(interval))
+        outbox.emit_soon(key.user_id, "credits.exhausted", outbox.key_data(
+            key, credits_remaining=0, next_refill_at=refill))
     elif granted >= 10 and remaining == granted // 10:
-        event = "credits.low"
-    else:
-        return
-    outbox.emit_soon(key.user_id, event, outbox.key_data(key, remaining=remaining, granted=granted))
+        outbox.emit_soon(key.user_id, "credits.low", outbox.key_data(
+            key, credits_remaining=remaining, credits_granted=granted))
 
 
 def reached(key, state, percent):
