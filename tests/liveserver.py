@@ -3,7 +3,6 @@ command, or `python app.py`'s fallback server where gunicorn cannot be imported,
 run the real CLI against its database."""
 
 import contextlib
-import functools
 import itertools
 import json
 import os
@@ -81,19 +80,20 @@ class CliSession:
               "for line in sys.stdin:\n"
               "    args, stdin = json.loads(line)\n"
               "    result = runner.invoke(args=args, input=stdin)\n"
-              "    print(json.dumps([result.exit_code, result.output]), flush=True)\n")
+              "    print(json.dumps([result.exit_code, result.stdout, result.output]), flush=True)\n")
 
     def __init__(self, env):
         self.process = subprocess.Popen([sys.executable, "-c", self.DRIVER], cwd=ROOT, env=env, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def __call__(self, *args, stdin=None):
-        """Run one command (with stdin as its input); return its output, asserting it succeeded."""
+        """Run one command (with stdin as its input); return its stdout, as cli() does, asserting it
+        succeeded."""
         self.process.stdin.write(json.dumps([args, stdin]) + "\n")
         self.process.stdin.flush()
-        code, output = json.loads(self.process.stdout.readline())
+        code, stdout, output = json.loads(self.process.stdout.readline())
         assert code == 0, output
-        return output
+        return stdout
 
     def close(self):
         self.process.stdin.close()
@@ -111,15 +111,14 @@ def cli_session(env):
 
 def make_key(env, tier="free", commands=None, user="carol"):
     """Create a production key of the tier for the user (made on first use); return the secret.
-    commands: a CliSession on env, which runs the key's commands without starting a process each."""
+    commands: a CliSession on env, to run the commands in (else they run in one of their own)."""
     if commands is None:
-        exists = run_cli(env, "keys", "list", user).returncode == 0
-        commands = functools.partial(cli, env)
-    else:
-        try:
-            exists = commands("keys", "list", user) is not None
-        except AssertionError:
-            exists = False
+        with cli_session(env) as commands:
+            return make_key(env, tier, commands, user)
+    try:
+        exists = commands("keys", "list", user) is not None
+    except AssertionError:
+        exists = False
     if not exists:
         commands("users", "create", user, "--email", f"{user}@example.com", "--password-stdin",
                  stdin="a long password\n")
