@@ -13,7 +13,7 @@ import pytest
 import requests
 import websocket
 
-from liveserver import cli, service_env, serving, stored_total, wait_for
+from liveserver import cli, cli_session, service_env, serving, stored_total, wait_for
 
 PROTECTED = "/api/v1/protected/test"
 ME = "/api/v1/user/me"
@@ -25,13 +25,22 @@ TIME = "/api/v1/ws/time"
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def env(request, tmp_path_factory):
     env = service_env(tmp_path_factory.mktemp("analytics"), request.param, REVOKED_KEY_RETENTION_DAYS="0")
-    cli(env, "users", "create", "erin", "--email", "erin@example.com", "--password-stdin", stdin="a long password\n")
     return env
 
 
-def create(env, name, *options):
+@pytest.fixture(scope="module")
+def commands(env):
+    """The command line on env's database, in one process, for the keys the tests make and revoke
+    (what the tests are about, `usage report`, `db prune` and `audit`, runs as `flask` itself)."""
+    with cli_session(env) as session:
+        session("users", "create", "erin", "--email", "erin@example.com", "--password-stdin",
+                stdin="a long password\n")
+        yield session
+
+
+def create(commands, name, *options):
     """Create a key for erin; return (its secret, its id)."""
-    output = cli(env, "keys", "create", "erin", "--name", name, "--type", "production", *options)
+    output = commands("keys", "create", "erin", "--name", name, "--type", "production", *options)
     return output.strip().splitlines()[-1], int(re.search(r"\(id (\d+)\)", output)[1])
 
 
@@ -54,9 +63,9 @@ def get(server, path, secret):
     return requests.get(server.base + path, headers={"X-API-Key": secret}, timeout=10).status_code
 
 
-def test_outcomes_on_several_endpoints_appear_after_one_flush(env, tmp_path_factory):
-    tiny, tiny_id = create(env, "tiny key", "--tier", "tiny")  # 2 a minute
-    narrow, narrow_id = create(env, "narrow key", "--scopes", "test:read,usage:read,time:stream")
+def test_outcomes_on_several_endpoints_appear_after_one_flush(env, commands, tmp_path_factory):
+    tiny, tiny_id = create(commands, "tiny key", "--tier", "tiny")  # 2 a minute
+    narrow, narrow_id = create(commands, "narrow key", "--scopes", "test:read,usage:read,time:stream")
     with serving(tmp_path_factory.mktemp("analytics-log"), env) as server:
         assert [get(server, path, tiny) for path in (PROTECTED, ME, PROTECTED, STATS)] == [200, 200, 429, 429]
         assert [get(server, path, narrow) for path in (ME, PROTECTED, ME)] == [403, 200, 403]
@@ -90,9 +99,9 @@ def test_outcomes_on_several_endpoints_appear_after_one_flush(env, tmp_path_fact
     assert table[1:] == [f"{now.date().isoformat()},9,5,2,2,0"]
 
 
-def test_db_prune_deletes_a_revoked_key_with_its_rows_and_keeps_its_events(env):
-    secret, doomed_id = create(env, "doomed key")
-    kept, kept_id = create(env, "kept key")
+def test_db_prune_deletes_a_revoked_key_with_its_rows_and_keeps_its_events(env, commands):
+    secret, doomed_id = create(commands, "doomed key")
+    kept, kept_id = create(commands, "kept key")
     old = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - datetime.timedelta(days=500)
     for kid in (doomed_id, kept_id):
         sql(env, "INSERT INTO usage_hours (api_key_id, hour, endpoint, status, requests) VALUES (%s, %s, %s, 200, 3)",
@@ -100,7 +109,7 @@ def test_db_prune_deletes_a_revoked_key_with_its_rows_and_keeps_its_events(env):
         sql(env, "INSERT INTO usage_days (api_key_id, day, endpoint, status, requests) VALUES (%s, %s, %s, 200, 3)",
             kid, old.date(), PROTECTED)
     sql(env, "UPDATE api_keys SET total_requests = 3 WHERE id = %s", kept_id)
-    cli(env, "keys", "revoke", str(doomed_id))
+    commands("keys", "revoke", str(doomed_id))
     output = cli(env, "db", "prune")
     # The kept key's old hour and day, and the doomed key with its hour and day.
     assert output == "Deleted 2 hourly usage rows, 2 daily usage rows, 1 revoked or expired keys and 0 expired " \
@@ -114,13 +123,13 @@ def test_db_prune_deletes_a_revoked_key_with_its_rows_and_keeps_its_events(env):
     assert cli(env, "db", "prune").startswith("Deleted 0 hourly usage rows, 0 daily usage rows, 0 revoked")
 
 
-def test_the_server_prunes_by_itself(env, tmp_path_factory):
-    _, doomed_id = create(env, "revoked in the background")
-    cli(env, "keys", "revoke", str(doomed_id))
+def test_the_server_prunes_by_itself(env, commands, tmp_path_factory):
+    _, doomed_id = create(commands, "revoked in the background")
+    commands("keys", "revoke", str(doomed_id))
     # Another instance pruned a while ago; its lock has run out.
     sql(env, "UPDATE maintenance_locks SET until = %s", datetime.datetime(2000, 1, 1))
     with serving(tmp_path_factory.mktemp("analytics-prune-log"), env) as server:
-        live, _ = create(env, "live key")
+        live, _ = create(commands, "live key")
         assert get(server, PROTECTED, live) == 200  # a worker's first request starts its pruner
         wait_for(lambda: sql(env, "SELECT count(*) FROM api_keys WHERE id = %s", doomed_id) == [(0,)], seconds=20)
         assert get(server, PROTECTED, live) == 200

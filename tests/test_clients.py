@@ -17,7 +17,7 @@ import requests
 
 import services
 from contract import DOCUMENT
-from liveserver import BIN, ROOT, addresses, cli, free_port, make_key, service_env, serving
+from liveserver import BIN, ROOT, addresses, cli_session, free_port, make_key, service_env, serving
 
 PACKAGE = "api_key_demo_service_client"
 TYPESCRIPT = ROOT / "tests" / "typescript"
@@ -76,14 +76,16 @@ def servers(tmp_path_factory):
     one whose rate-limit storage cannot be reached (keyed requests fail closed with a 503)."""
     tmp_path = tmp_path_factory.mktemp("clients")
     env = service_env(tmp_path, RATE_LIMIT_TIERS=TINY_TIERS, PUBLIC_RATE_LIMIT="5/minute", TRUSTED_PROXIES="1")
-    keys = {"full": make_key(env), "tiny": make_key(env, "tiny"), "doomed": make_key(env), "revoked": make_key(env)}
-    keys["scoped"] = cli(env, "keys", "create", "carol", "--name", "sockets only", "--type", "development",
-                         "--scopes", "time:stream").strip().splitlines()[-1]
-    # Allowed only from an address no generated client uses (they take theirs from `addresses`).
-    keys["fenced"] = cli(env, "keys", "create", "carol", "--name", "fenced", "--type", "development",
-                         "--allow-ips", "192.0.2.1").strip().splitlines()[-1]
-    keys["credited"] = cli(env, "keys", "create", "carol", "--name", "credited", "--type", "development",
-                           "--credits", "2", "--refill", "500/day").strip().splitlines()[-1]
+    with cli_session(env) as commands:  # the keys' commands in one process
+        keys = {name: make_key(env, tier, commands) for name, tier in
+                [("full", "free"), ("tiny", "tiny"), ("doomed", "free"), ("revoked", "free")]}
+        keys["scoped"] = commands("keys", "create", "carol", "--name", "sockets only", "--type", "development",
+                                  "--scopes", "time:stream").strip().splitlines()[-1]
+        # Allowed only from an address no generated client uses (they take theirs from `addresses`).
+        keys["fenced"] = commands("keys", "create", "carol", "--name", "fenced", "--type", "development",
+                                  "--allow-ips", "192.0.2.1").strip().splitlines()[-1]
+        keys["credited"] = commands("keys", "create", "carol", "--name", "credited", "--type", "development",
+                                    "--credits", "2", "--refill", "500/day").strip().splitlines()[-1]
     # A key of a tier the server no longer configures is refused with a 500.
     keys["retired"] = make_key(dict(env, RATE_LIMIT_TIERS=f"{TINY_TIERS},retired=5/minute"), "retired")
     broken_path = tmp_path_factory.mktemp("clients-broken")

@@ -9,7 +9,7 @@ import requests
 import websocket
 
 import services
-from liveserver import make_key, service_env, start_procfile, stored_total, wait_for
+from liveserver import cli_session, make_key, service_env, start_procfile, stored_total, wait_for
 from tcpproxy import TcpProxy
 
 
@@ -19,47 +19,54 @@ def get_all(urls, headers):
         return list(pool.map(lambda url: requests.get(url, headers=headers, timeout=30).status_code, urls))
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    """Two instances of four workers each, on one PostgreSQL database and one Redis."""
+@pytest.fixture(scope="class")
+def cluster(tmp_path_factory):
+    """Two instances of four workers each, on one PostgreSQL database and one Redis, and the
+    command line on them (one process): for the tests of one class, each with keys of its own."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
     env = service_env(tmp_path, DATABASE_URL=services.postgres_url(), RATELIMIT_STORAGE_URL=services.redis_url(),
                       WEB_CONCURRENCY="4", RATE_LIMIT_TIERS="free=100000/hour,five=5/minute")
-    servers = [start_procfile(tmp_path, env) for _ in range(2)]
-    yield env, servers
-    for server in servers:
-        server.stop()
+    with cli_session(env) as commands:
+        servers = [start_procfile(tmp_path, env) for _ in range(2)]
+        try:
+            yield env, servers, commands
+        finally:
+            for server in servers:
+                server.stop()
 
 
-def test_redis_shares_each_window_across_workers_and_instances(cluster):
-    env, servers = cluster
-    key = make_key(env, tier="five")
-    urls = [f"{servers[i % 2].base}/api/v1/protected/test" for i in range(50)]
-    statuses = get_all(urls, {"X-API-Key": key})
-    assert sorted(statuses) == [200] * 5 + [429] * 45
+class TestCluster:
+    """Several workers and instances sharing one database and one Redis. The class's tests share
+    the cluster, which is stopped before the module's other tests empty the database or Redis."""
 
+    def test_redis_shares_each_window_across_workers_and_instances(self, cluster):
+        env, servers, commands = cluster
+        key = make_key(env, tier="five", commands=commands)
+        urls = [f"{servers[i % 2].base}/api/v1/protected/test" for i in range(50)]
+        statuses = get_all(urls, {"X-API-Key": key})
+        assert sorted(statuses) == [200] * 5 + [429] * 45
 
-def test_counts_are_exact_across_workers_and_instances(cluster):
-    env, servers = cluster
-    key = make_key(env)
-    urls = [f"{servers[i % 2].base}/api/v1/protected/test" for i in range(600)]
-    statuses = get_all(urls, {"X-API-Key": key})
-    assert statuses == [200] * 600
-    wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 600)
+    def test_counts_are_exact_across_workers_and_instances(self, cluster):
+        env, servers, commands = cluster
+        key = make_key(env, commands=commands)
+        urls = [f"{servers[i % 2].base}/api/v1/protected/test" for i in range(600)]
+        statuses = get_all(urls, {"X-API-Key": key})
+        assert statuses == [200] * 600
+        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 600)
 
-
-def test_time_socket_cap_holds_across_workers(cluster):
-    env, servers = cluster
-    key = make_key(env)
-    url = lambda i: servers[i % 2].base.replace("http", "ws") + f"/api/v1/ws/time?api_key={key}"  # noqa: E731
-    sockets = [websocket.create_connection(url(i), timeout=10) for i in range(10)]
-    try:
-        with pytest.raises(websocket.WebSocketBadStatusException) as refused:
-            websocket.create_connection(url(10), timeout=10)
-        assert refused.value.status_code == 429
-        assert b"too_many_connections" in refused.value.resp_body
-    finally:
-        for ws in sockets:
-            ws.close()
+    def test_time_socket_cap_holds_across_workers(self, cluster):
+        env, servers, commands = cluster
+        key = make_key(env, commands=commands)
+        url = lambda i: servers[i % 2].base.replace("http", "ws") + f"/api/v1/ws/time?api_key={key}"  # noqa: E731
+        sockets = [websocket.create_connection(url(i), timeout=10) for i in range(10)]
+        try:
+            with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+                websocket.create_connection(url(10), timeout=10)
+            assert refused.value.status_code == 429
+            assert b"too_many_connections" in refused.value.resp_body
+        finally:
+            for ws in sockets:
+                ws.close()
 
 
 def test_sqlite_with_several_workers_loses_nothing(tmp_path):
