@@ -36,8 +36,8 @@ SLOW_MODULES = {
     "test_accounts_live", "test_allowips_live", "test_analytics_live", "test_browser", "test_chaos", "test_clients",
     "test_devserver", "test_faults", "test_first_run", "test_fuzz", "test_hardening_live", "test_hostile",
     "test_keycache_live", "test_lifecycle_live", "test_operations_live", "test_pages", "test_passkeys_browser",
-    "test_reload", "test_scale", "test_server", "test_settings", "test_socket_attacks", "test_sockets",
-    "test_twofactor_live", "test_webhooks_live",
+    "test_reload", "test_scale", "test_server", "test_settings", "test_socket_attacks", "test_socket_attacks_time",
+    "test_sockets", "test_twofactor_live", "test_webhooks_live",
 }
 LIVE_FIXTURES = {"live", "server", "servers", "fallback", "cluster", "run_mode"}
 
@@ -46,6 +46,25 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.module.__name__ in SLOW_MODULES or LIVE_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.slow)
+
+
+# The modules that take longest, longest first (from the per-file sums of a full run's
+# --durations=0). pytest-xdist hands out whole files (--dist loadfile) in the order collected
+# (pytest.ini's --no-loadscope-reorder keeps it from sorting them by their number of tests): these
+# start at once and the short files fill the workers' ends. Modules not named follow in their order.
+LONGEST_FIRST = [
+    "test_scale", "test_accounts_live", "test_server", "test_lifecycle_live", "test_analytics_live",
+    "test_socket_attacks", "test_socket_attacks_time", "test_sockets", "test_keycache_live", "test_browser",
+    "test_pages", "test_reload", "test_hostile", "test_first_run", "test_operations_live", "test_chaos",
+    "test_hardening_live", "test_schema", "test_cors", "test_devserver", "test_clients", "test_openapi",
+]
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_longest_first(items):
+    """After pytest's own ordering (parameters of module fixtures grouped), the modules longest-first."""
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
