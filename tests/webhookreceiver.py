@@ -21,6 +21,12 @@ class Delivery:
         self.payload = json.loads(body) if body else None
 
 
+class Server(http.server.ThreadingHTTPServer):
+    # A backlog for a sender's fifty attempts at once (http.server's default is 5).
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 class Receiver:
     """Deliveries arrive at http://127.0.0.1:PORT/<path>; each path's secret (set by the test once
     the endpoint is added) verifies its deliveries. answer(delivery) -> status, by default 204;
@@ -54,8 +60,7 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
