@@ -12,7 +12,7 @@ from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import ratelimit
-from store.limitstorage import KeysChanged
+from store.rediswindows import KeysChanged
 from models import SCOPES, ApiKey, db, display_time, find_active_key, iso_seconds, utcnow
 from keys import allowips, keycache
 from metering import credits, usage

@@ -172,7 +172,8 @@ def warn_if_servers_may_not_hear():
 
 
 def find_key(key_id):
-    key = ApiKey.get_or_none(ApiKey.id == key_id)
+    # An id past the database's integer range is no key's, not a database error.
+    key = ApiKey.get_or_none(ApiKey.id == key_id) if 0 < key_id < 2**63 else None
     if key is None:
         raise click.ClickException(f"There is no API key with id {key_id}.")
     return key

@@ -14,7 +14,8 @@ from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from store.limitstorage import open_storage, redis_windows, window_admitter, window_counter
+from store.limitstorage import open_storage, window_admitter, window_counter, window_taker
+from store.rediswindows import redis_windows
 from models import ApiKey, db
 from metering import credits, usage
 from ops import metrics
@@ -36,9 +37,9 @@ RateLimitState.__doc__ = """One request's place in its window; reset is in epoch
 RateLimit-Policy header of a request counted in several windows, None for one."""
 Window = collections.namedtuple("Window", "item key policy")
 Window.__doc__ = "One window a key is counted in: its limits item, its storage key, its policy name."
-LimitPlan = collections.namedtuple("LimitPlan", "limiter windows limited simple policies marks")
+LimitPlan = collections.namedtuple("LimitPlan", "limiter windows storage_windows simple policies marks")
 LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
-for the storage's hit_all); simple: one window and no credits, counted as before there were more;
+for the storage's hit_all: storage_windows); simple: one window and no credits, counted as before there were more;
 marks: for each window, the requests left at which it reaches a usage.threshold (webhooks/thresholds.py),
 or None for the account's window."""
 ACCOUNT_POLICY = "account"
@@ -97,6 +98,7 @@ class Limiter:
         self.windows = redis_windows(storage)
         self.count_hit = window_counter(storage, self.windows)
         self.admit_all = window_admitter(storage, self.windows)
+        self.take_back = window_taker(storage, self.windows)
         self.tiers = tiers
         self.public_rate = public_rate
         self.account_rate = account_rate
@@ -118,15 +120,15 @@ class Limiter:
             # A key without credits left is refused before its windows are charged: otherwise each
             # refusal would hold a place in them (its account's too) until its credit is found missing.
             try:
-                credits.require_some(key)
+                environ[credits.CREDITS_REMAINING] = credits.require_some(key)
             except credits.CreditsExhausted:
                 environ[credits.CREDITS_REMAINING] = 0
                 environ[RATE_LIMIT_STATE] = self.peek(plan)
                 raise
-            state = self.hit_windows(plan, environ, generation, key)
-            self.spend_credit(key, plan, environ)
+            state, states = self.hit_windows(plan, environ, generation, key)
+            self.spend_credit(key, plan, environ, states)
         else:
-            state = self.hit_windows(plan, environ, generation, key)
+            state, _ = self.hit_windows(plan, environ, generation, key)
         usage.counted(environ)
         return state
 
@@ -145,20 +147,20 @@ class Limiter:
         if self.account_rate is not None:
             item = self.account_rate
             windows.append(Window(item, item.key_for(f"account:{key.user_id}"), ACCOUNT_POLICY))
-        limited = [(window.key, window.item.get_expiry(), window.item.amount) for window in windows]
+        storage_windows = [(window.key, window.item.get_expiry(), window.item.amount) for window in windows]
         policies = ", ".join(f'"{window.policy}";q={window.item.amount};w={window.item.get_expiry()}'
                              for window in windows)
         simple = len(windows) == 1 and not key.has_credits
         marks = [None if window.policy == ACCOUNT_POLICY else thresholds.marks(window.item.amount) for window in windows]
-        key.limit_plan = LimitPlan(self, windows, limited, simple, policies, marks)
+        key.limit_plan = LimitPlan(self, windows, storage_windows, simple, policies, marks)
         return key.limit_plan
 
     def hit_windows(self, plan, environ, generation=None, key=None):
         """Count a request in every window of the plan, or in none when one is used up (the storage's
-        hit_all); return the RateLimitState of the window with the fewest requests left. Each of the
-        key's windows that reaches a usage.threshold emits it."""
+        hit_all); return the RateLimitState of the window with the fewest requests left, and every
+        window's. Each of the key's windows that reaches a usage.threshold emits it."""
         try:
-            refused, counts = self.admit_all(plan.limited, generation)
+            refused, counts = self.admit_all(plan.storage_windows, generation)
         except StorageError as error:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None
@@ -170,7 +172,7 @@ class Limiter:
                 if marks is not None and state.remaining in marks:
                     thresholds.reached(key, state, marks[state.remaining])
             state = environ[RATE_LIMIT_STATE] = min(states, key=lambda state: state.remaining)
-            return state
+            return state, states
         state = environ[RATE_LIMIT_STATE] = states[refused]
         metrics.rate_limited(state.policy)
         refusal = AccountRateLimitExceeded if state.policy == ACCOUNT_POLICY else RateLimitExceeded
@@ -193,18 +195,19 @@ class Limiter:
             raise LimitStorageUnavailable() from None
         return min(states, key=lambda state: state.remaining)
 
-    def spend_credit(self, key, plan, environ):
+    def spend_credit(self, key, plan, environ, states):
         """Spend one of the key's credits; when none is left (or the database fails), take the request
-        back out of its windows: a refused request is charged to none."""
+        back out of the windows it was counted in (their RateLimitStates): a refused request is
+        charged to none. A window that ended meanwhile is left alone: the one after it never held
+        the request."""
         try:
             remaining, granted = credits.spend(key, environ)
         except BaseException:
-            for window_key, expiry, _ in plan.limited:
-                try:
-                    if self.storage.get(window_key) > 0:
-                        self.storage.incr(window_key, expiry, amount=-1)
-                except StorageError as error:
-                    log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            try:
+                self.take_back([(window.key, state.reset, state.window / 2)
+                                for window, state in zip(plan.windows, states)])
+            except StorageError as error:
+                log.error("Rate-limit storage unavailable: %s", error.storage_error)
             state = environ[RATE_LIMIT_STATE]
             environ[RATE_LIMIT_STATE] = state._replace(remaining=min(state.limit, state.remaining + 1))
             raise

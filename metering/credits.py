@@ -20,7 +20,8 @@ from models import ApiKey, db, iso_ms, utcnow
 from store.writelock import write_transaction
 
 INTERVALS = ("day", "month")
-REFILL_PATTERN = re.compile(r"\s*([0-9]{1,12})\s*/\s*(day|month)\s*")
+REFILL_PATTERN = re.compile(r"\s*([1-9][0-9]{0,11})\s*/\s*(day|month)\s*")
+CREDITS_PATTERN = re.compile(r"[0-9]{1,13}")
 MAX_CREDITS = 10**12
 # Where a request notes its key's credits after its spend, for the X-Credits-Remaining header
 # (serving/envelope.py) and usage/stats.
@@ -36,7 +37,7 @@ class CreditsExhausted(TooManyRequests):
 def parse_credits(text, what="Credits"):
     """A whole number of credits from 0 to MAX_CREDITS; ValueError with a sentence otherwise."""
     text = str(text).strip()
-    if not text.isdigit() or int(text) > MAX_CREDITS:
+    if not CREDITS_PATTERN.fullmatch(text) or int(text) > MAX_CREDITS:
         raise ValueError(f"{what} must be a whole number from 0 to {MAX_CREDITS}, not {text!r}.")
     return int(text)
 
@@ -48,7 +49,7 @@ def parse_refill(text):
         return None
     match = REFILL_PATTERN.fullmatch(text.lower())
     if not match or int(match[1]) > MAX_CREDITS:
-        raise ValueError(f"A refill is a whole number, a slash and day or month (for example 5000/month), "
+        raise ValueError(f"A refill is a whole number from 1, a slash and day or month (for example 5000/month), "
                          f"not {text!r}.")
     return int(match[1]), match[2]
 
@@ -86,16 +87,18 @@ def spend(key, environ, now=None):
 
 
 def require_some(key, now=None):
-    """Raise CreditsExhausted, spending nothing, when the key has no credit left (a due refill
-    counted in): one read, so a key that has run out costs its windows nothing."""
+    """Return the key's credits (a due refill counted in), or raise CreditsExhausted, spending
+    nothing, when none is left: one read, so a key that has run out costs its windows nothing."""
     row = db.obj.execute_sql(db.obj.statements.credits_of, (key.id,)).fetchone()
     if row is None:
-        return
+        return None
     stored = ApiKey(__no_default__=True, id=key.id, credits_remaining=row[0], credits_refill_amount=row[1],
                     credits_refill_interval=row[2],
                     credits_refilled_for=ApiKey.credits_refilled_for.python_value(row[3]))
-    if effective_remaining(stored, now) == 0:
+    remaining = effective_remaining(stored, now)
+    if remaining == 0:
         raise exhausted(stored, now)
+    return remaining
 
 
 def exhausted(key, now=None):
@@ -122,6 +125,7 @@ def refill_due(key, now=None):
 
 
 def period_start(interval, now=None):
+    """The start of the current day or month (naive UTC)."""
     day, month = period_starts(now or utcnow())
     return month if interval == "month" else day
 
@@ -186,5 +190,5 @@ def describe(key, now=None):
     remaining = effective_remaining(key, now)
     if remaining is None:
         return "-"
-    refill = f"{key.credits_refill_amount}/{key.credits_refill_interval}" if key.credits_refill_amount else "none"
+    refill = f"{key.credits_refill_amount}/{key.credits_refill_interval}" if key.credits_refill_amount is not None else "none"
     return f"credits={remaining} refill={refill}"

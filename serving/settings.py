@@ -14,6 +14,8 @@ INSTANCE = Path(__file__).resolve().parent.parent / "instance"
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 RATE_FORM = "a rate like 1000/hour (a whole number from 1, a slash, and second, minute, hour or day)"
 TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
+# The policy names of the per-IP window, the account's window and a key's own windows.
+RESERVED_POLICIES = ("public", "account", "key")
 LOG_FORMATS = ("text", "json")
 ANY_ORIGIN = "*"
 ORIGIN_PATTERN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
@@ -129,6 +131,9 @@ def tiers(spec):
                               "name of lower-case letters, digits, - or _, then = and a rate).")
         if name in parsed:
             raise ConfigError(f"RATE_LIMIT_TIERS names the tier {name!r} twice.")
+        if name in RESERVED_POLICIES:
+            raise ConfigError(f"RATE_LIMIT_TIERS cannot name a tier {name!r}: the rate-limit headers use that name "
+                              "for another window.")
         parsed[name] = rates(text, f"RATE_LIMIT_TIERS's tier {name!r}")
     return parsed
 

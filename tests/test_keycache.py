@@ -11,6 +11,7 @@ import pytest
 import redis
 from flask import current_app
 from limits import RateLimitItemPerHour
+from limits.errors import StorageError
 from limits.storage import storage_from_string
 
 import auth
@@ -20,7 +21,7 @@ import services
 from clock import fake_time
 from app import close_app, create_app
 from keys import keycache
-from store import limitstorage
+from store import rediswindows
 from web import accounts
 
 
@@ -156,7 +157,7 @@ def test_unknown_secrets_are_not_kept(sqlite_app, lookups):
 def windows():
     services.redis_url()
     storage = storage_from_string(services.REDIS_URL, wrap_exceptions=True)
-    return limitstorage.RedisWindows(storage)
+    return rediswindows.RedisWindows(storage)
 
 
 def test_a_count_under_the_current_generation_counts(windows):
@@ -168,7 +169,7 @@ def test_a_count_under_another_generation_counts_nothing(windows):
     windows.hit("w", 60)
     stale = windows.generation
     windows.announce_key_change()
-    with pytest.raises(limitstorage.KeysChanged):
+    with pytest.raises(rediswindows.KeysChanged):
         windows.hit("w", 60, stale)
     assert windows.hit("w", 60)[0] == 2  # only the first and this one were counted
     assert windows.generation != stale
@@ -177,9 +178,9 @@ def test_a_count_under_another_generation_counts_nothing(windows):
 def test_another_process_s_announcement_reaches_the_next_count(windows):
     windows.hit("w", 60)
     seen = windows.generation
-    other = limitstorage.RedisWindows(storage_from_string(services.REDIS_URL, wrap_exceptions=True))
+    other = rediswindows.RedisWindows(storage_from_string(services.REDIS_URL, wrap_exceptions=True))
     other.announce_key_change()
-    with pytest.raises(limitstorage.KeysChanged):
+    with pytest.raises(rediswindows.KeysChanged):
         windows.hit("w", 60, seen)
     assert windows.generation == other.generation
 
@@ -189,13 +190,13 @@ def test_a_generation_lost_with_redis_s_data_comes_back_as_a_new_one(windows):
     windows.hit("w", 60)
     first = windows.generation
     redis.Redis.from_url(services.REDIS_URL).flushdb()
-    with pytest.raises(limitstorage.KeysChanged):
+    with pytest.raises(rediswindows.KeysChanged):
         windows.hit("w", 60, first)
     assert windows.generation not in ("", first)
 
 
 def test_no_generation_is_assumed_before_the_first_reply(windows):
-    with pytest.raises(limitstorage.KeysChanged):
+    with pytest.raises(rediswindows.KeysChanged):
         windows.hit("w", 60, windows.generation)
 
 
@@ -223,7 +224,7 @@ def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):
     assert client.get("/api/v1/protected/test", headers=headers).headers["X-RateLimit-Remaining"] == "98"
     reads = len(lookups)
     # Another instance revokes: its own cache and windows, the same database and Redis.
-    other = limitstorage.RedisWindows(redis_app.extensions["ratelimit"].storage)
+    other = rediswindows.RedisWindows(redis_app.extensions["ratelimit"].storage)
     models.ApiKey.update(revoked_at=models.utcnow()).where(models.ApiKey.id == key.id).execute()
     other.announce_key_change()
     response = client.get("/api/v1/protected/test", headers=headers)
@@ -302,7 +303,7 @@ def test_a_revoked_key_kept_in_the_cache_is_a_401_not_a_403(redis_app):
         assert client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code == 200
     assert client.get("/api/v1/user/me", headers={"X-API-Key": secret}).status_code == 403
     models.ApiKey.update(revoked_at=models.utcnow()).where(models.ApiKey.id == key.id).execute()
-    limitstorage.RedisWindows(redis_app.extensions["ratelimit"].storage).announce_key_change()
+    rediswindows.RedisWindows(redis_app.extensions["ratelimit"].storage).announce_key_change()
     response = client.get("/api/v1/user/me", headers={"X-API-Key": secret})
     assert response.status_code == 401
     assert response.get_json()["error"]["code"] == "invalid_api_key"
@@ -323,7 +324,7 @@ def test_revoking_a_revoked_key_again_announces_again(redis_app):
 
 def test_an_announcement_is_tried_again_before_it_fails(redis_app, monkeypatch):
     windows = redis_app.extensions["ratelimit"].windows
-    announce, failures = windows.announce_key_change, [limitstorage.StorageError(OSError("timeout"))] * 2
+    announce, failures = windows.announce_key_change, [StorageError(OSError("timeout"))] * 2
 
     def flaky():
         if failures:

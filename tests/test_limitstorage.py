@@ -15,7 +15,7 @@ from limits.storage import MemoryStorage, storage_from_string
 import ratelimit
 import services
 from clock import fake_time
-from store import limitstorage
+from store import limitstorage, rediswindows
 
 
 def FakeClock(monkeypatch):
@@ -188,8 +188,8 @@ def test_other_storages_count_through_limits_own_calls():
 def batching(redis_storage, monkeypatch):
     """RedisWindows as in a gevent worker, its round trip slowed so that requests pile up behind
     it (the sockets here are not gevent's, so a real call would block every greenlet)."""
-    monkeypatch.setattr(limitstorage, "greenlets_share_thread", lambda: True)
-    windows = limitstorage.RedisWindows(redis_storage)
+    monkeypatch.setattr(rediswindows, "greenlets_share_thread", lambda: True)
+    windows = rediswindows.RedisWindows(redis_storage)
     batches, real_count = [], windows.count
 
     def slow_count(found):
@@ -275,7 +275,7 @@ def test_memory_hit_matches_limits_incr_and_get_expiry(monkeypatch):
 def test_when_a_call_fails_everyone_waiting_fails_with_it_without_another_call(batching, monkeypatch):
     windows, batches = batching
     outcomes = iter(["count", "fail"])
-    real_count = limitstorage.RedisWindows.count.__get__(windows)
+    real_count = rediswindows.RedisWindows.count.__get__(windows)
 
     def count_then_fail(found):
         batches.append(len(found))
@@ -312,11 +312,39 @@ def test_hit_all_counts_every_window_or_none(storage_kind, request):
 
 
 def test_redis_hit_all_counts_nothing_for_a_stale_key_generation(redis_storage):
-    windows = limitstorage.redis_windows(redis_storage)
+    windows = rediswindows.redis_windows(redis_storage)
     admit = limitstorage.window_admitter(redis_storage, windows)
     admit([("kept", 60, 5)])
     current = windows.generation
-    with pytest.raises(limitstorage.KeysChanged):
+    with pytest.raises(rediswindows.KeysChanged):
         admit([("kept", 60, 5)], "an older generation")
     assert redis_storage.get("kept") == 1
     assert admit([("kept", 60, 5)], current)[1][0][0] == 2
+
+
+@pytest.mark.parametrize("storage_kind", ["memory", "redis"])
+def test_take_back_leaves_a_window_started_since_and_never_goes_below_zero(storage_kind, request):
+    storage = (limitstorage.SweptMemoryStorage() if storage_kind == "memory"
+               else request.getfixturevalue("redis_storage"))
+    admit, take_back = limitstorage.window_admitter(storage), limitstorage.window_taker(storage)
+    try:
+        _, [(_, end)] = admit([("held", 60, 5)])
+        admit([("held", 60, 5)])
+        take_back([("held", end, 30)])
+        assert storage.get("held") == 1
+        # The window the request was counted in ended; the one now running never held it.
+        take_back([("held", end - 120, 30)])
+        assert storage.get("held") == 1
+        # A window that is gone is not made again at -1.
+        take_back([("gone", end, 30)])
+        assert storage.get("gone") == 0 and admit([("gone", 60, 1)])[0] == -1
+    finally:
+        if storage_kind == "memory":
+            storage.close()
+
+
+def test_redis_hit_all_gives_a_used_up_window_without_expiry_one(redis_storage):
+    client = redis.Redis.from_url(services.REDIS_URL)
+    client.set(redis_storage.prefixed_key("stuck"), 2)
+    refused, _ = limitstorage.window_admitter(redis_storage)([("stuck", 30, 2)])
+    assert refused == 0 and 0 < client.ttl(redis_storage.prefixed_key("stuck")) <= 30

@@ -247,6 +247,30 @@ def test_a_refill_alone_starts_the_credits_at_its_amount(metered, owner):
     assert get(metered, secret).headers["X-Credits-Remaining"] == "6"
 
 
-@pytest.mark.parametrize("text", ["", " 5/Day ", "0/month"])
+@pytest.mark.parametrize("text", ["", " 5/Day ", "1/month"])
 def test_refills_parse(text):
-    assert credits.parse_refill(text) == {"": None, " 5/Day ": (5, "day"), "0/month": (0, "month")}[text]
+    assert credits.parse_refill(text) == {"": None, " 5/Day ": (5, "day"), "1/month": (1, "month")}[text]
+
+
+@pytest.mark.parametrize("text", ["0/day", "5/week", "-1/day", "\u0661/day", "10000000000000/day"])
+def test_a_refill_of_nothing_or_of_no_known_period_is_refused(text):
+    with pytest.raises(ValueError, match="A refill is a whole number from 1"):
+        credits.parse_refill(text)
+
+
+@pytest.mark.parametrize("text", ["\u00b2", "\u0661\u0662", "1.5", "", "10000000000001"])
+def test_credits_are_ascii_digits_only(text):
+    with pytest.raises(ValueError, match="Credits must be a whole number from 0"):
+        credits.parse_credits(text)
+
+
+def test_a_window_refusal_of_a_key_with_credits_says_its_credits(metered, owner):
+    _, secret = issue(owner, "multi", credits_given=100)
+    answers = [get(metered, secret) for _ in range(4)]
+    assert [answer.status_code for answer in answers] == [200, 200, 200, 429]
+    assert [answer.headers["X-Credits-Remaining"] for answer in answers] == ["99", "98", "97", "97"]
+
+
+def test_a_key_id_beyond_the_database_is_no_key(metered):
+    result = metered.test_cli_runner().invoke(args=["keys", "credits", str(2**70), "--set", "1"])
+    assert result.exit_code != 0 and "There is no API key with id" in result.output

@@ -31,7 +31,7 @@ def test_a_tier_may_have_several_windows():
 
 @pytest.mark.parametrize("spec", ["", "free", "free=", "free=abc/hour", "free=-1/hour", "free=1/week",
                                   "Free Tier=1/hour", "free=1/hour,", "free=1/hour+", "free=+1/hour",
-                                  "free=1/hour+2/hour"])
+                                  "free=1/hour+2/hour", "account=5/hour", "key=5/hour", "public=5/hour"])
 def test_parse_tiers_rejects(spec):
     with pytest.raises(ValueError):
         ratelimit.parse_tiers(spec)

@@ -1,0 +1,253 @@
+"""Windows on Redis, counted by Lua scripts in one round trip, beside the key generation that
+tells every process when a key it keeps may be stale. This module reaches into limits
+(RedisStorage's client and key prefix); tests/test_limitstorage.py fails loudly if a new version
+moves what it relies on."""
+
+import secrets
+import time
+
+import gevent
+from gevent.event import AsyncResult
+from limits.errors import StorageError
+from limits.storage import RedisClusterStorage, RedisStorage
+
+from store.connections import greenlets_share_thread
+
+
+class KeysChanged(Exception):
+    """An API key changed (revoked, rolled, deleted) since the caller read the key it counts for:
+    nothing was counted, and the caller must read the key again."""
+
+
+class RedisWindows:
+    """Counts requests in their windows on Redis, and reads when each window ends, in one round
+    trip for every request waiting at that moment: limits' RedisStorage takes two round trips per
+    request (its incr script, then a TTL), and redis-py spends ~130 us of a worker's time on each
+    call, so with 50 busy connections the requests waiting together share one script call. Each
+    key is still counted atomically, in the order the requests came. The keys are limits' own
+    (prefixed_key), so its get, incr and clear see the same windows.
+
+    The same call reads the key generation: a random token that every change to an API key
+    replaces (announce_key_change). A window counted for a key read under another generation is
+    not counted, so a process that caches keys learns that one may be stale before it serves it,
+    at no extra round trip (keys/keycache.py)."""
+
+    # ARGV[1] is a fresh token, for a generation that does not exist yet (a new or emptied Redis),
+    # or '' when no generation is kept (Redis Cluster: its key would live in another slot). Then
+    # for each window: its length in ms and the generation its key was read under ('' for any).
+    # PTTL < 0 is a new window (or, should one ever exist, a window without an expiry), whose
+    # expiry is set here; an existing window keeps its end.
+    SCRIPT = """
+local first, generation = 1, ''
+if ARGV[1] ~= '' then
+    first = 2
+    generation = redis.call('get', KEYS[1])
+    if not generation then
+        generation = ARGV[1]
+        redis.call('set', KEYS[1], generation)
+    end
+end
+local replies = {generation}
+for i = first, #KEYS do
+    local window = i - first + 1
+    local expected = ARGV[2 * window + 1]
+    local count, ttl = -1, 0
+    if expected == '' or expected == generation then
+        count = redis.call('incrby', KEYS[i], 1)
+        ttl = redis.call('pttl', KEYS[i])
+        if ttl < 0 then
+            redis.call('pexpire', KEYS[i], ARGV[2 * window])
+            ttl = tonumber(ARGV[2 * window])
+        end
+    end
+    replies[2 * window] = count
+    replies[2 * window + 1] = ttl
+end
+return replies
+"""
+    # Redis runs one script at a time: a bounded batch keeps each call to a fraction of a ms.
+    MAX_BATCH = 256
+    GENERATION_KEY = "api-keys-generation"
+
+    def __init__(self, storage):
+        self.storage = storage
+        self.script = storage.get_connection().register_script(self.SCRIPT)
+        self.admit_script = storage.get_connection().register_script(self.ADMIT_SCRIPT)
+        self.take_back_script = storage.get_connection().register_script(self.TAKE_BACK_SCRIPT)
+        # Redis Cluster refuses a script whose keys live in different slots: one window a call there,
+        # and no generation.
+        self.cluster = isinstance(storage, RedisClusterStorage)
+        self.generation_key = None if self.cluster else storage.prefixed_key(self.GENERATION_KEY)
+        # The generation of the latest reply: a key read now is at least as new as it. Until the
+        # first reply, one that no reply matches, so keys read meanwhile are confirmed by a new read.
+        self.generation = "none seen yet"
+        self.waiting = []
+        self.sender = None
+
+    def hit(self, key, expiry, generation=None):
+        """Count one request in key's window; return (count, epoch seconds when the window ends).
+        With a generation: raise KeysChanged, counting nothing, unless it is still the current one."""
+        window = (self.storage.prefixed_key(key), int(expiry * 1000), generation or "")
+        if self.cluster or not greenlets_share_thread():
+            return self.outcome(self.count([window])[0])
+        if self.sender is None:
+            # Nothing in flight: this request makes the call itself, sparing the switch to a sender
+            # (~70 us); requests arriving meanwhile wait for a sender started after it.
+            self.sender = gevent.getcurrent()
+            try:
+                return self.outcome(self.count([window])[0])
+            finally:
+                self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
+        result = AsyncResult()
+        self.waiting.append((window, result))
+        return self.outcome(result.get())
+
+    @staticmethod
+    def outcome(counted):
+        if counted[0] < 0:
+            raise KeysChanged()
+        return counted
+
+    # For a request with several windows: each is counted only when none is used up (hit_all). Not
+    # batched: only keys with several windows, or with an account allowance, come this way.
+    # ARGV[1] and KEYS[1] as in SCRIPT; ARGV[2] the generation the key was read under ('' for any);
+    # then for each window its length in ms and its allowance. The reply: the generation, the
+    # 1-based index of the first used-up window (0: admitted; -1: another generation), then each
+    # window's count and ms left.
+    ADMIT_SCRIPT = """
+local first, generation = 1, ''
+if ARGV[1] ~= '' then
+    first = 2
+    generation = redis.call('get', KEYS[1])
+    if not generation then
+        generation = ARGV[1]
+        redis.call('set', KEYS[1], generation)
+    end
+end
+if ARGV[2] ~= '' and ARGV[2] ~= generation then
+    return {generation, -1}
+end
+local refused, counts, ttls = 0, {}, {}
+for i = first, #KEYS do
+    local window = i - first + 1
+    local ttl = redis.call('pttl', KEYS[i])
+    local count = tonumber(redis.call('get', KEYS[i]) or '0')
+    if ttl < 0 then
+        ttl = tonumber(ARGV[2 * window + 1])
+        if count > 0 then
+            redis.call('pexpire', KEYS[i], ttl)
+        end
+    end
+    if refused == 0 and count >= tonumber(ARGV[2 * window + 2]) then
+        refused = window
+    end
+    counts[window], ttls[window] = count, ttl
+end
+if refused == 0 then
+    for i = first, #KEYS do
+        local window = i - first + 1
+        counts[window] = redis.call('incrby', KEYS[i], 1)
+        if redis.call('pttl', KEYS[i]) < 0 then
+            redis.call('pexpire', KEYS[i], ARGV[2 * window + 1])
+        end
+    end
+end
+local replies = {generation, refused}
+for window = 1, #counts do
+    replies[2 * window + 1] = counts[window]
+    replies[2 * window + 2] = ttls[window]
+end
+return replies
+"""
+
+    def hit_all(self, windows, generation=None):
+        """SweptMemoryStorage.hit_all, atomic on Redis; raise KeysChanged, counting nothing, unless
+        the generation (when given) is still the current one."""
+        keys = [self.storage.prefixed_key(key) for key, _, _ in windows]
+        args = [secrets.token_hex(8) if self.generation_key else "", generation or ""]
+        for _, expiry, amount in windows:
+            args += (int(expiry * 1000), amount)
+        try:
+            replies = self.admit_script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+        generation = replies[0]
+        self.generation = generation.decode() if isinstance(generation, bytes) else generation
+        if replies[1] < 0:
+            raise KeysChanged()
+        now = time.time()
+        return replies[1] - 1, [(replies[i], now + replies[i + 1] / 1000) for i in range(2, len(replies), 2)]
+
+    # Takes a request back out of each window it was counted in (take_back), where the window is
+    # still that one: ARGV[i] is the most ms it may have left; a window gone (-2) or started since
+    # (more time left) keeps its count, and none is ever taken below 0 or created.
+    TAKE_BACK_SCRIPT = """
+for i = 1, #KEYS do
+    local ttl = redis.call('pttl', KEYS[i])
+    if ttl > 0 and ttl <= tonumber(ARGV[i]) and tonumber(redis.call('get', KEYS[i]) or '0') > 0 then
+        redis.call('decr', KEYS[i])
+    end
+end
+return #KEYS
+"""
+
+    def take_back(self, windows):
+        """SweptMemoryStorage.take_back, in one step on Redis."""
+        now = time.time()
+        args = [max(0, int((end + slack - now) * 1000)) for _, end, slack in windows]
+        try:
+            self.take_back_script(keys=[self.storage.prefixed_key(key) for key, _, _ in windows], args=args)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+
+    def send_waiting(self):
+        while self.waiting:
+            batch, self.waiting = self.waiting[:self.MAX_BATCH], self.waiting[self.MAX_BATCH:]
+            try:
+                outcomes = self.count([window for window, _ in batch])
+            except BaseException as error:
+                # Every waiter hears of it, whatever it was: none may wait for ever.
+                failed = error if isinstance(error, StorageError) else StorageError(error)
+                if not isinstance(error, Exception):
+                    for _, result in batch:
+                        result.set_exception(failed)
+                    self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
+                    raise
+                # Those that came meanwhile fail with it rather than wait for another timeout
+                # each, behind the same broken link: a hung Redis costs every request ~1 s at most.
+                batch, self.waiting = batch + self.waiting, []
+                for _, result in batch:
+                    result.set_exception(failed)
+                continue
+            for (_, result), outcome in zip(batch, outcomes):
+                result.set(outcome)
+        self.sender = None
+
+    def count(self, windows):
+        keys = [key for key, _, _ in windows]
+        args = [secrets.token_hex(8) if self.generation_key else ""]
+        for _, ms, generation in windows:
+            args += (ms, generation)
+        try:
+            replies = self.script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+        now = time.time()
+        generation = replies[0]
+        self.generation = generation.decode() if isinstance(generation, bytes) else generation
+        return [(replies[i], now + replies[i + 1] / 1000) for i in range(1, len(replies), 2)]
+
+    def announce_key_change(self):
+        """Give the key generation a new value, after a change to a key is committed: every process
+        then reads again the keys it cached. Raise StorageError when Redis cannot be told."""
+        token = secrets.token_hex(8)
+        try:
+            self.storage.get_connection().set(self.generation_key, token)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+        self.generation = token
+
+
+def redis_windows(storage):
+    """Return RedisWindows for a Redis storage, else None."""
+    return RedisWindows(storage) if isinstance(storage, RedisStorage) else None
