@@ -53,10 +53,12 @@ def pytest_collection_modifyitems(items):
 # (pytest.ini's --no-loadscope-reorder keeps it from sorting them by their number of tests): these
 # start at once and the short files fill the workers' ends. Modules not named follow in their order.
 LONGEST_FIRST = [
-    "test_scale", "test_accounts_live", "test_server", "test_lifecycle_live", "test_analytics_live",
-    "test_socket_attacks", "test_socket_attacks_time", "test_sockets", "test_keycache_live", "test_browser",
-    "test_pages", "test_reload", "test_hostile", "test_first_run", "test_operations_live", "test_chaos",
-    "test_hardening_live", "test_schema", "test_cors", "test_devserver", "test_clients", "test_openapi",
+    "test_accounts_live", "test_keycache_live", "test_pages", "test_server", "test_webhooks_live",
+    "test_lifecycle_live", "test_hostile", "test_openapi", "test_socket_attacks", "test_socket_attacks_time",
+    "test_browser", "test_scale", "test_first_run", "test_sockets", "test_web", "test_reload", "test_schema",
+    "test_chaos", "test_lifecycle", "test_analytics_live", "test_settings", "test_webhooks", "test_operations_live",
+    "test_allowips_live", "test_twofactor", "test_operations", "test_hardening", "test_api", "test_hardening_live",
+    "test_clients",
 ]
 
 
