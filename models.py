@@ -135,7 +135,8 @@ class ApiKey(BaseModel):
     last_used_at = DateTimeField(null=True)
     revoked_at = DateTimeField(null=True)
     total_requests = BigIntegerField(default=0)
-    expires_at = DateTimeField(null=True)
+    # Indexed: the expiry events look for keys about to expire, and for keys just expired, each minute.
+    expires_at = DateTimeField(null=True, index=True)
     # Comma-separated; NULL grants every scope (keys made before scopes existed).
     scopes = CharField(null=True, max_length=200)
     # A rolled key's former secret, accepted until previous_expires_at.
