@@ -108,12 +108,15 @@ def seed_keys(env, count):
 
 
 def copy_accounts(source, target):
-    """Copy the users and keys of one SQLite database into another made by the service (the
-    tables have the same columns in every schema version so far)."""
+    """Copy the users and keys of one SQLite database into another made by the service, perhaps
+    of another schema version: the columns both have (a later version only adds columns)."""
     with sqlite3.connect(target) as connection:
         connection.execute("ATTACH DATABASE ? AS source", (str(source),))
         for table in ("users", "api_keys"):
-            connection.execute(f"INSERT INTO {table} SELECT * FROM source.{table}")
+            target_columns = [row[1] for row in connection.execute(f"PRAGMA main.table_info({table})")]
+            source_columns = {row[1] for row in connection.execute(f"PRAGMA source.table_info({table})")}
+            columns = ", ".join(column for column in target_columns if column in source_columns)
+            connection.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM source.{table}")
     connection.close()
 
 
