@@ -6,8 +6,11 @@ import base64
 import collections
 import datetime
 import http.client
+import pathlib
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
 from peewee import OperationalError
@@ -310,6 +313,59 @@ def test_a_claimed_message_is_not_claimed_again_until_its_lease_ends(app, hook):
     later = utcnow() + datetime.timedelta(seconds=delivery.LEASE_SECONDS + 1)
     [again] = delivery.claim(db.obj, 10, now=later)
     assert (again.message_id, again.number) == (first.message_id, 2)
+
+
+def test_a_claim_takes_one_message_an_endpoint_and_none_of_an_endpoint_in_flight(app, user, receiver):
+    from models import db
+
+    silent, _ = endpoints.add_endpoint(user, f"{receiver.url}/silent")
+    healthy, _ = endpoints.add_endpoint(user, f"{receiver.url}/healthy")
+    backlog = [outbox.write_test(silent) for _ in range(3)]
+    later = outbox.write_test(healthy)
+    assert sorted(message.pk for message in delivery.claim(db.obj, 2)) == [backlog[0].id, later.id]
+    assert delivery.claim(db.obj, 10, busy={silent.id}) == []
+    assert [message.pk for message in delivery.claim(db.obj, 10)] == [backlog[1].id]
+
+
+def test_a_failing_endpoint_gets_one_message_at_a_time_and_its_backlog_waits(app, hook, receiver):
+    receiver.answer = lambda delivery: 500
+    messages = [outbox.write_test(hook[0]) for _ in range(3)]
+    [(probe, _, state)] = deliver(app)
+    assert state == PENDING and len(receiver.received()) == 1 and probe.pk == messages[0].id
+    waits = {message.next_attempt_at for message in WebhookMessage.select()}
+    assert len(waits) == 1 and waits.pop() > utcnow()
+    assert [message.attempts for message in WebhookMessage.select().order_by(WebhookMessage.id)] == [1, 0, 0]
+    receiver.answer = lambda delivery: 204
+    WebhookMessage.update(next_attempt_at=utcnow()).execute()
+    assert [state for *_, state in deliver(app)] == [DELIVERED] * 3
+
+
+def test_lookups_under_gevent_are_bounded_so_slow_names_leave_the_worker_resolver_threads():
+    """Twelve attempts cut while their names take 3 s to resolve: a lookup of the worker's own
+    (its database host, say) still finds a resolver thread at once."""
+    script = """
+from gevent import monkey; monkey.patch_all()
+import socket, time, gevent
+from webhooks import addresses
+hub, real = gevent.get_hub(), socket.getaddrinfo
+sleep = monkey.get_original("time", "sleep")
+def slow(host, port, *args, **kwargs):
+    if host == "slow.example.test":
+        return hub.threadpool.apply(lambda: sleep(3) or [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))])
+    return real(host, port, *args, **kwargs)
+socket.getaddrinfo = slow
+def cut_attempt():
+    with gevent.Timeout(0.2, False):
+        addresses.resolve("slow.example.test", 443)
+attempts = [gevent.spawn(cut_attempt) for _ in range(12)]
+gevent.joinall(attempts)
+started = time.monotonic()
+socket.getaddrinfo("127.0.0.1", 80)
+print(round(time.monotonic() - started, 2))
+"""
+    waited = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
+                            cwd=pathlib.Path(__file__).parent.parent)
+    assert float(waited.stdout) < 1, waited.stdout
 
 
 # Where webhooks may go

@@ -6,10 +6,17 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
+import gevent
+import gevent.lock
+
+from store.connections import greenlets_share_thread
+
 MAX_URL_LENGTH = 2000
 SCHEMES = {"http": 80, "https": 443}
 # Addresses of the NAT64 prefix carry an IPv4 address in their last 32 bits.
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+LOOKUPS_AT_ONCE = 4
+lookups = gevent.lock.BoundedSemaphore(LOOKUPS_AT_ONCE)
 
 
 class RefusedAddress(ValueError):
@@ -58,11 +65,34 @@ def is_public(address):
 
 def resolve(host, port):
     """The (family, type, proto, sockaddr) a host name or literal resolves to; RefusedAddress when none."""
-    try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as error:
-        raise RefusedAddress(f"The host {host!r} cannot be resolved ({error}).") from None
+    found, error = bounded_lookup(host, port) if greenlets_share_thread() else lookup(host, port)
+    if error is not None:
+        raise RefusedAddress(f"The host {host!r} cannot be resolved ({error}).")
     return [(family, kind, proto, sockaddr) for family, kind, proto, _, sockaddr in found]
+
+
+def lookup(host, port):
+    """(getaddrinfo's answer, None), or (None, the error)."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM), None
+    except (socket.gaierror, UnicodeError) as error:
+        return None, error
+
+
+def bounded_lookup(host, port):
+    """lookup() under gevent, at most LOOKUPS_AT_ONCE at a time in the process. Each runs in one of
+    the hub's resolver threads (10), and an attempt cut at its deadline frees its greenlet but not
+    the thread: without a bound, a receiver's slow names could take every thread and stall every
+    lookup of the worker. So a slot is given back when the thread's lookup ends, not when the
+    attempt stops waiting for it."""
+    lookups.acquire()
+    try:
+        pending = gevent.spawn(lookup, host, port)
+    except BaseException:
+        lookups.release()
+        raise
+    pending.link(lambda _: lookups.release())
+    return pending.get()
 
 
 def check_url(url, allow_private=False):

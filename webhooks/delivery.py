@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import gevent
 import gevent.event
 import gevent.pool
-from peewee import PostgresqlDatabase, SqliteDatabase
+from peewee import PostgresqlDatabase, SqliteDatabase, fn
 
 from models import db, release_connection, utcnow
 from serving import settings
@@ -47,20 +47,20 @@ class TimedOut(Exception):
     pass
 
 
-def claim(database, limit, now=None, only=None):
-    """Claim up to limit due messages (only: the one with this primary key) for one attempt each:
-    their attempt count goes up and they are not due again until the lease ends. On PostgreSQL the
-    rows are locked with SKIP LOCKED, so processes claiming at once take different messages; on
-    SQLite the claim holds the write lock. Return [Claimed]."""
+def claim(database, limit, now=None, only=None, busy=()):
+    """Claim up to limit due messages, the longest due of each endpoint and none of an endpoint in
+    busy (those this process is sending to), for one attempt each (only: the one with this primary
+    key): their attempt count goes up and they are not due again until the lease ends. On
+    PostgreSQL the rows are locked with SKIP LOCKED, so processes claiming at once take different
+    messages; on SQLite the claim holds the write lock. Return [Claimed]."""
     now = now or utcnow()
-    due = WebhookMessage.next_attempt_at <= now
+    due = (WebhookMessage.state == PENDING) & (WebhookMessage.next_attempt_at <= now)
     if only is not None:
         due &= WebhookMessage.id == only
+    if busy:
+        due &= WebhookMessage.endpoint.not_in(list(busy))
     with claim_transaction(database):
-        query = WebhookMessage.select(WebhookMessage.id).where(due).order_by(WebhookMessage.next_attempt_at).limit(limit)
-        if isinstance(database, PostgresqlDatabase):
-            query = query.for_update(skip_locked=True)
-        ids = [pk for pk, in query.tuples()]
+        ids = first_due(database, due, limit)
         if not ids:
             return []
         (WebhookMessage.update(next_attempt_at=now + datetime.timedelta(seconds=LEASE_SECONDS),
@@ -71,6 +71,23 @@ def claim(database, limit, now=None, only=None):
                                       WebhookEndpoint.user, WebhookEndpoint.url, WebhookEndpoint.sealed_secret)
                 .join(WebhookEndpoint).where(WebhookMessage.id.in_(ids)).tuples())
         return [Claimed(*row) for row in rows]
+
+
+def first_due(database, due, limit):
+    """The ids of up to limit messages meeting due, one an endpoint, the longest due first: a
+    receiver that holds its connections open holds one attempt, never the slots of everyone
+    else's deliveries. PostgreSQL refuses FOR UPDATE beside a window function, so there the rows
+    the window picked are locked by id."""
+    place = fn.ROW_NUMBER().over(partition_by=[WebhookMessage.endpoint],
+                                 order_by=[WebhookMessage.next_attempt_at, WebhookMessage.id])
+    ranked = WebhookMessage.select(WebhookMessage.id, WebhookMessage.next_attempt_at,
+                                   place.alias("place")).where(due).alias("ranked")
+    firsts = (WebhookMessage.select(ranked.c.id).from_(ranked).where(ranked.c.place == 1)
+              .order_by(ranked.c.next_attempt_at, ranked.c.id).limit(limit))
+    if isinstance(database, PostgresqlDatabase):
+        firsts = (WebhookMessage.select(WebhookMessage.id).where(WebhookMessage.id.in_(firsts) & due)
+                  .for_update(skip_locked=True))
+    return [pk for pk, in firsts.tuples()]
 
 
 def claim_transaction(database):
@@ -168,8 +185,19 @@ def record(claimed, outcome, schedule, now=None):
             WebhookEndpoint.update(failing_since=None, disabled_at=None).where(endpoint).execute()
         else:
             WebhookEndpoint.update(failing_since=now).where(endpoint & WebhookEndpoint.failing_since.is_null()).execute()
+            if next_at is not None:
+                wait_for_probe(claimed, next_at, now)
             disable_if_failing(claimed, now)
     return state
+
+
+def wait_for_probe(claimed, next_at, now):
+    """After a failed attempt, the endpoint's other due messages wait for this one's next attempt
+    (their attempts not counted): a failing receiver gets one message at a time, a probe, instead
+    of its whole backlog, each attempt of which could hold a sender's slot for 10 s."""
+    (WebhookMessage.update(next_attempt_at=next_at)
+     .where((WebhookMessage.endpoint == claimed.endpoint_id) & (WebhookMessage.state == PENDING)
+            & (WebhookMessage.next_attempt_at <= now)).execute())
 
 
 def forget_old_attempts(endpoint_id):
@@ -206,12 +234,18 @@ def attempt(app, claimed):
 
 
 def deliver_due(app, limit=CONCURRENCY, only=None):
-    """Claim the due messages (only: that one) and attempt each in turn, here; return [(Claimed,
-    Outcome, state)]. The CLI's `webhooks test` and the tests use it; servers use Sender."""
-    with app.app_context():
-        claimed = claim(db.obj, limit, only=only)
-        release_connection()
-    return [(message, *attempt(app, message)) for message in claimed]
+    """Claim the due messages (only: that one) and attempt each in turn, here, until none is due or
+    one comes round again; return [(Claimed, Outcome, state)]. The CLI's `webhooks test` and the
+    tests use it; servers use Sender."""
+    done, attempted = [], set()
+    while True:
+        with app.app_context():
+            claimed = claim(db.obj, limit, only=only)
+            release_connection()
+        if not claimed or attempted & {message.pk for message in claimed}:
+            return done
+        attempted.update(message.pk for message in claimed)
+        done += [(message, *attempt(app, message)) for message in claimed]
 
 
 class Sender:
@@ -243,7 +277,8 @@ class Sender:
                 with self.app.app_context():
                     self.periodic.run_when_due()
                     if free and due_exists():
-                        claimed = claim(db.obj, free)
+                        busy = {message.endpoint_id for message in self.in_flight.values()}
+                        claimed = claim(db.obj, free, busy=busy)
             except Exception:
                 log.exception("Could not claim webhook messages; trying again in %s s.", self.interval)
             finally:
@@ -267,6 +302,8 @@ class Sender:
                           message.message_id)
         finally:
             self.in_flight.pop(message.pk, None)
+            # The endpoint's next message need not wait for the next poll.
+            self.wake.set()
 
     def close(self):
         """Stop claiming and cut the attempts under way; each cut one is due again at once, under
