@@ -4,6 +4,7 @@ with its data, retries, the address rules, the CLI and the Security tab's sectio
 
 import base64
 import collections
+import contextlib
 import datetime
 import http.client
 import pathlib
@@ -11,13 +12,15 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from peewee import OperationalError
 from standardwebhooks import Webhook
 
 import auth
-from models import ApiKey, SecurityEvent, utcnow
+from models import ApiKey, SecurityEvent, db, utcnow
 from serving import settings
 from web import accounts
 from webhookreceiver import receiving
@@ -305,8 +308,6 @@ def test_an_endpoint_failing_for_five_days_is_disabled(app, user, hook, receiver
 
 
 def test_a_claimed_message_is_not_claimed_again_until_its_lease_ends(app, hook):
-    from models import db
-
     endpoints.send_test(hook[0])
     [first] = delivery.claim(db.obj, 10)
     assert delivery.claim(db.obj, 10) == []
@@ -316,8 +317,6 @@ def test_a_claimed_message_is_not_claimed_again_until_its_lease_ends(app, hook):
 
 
 def test_a_claim_takes_one_message_an_endpoint_and_none_of_an_endpoint_in_flight(app, user, receiver):
-    from models import db
-
     silent, _ = endpoints.add_endpoint(user, f"{receiver.url}/silent")
     healthy, _ = endpoints.add_endpoint(user, f"{receiver.url}/healthy")
     backlog = [outbox.write_test(silent) for _ in range(3)]
@@ -366,6 +365,30 @@ print(round(time.monotonic() - started, 2))
     waited = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
                             cwd=pathlib.Path(__file__).parent.parent)
     assert float(waited.stdout) < 1, waited.stdout
+
+
+def test_the_deadline_holds_without_gevent_against_a_receiver_that_dribbles(app, user):
+    """The CLI is not patched by gevent: a byte every 0.2 s must not keep an attempt past its deadline."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def dribble():
+        connection, _ = listener.accept()
+        with connection, contextlib.suppress(OSError):  # the attempt, cut, closes its end
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\n")
+            for _ in range(30):
+                connection.sendall(b"X")
+                time.sleep(0.2)
+
+    threading.Thread(target=dribble, daemon=True).start()
+    endpoint, _ = endpoints.add_endpoint(user, f"http://127.0.0.1:{listener.getsockname()[1]}/slow")
+    endpoints.send_test(endpoint)
+    [claimed] = delivery.claim(db.obj, 1)
+    started = time.monotonic()
+    outcome = delivery.send(claimed, True, deadline=1)
+    assert outcome == (None, "No answer within 1 s.", outcome.duration_ms)
+    assert time.monotonic() - started < 2
+    listener.close()
 
 
 # Where webhooks may go

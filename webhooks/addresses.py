@@ -112,9 +112,10 @@ def refusal(host, address):
             "address is refused (WEBHOOK_ALLOW_PRIVATE=1 allows them for local tests).")
 
 
-def checked_connection(allow_private):
+def checked_connection(allow_private, deadline):
     """A replacement for http.client's socket.create_connection: resolves the host, refuses every
-    address that is not public (unless allow_private), and connects to a checked address itself."""
+    address that is not public (unless allow_private), and connects to a checked address itself,
+    with a socket bound by the attempt's deadline (webhooks/deadlines.py)."""
 
     def create_connection(address, timeout=None, source_address=None, **_):
         host, port = address
@@ -123,9 +124,8 @@ def checked_connection(allow_private):
             if not allow_private and not is_public(sockaddr[0]):
                 last_error = RefusedAddress(refusal(host, sockaddr[0]))
                 continue
-            sock = socket.socket(family, kind, proto)
+            sock = deadline.socket(socket.socket, family, kind, proto)
             try:
-                sock.settimeout(timeout)
                 sock.connect(sockaddr)
                 return sock
             except OSError as error:

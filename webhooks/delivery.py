@@ -21,7 +21,7 @@ from serving import settings
 from store.connections import greenlets_share_thread
 from store.writelock import write_transaction
 from web import securitylog
-from webhooks import addresses, periodic, signing
+from webhooks import addresses, deadlines, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 log = logging.getLogger(__name__)
@@ -109,9 +109,10 @@ def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
         body = claimed.body.encode()
         headers = signing.headers(secret, claimed.message_id, int(time.time()), body)
         try:
+            # The socket deadline holds in every process; the Timeout also cuts a lookup under gevent.
             with gevent.Timeout(deadline, TimedOut):
-                status = post(claimed.url, body, headers, allow_private, deadline)
-        except TimedOut:
+                status = post(claimed.url, body, headers, allow_private, deadlines.Deadline(deadline))
+        except (TimedOut, TimeoutError):
             error = f"No answer within {deadline} s."
         except addresses.RefusedAddress as refused:
             error = str(refused)
@@ -120,19 +121,20 @@ def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
     return Outcome(status, error, round((time.monotonic() - started) * 1000))
 
 
-def post(url, body, headers, allow_private, timeout):
+def post(url, body, headers, allow_private, deadline):
     """POST body to url through a connection made to a checked address; return the answer's status
-    after reading at most ANSWER_BYTES of its body. Redirects are answers like any other."""
+    after reading at most ANSWER_BYTES of its body, all before the Deadline (else DeadlinePassed,
+    or TimeoutError). Redirects are answers like any other."""
     scheme, host, port = addresses.parse_url(url)
     parts = urlsplit(url.strip())
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if scheme == "https":
-        connection = http.client.HTTPSConnection(host, port, timeout=timeout, context=ssl.create_default_context())
+        connection = http.client.HTTPSConnection(host, port, context=deadline.ssl_context())
     else:
-        connection = http.client.HTTPConnection(host, port, timeout=timeout)
+        connection = http.client.HTTPConnection(host, port)
     # http.client opens its socket with this attribute (socket.create_connection by default); the
     # TLS handshake, SNI and certificate check still use the host name. tests/test_webhooks.py pins it.
-    connection._create_connection = addresses.checked_connection(allow_private)
+    connection._create_connection = addresses.checked_connection(allow_private, deadline)
     try:
         connection.request("POST", target, body=body, headers={
             "Content-Type": "application/json", "User-Agent": USER_AGENT, **headers})
