@@ -391,6 +391,30 @@ def test_the_deadline_holds_without_gevent_against_a_receiver_that_dribbles(app,
     listener.close()
 
 
+def test_a_stop_gives_back_only_a_message_still_pending(app, hook, receiver):
+    """The stop cuts an attempt that has just been recorded delivered: it is not sent again."""
+    endpoints.send_test(hook[0])
+    [claimed] = delivery.claim(db.obj, 1)
+    assert delivery.attempt(app, claimed)[1] == DELIVERED
+    delivery.release_claims([claimed])
+    stored = WebhookMessage.get()
+    assert (stored.state, stored.next_attempt_at, stored.attempts) == (DELIVERED, None, 1)
+    assert deliver(app) == [] and len(receiver.received()) == 1
+
+
+def test_a_message_in_flight_when_its_endpoint_is_disabled_is_not_tried_again(app, hook, receiver):
+    receiver.answer = lambda delivery: 500
+    endpoints.send_test(hook[0])
+    [claimed] = delivery.claim(db.obj, 1)
+    # Another process disables the endpoint meanwhile, failing its waiting messages (this one too).
+    WebhookEndpoint.update(disabled_at=utcnow()).execute()
+    WebhookMessage.update(state=FAILED, next_attempt_at=None).execute()
+    assert delivery.attempt(app, claimed)[1] == FAILED
+    stored = WebhookMessage.get()
+    assert (stored.state, stored.next_attempt_at) == (FAILED, None)
+    assert [attempt.status for attempt in endpoints.recent_attempts(hook[0])] == [500]
+
+
 # Where webhooks may go
 
 @pytest.mark.parametrize("address", REFUSED)

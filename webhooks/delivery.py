@@ -163,8 +163,9 @@ def is_delivered(outcome):
 def record(claimed, outcome, schedule, now=None):
     """Record an attempt: the message delivered, due again after the schedule's next pause, or
     failed once the schedule is spent; the endpoint disabled when every attempt has failed for
-    DISABLE_AFTER. Return the message's state, or None when the message is gone (its endpoint
-    removed) or was claimed again after this attempt's lease ended."""
+    DISABLE_AFTER. A failed attempt to an endpoint disabled meanwhile fails its message for good.
+    Return the message's state, or None when the message is gone (its endpoint removed) or was
+    claimed again after this attempt's lease ended."""
     now = now or utcnow()
     delivered = is_delivered(outcome)
     if delivered:
@@ -174,6 +175,9 @@ def record(claimed, outcome, schedule, now=None):
     else:
         state, next_at = FAILED, None
     with write_transaction(db.obj):
+        if state == PENDING and WebhookEndpoint.select().where(
+                (WebhookEndpoint.id == claimed.endpoint_id) & WebhookEndpoint.disabled_at.is_null(False)).exists():
+            state, next_at = FAILED, None
         updated = (WebhookMessage.update(state=state, next_attempt_at=next_at)
                    .where((WebhookMessage.id == claimed.pk) & (WebhookMessage.attempts == claimed.number)).execute())
         if not updated:
@@ -333,12 +337,14 @@ def due_exists(now=None):
 
 
 def release_claims(claims, now=None):
-    """Make messages whose attempt was cut due again at once, that attempt not counted."""
+    """Make messages whose attempt was cut due again at once, that attempt not counted; one whose
+    attempt was recorded (delivered or failed) just before the cut is left as it is."""
     now = now or utcnow()
     with write_transaction(db.obj):
         for message in claims:
             (WebhookMessage.update(next_attempt_at=now, attempts=WebhookMessage.attempts - 1)
-             .where((WebhookMessage.id == message.pk) & (WebhookMessage.attempts == message.number)).execute())
+             .where((WebhookMessage.id == message.pk) & (WebhookMessage.attempts == message.number)
+                    & (WebhookMessage.state == PENDING)).execute())
 
 
 def init_app(app):
