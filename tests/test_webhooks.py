@@ -7,6 +7,7 @@ import collections
 import contextlib
 import datetime
 import http.client
+import logging
 import pathlib
 import re
 import socket
@@ -249,6 +250,45 @@ def test_threshold_marks_for_small_and_large_allowances():
 
     assert thresholds.marks(1) == {0: 100} and thresholds.marks(5) == {1: 80, 0: 100}
     assert thresholds.marks(1000) == {200: 80, 0: 100} and thresholds.marks(7) == {1: 80, 0: 100}
+
+
+def test_old_messages_are_forgotten_in_batches_until_none_is_left(app, hook, monkeypatch):
+    monkeypatch.setattr(periodic, "BATCH", 10)
+    monkeypatch.setattr(periodic, "PAUSE_SECONDS", 0, raising=False)
+    week_ago = utcnow() - periodic.MESSAGES_KEPT_FOR - datetime.timedelta(minutes=1)
+    WebhookMessage.insert_many([{"endpoint": hook[0].id, "message_id": outbox.new_message_id(), "event": "webhook.test",
+                                 "body": "{}", "created_at": week_ago, "state": DELIVERED} for _ in range(25)]).execute()
+    kept = outbox.write_test(hook[0])
+    periodic.run()
+    assert [message.id for message in WebhookMessage.select()] == [kept.id]
+
+
+def test_events_of_users_without_endpoints_cost_the_flush_one_query(app, user, hook, caplog):
+    events = [(user_id, "usage.threshold", {"percent": 80}, utcnow()) for user_id in range(1000, 1050)]
+    events.append((user.id, "usage.threshold", {"percent": 80}, utcnow()))
+    with caplog.at_level(logging.DEBUG, logger="peewee"):
+        outbox.write_soon(events)
+    selects = [record for record in caplog.records if record.name == "peewee" and "SELECT" in record.getMessage()]
+    assert len(selects) == 1
+    assert [message.event for message in WebhookMessage.select()] == ["usage.threshold"]
+
+
+def test_events_waiting_for_a_flush_are_capped_and_the_drops_logged_once_a_minute(monkeypatch, caplog):
+    monkeypatch.setattr(outbox, "soon", collections.deque(maxlen=5))
+    monkeypatch.setattr(outbox, "SOON_KEPT", 5, raising=False)
+    monkeypatch.setattr(outbox, "drops", getattr(outbox, "Drops", object)(), raising=False)
+    for n in range(7):
+        outbox.emit_soon(n, "usage.threshold", {})
+    with caplog.at_level(logging.WARNING, logger="webhooks.outbox"):
+        taken = outbox.take_soon()
+        assert [user_id for user_id, *_ in taken] == [2, 3, 4, 5, 6]
+        outbox.emit_soon(7, "usage.threshold", {})
+        outbox.give_back(taken)  # the flush failed: the oldest beyond the cap go
+        assert [user_id for user_id, *_ in outbox.soon] == [3, 4, 5, 6, 7]
+        outbox.take_soon()
+    assert [record.getMessage() for record in caplog.records] == [
+        "2 webhook events were dropped: 5 were already waiting for a usage flush that could not write them."]
+    assert outbox.drops.count == 1
 
 
 # Retries

@@ -318,6 +318,7 @@ class Sender:
         self.wake.set()
         if self.greenlet is not None:
             self.greenlet.kill(block=False)
+        self.periodic.close()
         cut = list(self.in_flight.values())
         self.pool.kill(block=True, timeout=1)
         if cut:

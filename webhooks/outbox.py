@@ -4,10 +4,14 @@ transaction of the change that caused it, so a change is never committed without
 
 import collections
 import json
+import logging
 import secrets
+import time
 
 from models import iso_ms, utcnow
 from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage
+
+log = logging.getLogger(__name__)
 
 EVENTS = ("key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked", "key.expiring", "key.expired",
           "usage.threshold", "credits.low", "credits.exhausted", "webhook.test")
@@ -16,8 +20,28 @@ SUBSCRIBABLE = EVENTS[:-1]
 
 # Events decided on the hot path (emit_soon) as (user_id, event, data, when), waiting for
 # metering/usage.py's next flush to write them in the transaction of its counts. A deque: appending
-# and taking need no lock, between greenlets or real threads.
-soon = collections.deque()
+# and taking need no lock, between greenlets or real threads. While flushes fail (the database
+# down) it keeps the newest SOON_KEPT, so a long outage cannot use up the worker's memory.
+SOON_KEPT = 10_000
+soon = collections.deque(maxlen=SOON_KEPT)
+DROPS_LOGGED_EVERY = 60
+
+
+class Drops:
+    """The events dropped from a full queue, logged at most once every DROPS_LOGGED_EVERY seconds."""
+
+    def __init__(self):
+        self.count = 0
+        self.logged_at = None
+
+    def log_now_and_then(self):
+        if self.count and (self.logged_at is None or time.monotonic() - self.logged_at >= DROPS_LOGGED_EVERY):
+            log.warning("%d webhook events were dropped: %d were already waiting for a usage flush that "
+                        "could not write them.", self.count, SOON_KEPT)
+            self.count, self.logged_at = 0, time.monotonic()
+
+
+drops = Drops()
 
 
 def key_data(key, **more):
@@ -38,12 +62,15 @@ def emit(user_id, event, data, now=None):
 def emit_soon(user_id, event, data):
     """Record an event decided where no transaction is open (the hot path): it never blocks and never
     touches the database here; the usage flush writes its messages within a second, in the
-    transaction of its counts."""
+    transaction of its counts. Beyond SOON_KEPT waiting, the oldest is dropped."""
+    if len(soon) == SOON_KEPT:
+        drops.count += 1
     soon.append((user_id, event, data, utcnow()))
 
 
 def take_soon():
     """The events emit_soon recorded so far, taken out of the queue (give_back returns them)."""
+    drops.log_now_and_then()
     taken = []
     while soon:
         taken.append(soon.popleft())
@@ -51,14 +78,27 @@ def take_soon():
 
 
 def give_back(events):
-    """Return events whose transaction did not commit, first in line for the next flush."""
-    soon.extendleft(reversed(events))
+    """Return events whose transaction did not commit, first in line for the next flush; the oldest
+    are dropped beyond SOON_KEPT."""
+    kept = events[max(len(events) - (SOON_KEPT - len(soon)), 0):]
+    drops.count += len(events) - len(kept)
+    soon.extendleft(reversed(kept))
 
 
 def write_soon(events):
-    """Write the messages of events taken with take_soon, inside the caller's transaction."""
+    """Write the messages of events taken with take_soon, inside the caller's transaction: one query
+    finds the endpoints of all their users (most have none, and their events end here)."""
+    if not events:
+        return
+    endpoints = collections.defaultdict(list)
+    rows = (WebhookEndpoint.select(WebhookEndpoint.user, WebhookEndpoint.id, WebhookEndpoint.events)
+            .where(WebhookEndpoint.user.in_(list({user_id for user_id, *_ in events}))
+                   & WebhookEndpoint.disabled_at.is_null()).tuples())
+    for user_id, endpoint_id, names in rows:
+        endpoints[user_id].append((endpoint_id, names.split(",")))
     for user_id, event, data, when in events:
-        emit(user_id, event, data, now=when)
+        if subscribed_ids := [endpoint_id for endpoint_id, names in endpoints[user_id] if event in names]:
+            write_messages(subscribed_ids, event, data, when)
 
 
 def subscribed(user_id, event):

@@ -7,9 +7,10 @@ import logging
 import random
 import time
 
+import gevent
 from peewee import IntegrityError
 
-from models import ApiKey, db, iso_seconds, utcnow
+from models import ApiKey, db, iso_seconds, release_connection, utcnow
 from store.writelock import write_transaction
 from webhooks import outbox
 from webhooks.models import PENDING, WebhookMarker, WebhookMessage
@@ -23,6 +24,7 @@ EXPIRING_AHEAD = datetime.timedelta(days=7)
 EXPIRED_WITHIN = datetime.timedelta(days=1)
 MESSAGES_KEPT_FOR = datetime.timedelta(days=7)
 BATCH = 500
+PAUSE_SECONDS = 0.05
 
 
 def run(now=None):
@@ -33,12 +35,25 @@ def run(now=None):
     expiring = unrevoked & (ApiKey.expires_at > now) & (ApiKey.expires_at <= now + EXPIRING_AHEAD)
     expired = unrevoked & (ApiKey.expires_at <= now) & (ApiKey.expires_at > now - EXPIRED_WITHIN)
     sent = send_once("key.expiring", expiring, now) + send_once("key.expired", expired, now)
-    with write_transaction(db.obj):
-        old = (WebhookMessage.select(WebhookMessage.id)
-               .where((WebhookMessage.state != PENDING) & (WebhookMessage.created_at < now - MESSAGES_KEPT_FOR))
-               .limit(BATCH))
-        WebhookMessage.delete().where(WebhookMessage.id.in_(old)).execute()
+    forget_old_messages(now)
     return sent
+
+
+def forget_old_messages(now):
+    """Delete the delivered and failed messages older than MESSAGES_KEPT_FOR, BATCH a transaction
+    with a pause between (the write lock is never held long), until fewer than BATCH were left;
+    return how many."""
+    forgotten = 0
+    while True:
+        with write_transaction(db.obj):
+            old = (WebhookMessage.select(WebhookMessage.id)
+                   .where((WebhookMessage.state != PENDING) & (WebhookMessage.created_at < now - MESSAGES_KEPT_FOR))
+                   .limit(BATCH))
+            deleted = WebhookMessage.delete().where(WebhookMessage.id.in_(old)).execute()
+        forgotten += deleted
+        if deleted < BATCH:
+            return forgotten
+        time.sleep(PAUSE_SECONDS)
 
 
 def send_once(event, condition, now):
@@ -60,18 +75,31 @@ def send_once(event, condition, now):
 
 
 class Periodic:
-    """When the sender's loop should run() next: once a minute, the first a few seconds after start."""
+    """When run() runs next: once a minute, the first a few seconds after start; each run in a
+    greenlet of its own, so that a long prune never holds up the sender's claims."""
 
     def __init__(self, app, interval=INTERVAL_SECONDS):
         self.app = app
         self.interval = interval
         self.next_run = time.monotonic() + random.uniform(*FIRST_RUN_SECONDS)
+        self.greenlet = None
 
     def run_when_due(self):
-        if time.monotonic() < self.next_run:
+        if time.monotonic() < self.next_run or (self.greenlet is not None and not self.greenlet.dead):
             return
         self.next_run = time.monotonic() + self.interval
-        try:
-            run()
-        except Exception:
-            log.exception("Could not send the key expiry webhooks; trying again in %d s.", self.interval)
+        self.greenlet = gevent.spawn(self.run)
+
+    def run(self):
+        with self.app.app_context():
+            try:
+                run()
+            except Exception:
+                log.exception("Could not send the key expiry webhooks or forget old messages; trying again in %d s.",
+                              self.interval)
+            finally:
+                release_connection()
+
+    def close(self):
+        if self.greenlet is not None:
+            self.greenlet.kill(block=False)
