@@ -30,7 +30,7 @@ from webhooks.models import DELIVERED, FAILED, PENDING, WebhookEndpoint, Webhook
 
 REFUSED = ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "::", "::1",
            "::ffff:127.0.0.1", "::ffff:10.0.0.1", "fc00::1", "fe80::1", "224.0.0.1", "ff02::1", "100.64.0.1",
-           "255.255.255.255", "64:ff9b::a00:1", "2002:7f00:1::1"]
+           "255.255.255.255", "64:ff9b::a00:1", "2002:7f00:1::1", "192.0.0.8", "192.0.0.9", "192.0.0.170"]
 PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
 
 
@@ -480,10 +480,19 @@ def test_a_private_url_is_refused_at_registration(app, user, url):
 
 @pytest.mark.parametrize("url", ["ftp://example.com/", "example.com/hook", "http://user:pw@example.com/",
                                  "http:///path", "http://example.com:99999/", "javascript:alert(1)",
-                                 "http://exa mple.com/", "http://example.com/\x00"])
+                                 "http://exa mple.com/", "http://example.com/\x00", "http://93.184.216.34:0/"])
 def test_urls_that_are_not_http_are_refused(app, user, url):
     with pytest.raises(ValueError):
         endpoints.add_endpoint(user, url)
+
+
+def test_a_path_and_query_that_are_not_ascii_are_percent_encoded_when_the_endpoint_is_added(app, user, receiver):
+    endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/réception/%41?für=größe&ok=1")
+    assert endpoint.url == f"{receiver.url}/r%C3%A9ception/%41?f%C3%BCr=gr%C3%B6%C3%9Fe&ok=1"
+    receiver.secrets["/r%C3%A9ception/%41?f%C3%BCr=gr%C3%B6%C3%9Fe&ok=1"] = secret
+    endpoints.send_test(endpoint)
+    [(_, outcome, state)] = deliver(app)
+    assert (outcome.status, state) == (204, DELIVERED)
 
 
 def test_a_name_that_resolves_to_a_private_address_at_delivery_is_refused(app, user, monkeypatch):

@@ -4,7 +4,7 @@ connection goes to that checked address (a name that re-resolves elsewhere canno
 
 import ipaddress
 import socket
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import gevent
 import gevent.lock
@@ -15,6 +15,11 @@ MAX_URL_LENGTH = 2000
 SCHEMES = {"http": 80, "https": 443}
 # Addresses of the NAT64 prefix carry an IPv4 address in their last 32 bits.
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IETF protocol assignments: Python 3.11 counts some of them (192.0.0.8, 192.0.0.9) as global.
+IETF_PROTOCOL_ASSIGNMENTS = ipaddress.ip_network("192.0.0.0/24")
+# What a URL's path and query may hold as they are; anything else (not ASCII, say) is
+# percent-encoded, since http.client sends the request line in ASCII. % keeps existing escapes.
+URL_SAFE = "/:@!$&'()*+,;=?%~"
 LOOKUPS_AT_ONCE = 4
 lookups = gevent.lock.BoundedSemaphore(LOOKUPS_AT_ONCE)
 
@@ -40,6 +45,8 @@ def parse_url(url):
         raise RefusedAddress("A webhook URL cannot hold a user name or password.")
     if parts.fragment:
         raise RefusedAddress("A webhook URL cannot have a #fragment.")
+    if port == 0:
+        raise RefusedAddress("A webhook URL's port is between 1 and 65535.")
     return parts.scheme.lower(), parts.hostname, port or SCHEMES[parts.scheme.lower()]
 
 
@@ -60,7 +67,8 @@ def is_public(address):
     unspecified, reserved or otherwise not globally reachable."""
     address = unwrapped(ipaddress.ip_address(address.split("%", 1)[0]) if isinstance(address, str) else address)
     return address.is_global and not (address.is_multicast or address.is_reserved or address.is_loopback
-                                      or address.is_link_local or address.is_private or address.is_unspecified)
+                                      or address.is_link_local or address.is_private or address.is_unspecified
+                                      or address in IETF_PROTOCOL_ASSIGNMENTS)
 
 
 def resolve(host, port):
@@ -97,13 +105,15 @@ def bounded_lookup(host, port):
 
 def check_url(url, allow_private=False):
     """Refuse (RefusedAddress) a URL that is not http(s), or whose host is or resolves to an address
-    that is not public (unless allow_private); return the URL, stripped."""
+    that is not public (unless allow_private); return the URL, stripped, its path and query
+    percent-encoded where they hold what a request line cannot."""
     _, host, port = parse_url(url)
     if not allow_private:
         for *_, sockaddr in resolve(host, port):
             if not is_public(sockaddr[0]):
                 raise RefusedAddress(refusal(host, sockaddr[0]))
-    return url.strip()
+    parts = urlsplit(url.strip())
+    return urlunsplit(parts._replace(path=quote(parts.path, safe=URL_SAFE), query=quote(parts.query, safe=URL_SAFE)))
 
 
 def refusal(host, address):
