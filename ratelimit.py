@@ -14,7 +14,7 @@ from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from store.limitstorage import open_storage, window_admitter, window_counter, window_taker
+from store.limitstorage import open_storage, window_admitter, window_counter
 from store.rediswindows import redis_windows
 from models import ApiKey, db
 from metering import credits, usage
@@ -98,7 +98,6 @@ class Limiter:
         self.windows = redis_windows(storage)
         self.count_hit = window_counter(storage, self.windows)
         self.admit_all = window_admitter(storage, self.windows)
-        self.take_back = window_taker(storage, self.windows)
         self.tiers = tiers
         self.public_rate = public_rate
         self.account_rate = account_rate
@@ -117,18 +116,9 @@ class Limiter:
             if state.remaining in plan.marks[0]:
                 thresholds.reached(key, state, plan.marks[0][state.remaining])
         elif key.has_credits:
-            # A key without credits left is refused before its windows are charged: otherwise each
-            # refusal would hold a place in them (its account's too) until its credit is found missing.
-            try:
-                environ[credits.CREDITS_REMAINING] = credits.require_some(key)
-            except credits.CreditsExhausted:
-                environ[credits.CREDITS_REMAINING] = 0
-                environ[RATE_LIMIT_STATE] = self.peek(plan)
-                raise
-            state, states = self.hit_windows(plan, environ, generation, key)
-            self.spend_credit(key, plan, environ, states)
+            state = self.count_with_credit(key, plan, environ, generation)
         else:
-            state, _ = self.hit_windows(plan, environ, generation, key)
+            state = self.hit_windows(plan, environ, generation, key)
         usage.counted(environ)
         return state
 
@@ -157,8 +147,8 @@ class Limiter:
 
     def hit_windows(self, plan, environ, generation=None, key=None):
         """Count a request in every window of the plan, or in none when one is used up (the storage's
-        hit_all); return the RateLimitState of the window with the fewest requests left, and every
-        window's. Each of the key's windows that reaches a usage.threshold emits it."""
+        hit_all); return the RateLimitState of the window with the fewest requests left. Each of the
+        key's windows that reaches a usage.threshold emits it."""
         try:
             refused, counts = self.admit_all(plan.storage_windows, generation)
         except StorageError as error:
@@ -172,7 +162,7 @@ class Limiter:
                 if marks is not None and state.remaining in marks:
                     thresholds.reached(key, state, marks[state.remaining])
             state = environ[RATE_LIMIT_STATE] = min(states, key=lambda state: state.remaining)
-            return state, states
+            return state
         state = environ[RATE_LIMIT_STATE] = states[refused]
         metrics.rate_limited(state.policy)
         refusal = AccountRateLimitExceeded if state.policy == ACCOUNT_POLICY else RateLimitExceeded
@@ -195,23 +185,23 @@ class Limiter:
             raise LimitStorageUnavailable() from None
         return min(states, key=lambda state: state.remaining)
 
-    def spend_credit(self, key, plan, environ, states):
-        """Spend one of the key's credits; when none is left (or the database fails), take the request
-        back out of the windows it was counted in (their RateLimitStates): a refused request is
-        charged to none. A window that ended meanwhile is left alone: the one after it never held
-        the request."""
+    def count_with_credit(self, key, plan, environ, generation):
+        """Spend one of the key's credits, then count the request in its windows; a request the
+        windows refuse gets its credit back. In this order a key without credits costs its windows
+        nothing, and only requests holding a credit take a place in them: the account's window
+        never fills with requests that are then refused for credits."""
         try:
-            remaining, granted = credits.spend(key, environ)
-        except BaseException:
-            try:
-                self.take_back([(window.key, state.reset, state.window / 2)
-                                for window, state in zip(plan.windows, states)])
-            except StorageError as error:
-                log.error("Rate-limit storage unavailable: %s", error.storage_error)
-            state = environ[RATE_LIMIT_STATE]
-            environ[RATE_LIMIT_STATE] = state._replace(remaining=min(state.limit, state.remaining + 1))
+            spent = credits.spend(key, environ)
+        except credits.CreditsExhausted:
+            environ[RATE_LIMIT_STATE] = self.peek(plan)
             raise
-        thresholds.credits_spent(key, remaining, granted)
+        try:
+            state = self.hit_windows(plan, environ, generation, key)
+        except BaseException:
+            credits.refund(key, environ, spent)
+            raise
+        thresholds.credits_spent(key, spent[0], spent[1])
+        return state
 
     def hit(self, item, identity, policy, environ=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.

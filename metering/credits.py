@@ -4,7 +4,9 @@ again to a fixed amount at 00:00 UTC every day or on the 1st of every month.
 The database holds them, in every topology: credits are bought and sold, so they must outlive a
 restart of Redis (which may keep nothing on disk) and be exact across any number of workers and
 instances. A spend is one conditional UPDATE ... RETURNING: the row's lock orders concurrent
-spends, so they never go below 0 nor admit more requests than there were credits. A refill is
+spends, so they never go below 0 nor admit more requests than there were credits. A request
+spends its credit before its windows count it, so only requests holding a credit ever take a
+place in a window; one the windows then refuse gets its credit back. A refill is
 applied by the first spend (or read) of a new period, in the same statement: two processes at
 00:00 cannot both apply it, and one asleep at 00:00 skips nothing. docs/scaling.md gives the
 figures behind the choice."""
@@ -70,35 +72,36 @@ def next_refill_at(interval, now=None):
 
 def spend(key, environ, now=None):
     """Spend one of the key's credits, applying a refill that is due first; note the credits left in
-    the request's WSGI environ and return them. Raise CreditsExhausted when none is left."""
+    the request's WSGI environ and return (credits left, credits granted, the period refilled for,
+    which refund takes). Raise CreditsExhausted when none is left."""
     day, month = period_starts(now or utcnow())
-    params = [month, day] * 4 + [key.id, month, day]
-    database = db.obj
-    if isinstance(database, SqliteDatabase):
-        with write_transaction(database):
-            row = database.execute_sql(database.statements.spend_credit, params).fetchone()
-    else:
-        row = database.execute_sql(database.statements.spend_credit, params).fetchone()
+    row = write(db.obj.statements.spend_credit, [month, day] * 4 + [key.id, month, day])
     if row is None:
         environ[CREDITS_REMAINING] = 0
         raise exhausted(key, now)
     environ[CREDITS_REMAINING] = row[0]
-    return row[0], row[1]
+    return row
 
 
-def require_some(key, now=None):
-    """Return the key's credits (a due refill counted in), or raise CreditsExhausted, spending
-    nothing, when none is left: one read, so a key that has run out costs its windows nothing."""
-    row = db.obj.execute_sql(db.obj.statements.credits_of, (key.id,)).fetchone()
-    if row is None:
-        return None
-    stored = ApiKey(__no_default__=True, id=key.id, credits_remaining=row[0], credits_refill_amount=row[1],
-                    credits_refill_interval=row[2],
-                    credits_refilled_for=ApiKey.credits_refilled_for.python_value(row[3]))
-    remaining = effective_remaining(stored, now)
-    if remaining == 0:
-        raise exhausted(stored, now)
-    return remaining
+def refund(key, environ, spent):
+    """Give back the credit of a spend (what spend returned) that the windows then refused, unless a
+    refill came meanwhile: that one set the credits afresh."""
+    refilled_for = spent[2]
+    statements = db.obj.statements
+    if refilled_for is None:
+        write(statements.refund_credit_unrefilled, [key.id])
+    else:
+        write(statements.refund_credit, [key.id, refilled_for])
+    environ[CREDITS_REMAINING] = spent[0] + 1
+
+
+def write(statement, params):
+    """Run one statement that writes a key's credits; return the row it returns."""
+    database = db.obj
+    if isinstance(database, SqliteDatabase):
+        with write_transaction(database):
+            return database.execute_sql(statement, params).fetchone()
+    return database.execute_sql(statement, params).fetchone()
 
 
 def exhausted(key, now=None):

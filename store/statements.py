@@ -33,9 +33,12 @@ class Statements:
             f"credits_refilled_for = CASE WHEN {due} THEN CASE credits_refill_interval WHEN 'month' THEN {p} "
             f"ELSE {p} END ELSE credits_refilled_for END "
             f"WHERE id = {p} AND CASE WHEN {due} THEN credits_refill_amount ELSE credits_remaining END > 0 "
-            "RETURNING credits_remaining, credits_granted")
-        self.credits_of = ("SELECT credits_remaining, credits_refill_amount, credits_refill_interval, "
-                           f"credits_refilled_for FROM api_keys WHERE id = {p} AND credits_remaining IS NOT NULL")
+            "RETURNING credits_remaining, credits_granted, credits_refilled_for")
+        self.refund_credit = (f"UPDATE api_keys SET credits_remaining = credits_remaining + 1 WHERE id = {p} "
+                              f"AND credits_remaining IS NOT NULL AND credits_refilled_for = {p} RETURNING credits_remaining")
+        self.refund_credit_unrefilled = (f"UPDATE api_keys SET credits_remaining = credits_remaining + 1 "
+                                         f"WHERE id = {p} AND credits_remaining IS NOT NULL "
+                                         "AND credits_refilled_for IS NULL RETURNING credits_remaining")
         self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
         self.add_usage = (
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "

@@ -274,3 +274,28 @@ def test_a_window_refusal_of_a_key_with_credits_says_its_credits(metered, owner)
 def test_a_key_id_beyond_the_database_is_no_key(metered):
     result = metered.test_cli_runner().invoke(args=["keys", "credits", str(2**70), "--set", "1"])
     assert result.exit_code != 0 and "There is no API key with id" in result.output
+
+
+def test_a_refund_gives_the_credit_back_unless_a_refill_came_between(metered, owner):
+    day = datetime.datetime(2026, 11, 25, 12)
+    key, _ = issue(owner, credits_given=3, refill=(10, "day"))
+    ApiKey.update(credits_refilled_for=datetime.datetime(2026, 11, 25)).where(ApiKey.id == key.id).execute()
+    environ = {}
+    spent = credits.spend(key, environ, now=day)
+    credits.refund(key, environ, spent)
+    assert ApiKey.get_by_id(key.id).credits_remaining == 3 and environ[credits.CREDITS_REMAINING] == 3
+    spent = credits.spend(key, environ, now=day)
+    # The next day's refill, applied by another request before this one's refund.
+    credits.spend(key, {}, now=day + datetime.timedelta(days=1))
+    credits.refund(key, environ, spent)
+    assert ApiKey.get_by_id(key.id).credits_remaining == 9
+    plain, _ = issue(owner, credits_given=2)
+    credits.refund(plain, {}, credits.spend(plain, {}))
+    assert ApiKey.get_by_id(plain.id).credits_remaining == 2
+
+
+def test_a_request_the_windows_refuse_keeps_its_credit(metered, owner):
+    key, secret = issue(owner, "multi", credits_given=5)
+    assert [get(metered, secret).status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert ApiKey.get_by_id(key.id).credits_remaining == 2
+
