@@ -19,6 +19,21 @@ class KeysChanged(Exception):
     nothing was counted, and the caller must read the key again."""
 
 
+# Both scripts start here: the key generation, in KEYS[1] (made from the fresh token ARGV[1] when
+# missing), or none when ARGV[1] is '' (Redis Cluster); `first` is the index of the first window.
+GENERATION = """
+local first, generation = 1, ''
+if ARGV[1] ~= '' then
+    first = 2
+    generation = redis.call('get', KEYS[1])
+    if not generation then
+        generation = ARGV[1]
+        redis.call('set', KEYS[1], generation)
+    end
+end
+"""
+
+
 class RedisWindows:
     """Counts requests in their windows on Redis, and reads when each window ends, in one round
     trip for every request waiting at that moment: limits' RedisStorage takes two round trips per
@@ -37,17 +52,7 @@ class RedisWindows:
     # for each window: its length in ms and the generation its key was read under ('' for any).
     # PTTL < 0 is a new window (or, should one ever exist, a window without an expiry), whose
     # expiry is set here; an existing window keeps its end.
-    SCRIPT = """
-local first, generation = 1, ''
-if ARGV[1] ~= '' then
-    first = 2
-    generation = redis.call('get', KEYS[1])
-    if not generation then
-        generation = ARGV[1]
-        redis.call('set', KEYS[1], generation)
-    end
-end
-local replies = {generation}
+    SCRIPT = GENERATION + """local replies = {generation}
 for i = first, #KEYS do
     local window = i - first + 1
     local expected = ARGV[2 * window + 1]
@@ -113,17 +118,7 @@ return replies
     # then for each window its length in ms and its allowance. The reply: the generation, the
     # 1-based index of the first used-up window (0: admitted; -1: another generation), then each
     # window's count and ms left.
-    ADMIT_SCRIPT = """
-local first, generation = 1, ''
-if ARGV[1] ~= '' then
-    first = 2
-    generation = redis.call('get', KEYS[1])
-    if not generation then
-        generation = ARGV[1]
-        redis.call('set', KEYS[1], generation)
-    end
-end
-if ARGV[2] ~= '' and ARGV[2] ~= generation then
+    ADMIT_SCRIPT = GENERATION + """if ARGV[2] ~= '' and ARGV[2] ~= generation then
     return {generation, -1}
 end
 local refused, counts, ttls = 0, {}, {}
