@@ -7,8 +7,9 @@ The service runs under gunicorn with one gevent worker pinned to the server core
 file, WEBHOOK_ALLOW_PRIVATE=1; the receiver (a threaded http.server answering 204 at once) runs in
 this process on the client core. 100 events to each of ten endpoints are written in one transaction,
 as changes write them; the time is from that commit to the last delivery. "healthy": every endpoint
-answers 204; "one failing": one of the ten answers 500 (its 100 messages get their first attempt and
-wait for their retry), and the time is until the other 900 are delivered and the 100 attempted.
+answers 204; "one failing": one of the ten answers 500, and the time is until the other 900 are
+delivered and the failing endpoint has had its probe: a failing endpoint is sent one message at a
+time, so its other 99 wait for that message's retry (an hour here).
 """
 
 import argparse
@@ -90,7 +91,8 @@ class Receiver:
 
 
 def measure_once(failing):
-    """Seconds from the commit of 1,000 messages to their delivery (or first attempt)."""
+    """Seconds from the commit of 1,000 messages to their delivery (with one endpoint failing: to
+    the 900 others' delivery and the failing endpoint's one attempt)."""
     receiver = Receiver("/0" if failing else None)
     with tempfile.TemporaryDirectory() as workdir:
         env = dict(servers.service_env(workdir), WEBHOOK_ALLOW_PRIVATE="1", WEBHOOK_RETRY_SCHEDULE="1h",
@@ -101,7 +103,8 @@ def measure_once(failing):
         try:
             subprocess.run([sys.executable, "-c", WRITE, str(EVENTS)], cwd=servers.ROOT, env=env, check=True)
             started = time.monotonic()
-            while receiver.count < ENDPOINTS * EVENTS:
+            expected = (ENDPOINTS - 1) * EVENTS + 1 if failing else ENDPOINTS * EVENTS
+            while receiver.count < expected:
                 assert time.monotonic() - started < 300, f"only {receiver.count} deliveries in 300 s"
                 time.sleep(0.01)
             return time.monotonic() - started
@@ -115,12 +118,13 @@ def main():
     parser.add_argument("--runs", type=int, default=1)
     runs = parser.parse_args().runs
     servers.use_client_core()
-    print("| receiver | 1,000 messages delivered in (each run) | per second (median) |")
+    print("| receiver | 1,000 messages (900 and a probe with one failing) delivered in (each run) | per second (median) |")
     print("|---|---|---|")
     for name, failing in [("healthy", False), ("one of ten endpoints failing", True)]:
         seconds = [measure_once(failing) for _ in range(runs)]
+        delivered = (ENDPOINTS - 1) * EVENTS if failing else ENDPOINTS * EVENTS
         print(f"| {name} | {' / '.join(f'{s:.2f} s' for s in seconds)} | "
-              f"{ENDPOINTS * EVENTS / statistics.median(seconds):,.0f} |", flush=True)
+              f"{delivered / statistics.median(seconds):,.0f} |", flush=True)
 
 
 if __name__ == "__main__":
