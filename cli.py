@@ -116,6 +116,8 @@ def create_key_command(username, name, key_type, tier, expires_in, scopes, allow
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created {key.key_type} key {key.name!r} (id {key.id}) for {user.username}.")
+    if key.credits_remaining is not None:
+        click.echo(f"Its credits: {credits.describe(key, with_next=True)}.")
     click.echo("Copy the secret now; it is not stored and cannot be shown again:")
     click.echo(secret)
 
@@ -217,7 +219,15 @@ def limit_key_command(key_id, rates, back_to_tier):
               "or on the 1st of each month.")
 @click.option("--no-refill", is_flag=True, help="Take the key's refill away.")
 def credits_command(key_id, set_to, add, refill, no_refill):
-    """Set or add to a key's credits (requests it may make), and give or take away its refill."""
+    """Print a key's credits (requests it may make), its refill and the next one; or set or add to
+    them, and give or take away its refill."""
+    if set_to is None and add is None and not refill and not no_refill:
+        key = find_key(key_id)
+        if key.credits_remaining is None:
+            click.echo(f"Key {key_id} ({key.name!r}) has no credits: only its windows limit it.")
+        else:
+            click.echo(f"Key {key_id} ({key.name!r}): {credits.describe(key, with_next=True)}.")
+        return
     if (set_to is None) == (add is None):
         raise click.ClickException("Give either --set N or --add N.")
     if refill and no_refill:

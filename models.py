@@ -331,7 +331,7 @@ def find_active_key(key_hash):
     if row is None:
         return None
     (key_id, user_id, name, key_type, tier, display_prefix, expires_at, scopes, current_hash, previous_until,
-     allow_ips, rate_limits, has_credits, refill_amount, refill_interval) = row
+     allow_ips, rate_limits, credits_remaining, refill_amount, refill_interval, refilled_for) = row
     now = utcnow()
     expires_at = ApiKey.expires_at.python_value(expires_at)
     if expires_at is not None and expires_at <= now:
@@ -346,8 +346,10 @@ def find_active_key(key_hash):
     key = ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
                  rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes,
                  key_hash=current_hash, allow_ips=allow_ips, rate_limits=rate_limits,
-                 credits_refill_amount=refill_amount, credits_refill_interval=refill_interval)
-    key.has_credits = bool(has_credits)
+                 credits_remaining=credits_remaining, credits_refill_amount=refill_amount,
+                 credits_refill_interval=refill_interval,
+                 credits_refilled_for=ApiKey.credits_refilled_for.python_value(refilled_for))
+    key.has_credits = credits_remaining is not None
     # Parsed here, so a cached key carries its networks and a request only tests membership.
     key.allowed_networks = allowips.networks(allow_ips) if allow_ips else None
     key.usable_until = epoch_of(min(ends)) if ends else math.inf

@@ -14,7 +14,7 @@ from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
 
-from store.limitstorage import open_storage, window_admitter, window_counter
+from store.limitstorage import open_storage, window_admitter, window_counter, window_taker
 from store.rediswindows import redis_windows
 from models import ApiKey, db
 from metering import credits, usage
@@ -98,6 +98,7 @@ class Limiter:
         self.windows = redis_windows(storage)
         self.count_hit = window_counter(storage, self.windows)
         self.admit_all = window_admitter(storage, self.windows)
+        self.take_back = window_taker(storage, self.windows)
         self.tiers = tiers
         self.public_rate = public_rate
         self.account_rate = account_rate
@@ -118,7 +119,7 @@ class Limiter:
         elif key.has_credits:
             state = self.count_with_credit(key, plan, environ, generation)
         else:
-            state = self.hit_windows(plan, environ, generation, key)
+            state, _ = self.hit_windows(plan, environ, generation, key)
         usage.counted(environ)
         return state
 
@@ -147,8 +148,8 @@ class Limiter:
 
     def hit_windows(self, plan, environ, generation=None, key=None):
         """Count a request in every window of the plan, or in none when one is used up (the storage's
-        hit_all); return the RateLimitState of the window with the fewest requests left. Each of the
-        key's windows that reaches a usage.threshold emits it."""
+        hit_all); return the RateLimitState of the window with the fewest requests left, and every
+        window's. Each of the key's windows that reaches a usage.threshold emits it."""
         try:
             refused, counts = self.admit_all(plan.storage_windows, generation)
         except StorageError as error:
@@ -162,7 +163,7 @@ class Limiter:
                 if marks is not None and state.remaining in marks:
                     thresholds.reached(key, state, marks[state.remaining])
             state = environ[RATE_LIMIT_STATE] = min(states, key=lambda state: state.remaining)
-            return state
+            return state, states
         state = environ[RATE_LIMIT_STATE] = states[refused]
         metrics.rate_limited(state.policy)
         refusal = AccountRateLimitExceeded if state.policy == ACCOUNT_POLICY else RateLimitExceeded
@@ -186,22 +187,40 @@ class Limiter:
         return min(states, key=lambda state: state.remaining)
 
     def count_with_credit(self, key, plan, environ, generation):
-        """Spend one of the key's credits, then count the request in its windows; a request the
-        windows refuse gets its credit back. In this order a key without credits costs its windows
-        nothing, and only requests holding a credit take a place in them: the account's window
-        never fills with requests that are then refused for credits."""
-        try:
-            spent = credits.spend(key, environ)
-        except credits.CreditsExhausted:
+        """Count the request in its windows, then spend one of the key's credits; a request the
+        windows admit but no credit is left for is taken back out of them. A key known to have no
+        credit left is refused before its windows are touched; a request the windows refuse spends
+        nothing, and is told credits_exhausted only when the key has none. In this order a spend is
+        never undone, so a key that still holds credits is never told it has none (docs/scaling.md)."""
+        if credits.has_none(key):
+            environ[credits.CREDITS_REMAINING] = 0
             environ[RATE_LIMIT_STATE] = self.peek(plan)
+            raise credits.exhausted(key)
+        try:
+            state, states = self.hit_windows(plan, environ, generation, key)
+        except RateLimitExceeded:
+            remaining = environ[credits.CREDITS_REMAINING] = credits.balance(key)
+            if remaining == 0:
+                credits.used_up(key)
+                raise credits.exhausted(key) from None
             raise
         try:
-            state = self.hit_windows(plan, environ, generation, key)
+            remaining, granted = credits.spend(key, environ)
         except BaseException:
-            credits.refund(key, environ, spent)
+            self.give_back_places(plan, states)
+            state = environ[RATE_LIMIT_STATE]
+            environ[RATE_LIMIT_STATE] = state._replace(remaining=min(state.limit, state.remaining + 1))
             raise
-        thresholds.credits_spent(key, spent[0], spent[1])
+        thresholds.credits_spent(key, remaining, granted)
         return state
+
+    def give_back_places(self, plan, states):
+        """Take a request back out of the windows it was counted in (their RateLimitStates), each
+        only while it is still the window that counted it: the one after it never held the request."""
+        try:
+            self.take_back([(window.key, state.reset, state.window / 2) for window, state in zip(plan.windows, states)])
+        except StorageError as error:
+            log.error("Rate-limit storage unavailable: %s", error.storage_error)
 
     def hit(self, item, identity, policy, environ=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.

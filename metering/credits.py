@@ -5,11 +5,12 @@ The database holds them, in every topology: credits are bought and sold, so they
 restart of Redis (which may keep nothing on disk) and be exact across any number of workers and
 instances. A spend is one conditional UPDATE ... RETURNING: the row's lock orders concurrent
 spends, so they never go below 0 nor admit more requests than there were credits. A request
-spends its credit before its windows count it, so only requests holding a credit ever take a
-place in a window; one the windows then refuse gets its credit back. A refill is
-applied by the first spend (or read) of a new period, in the same statement: two processes at
-00:00 cannot both apply it, and one asleep at 00:00 skips nothing. docs/scaling.md gives the
-figures behind the choice."""
+spends its credit only once its windows have admitted it, and a spend is never undone: between
+two grants the credits only go down, so a key that reads 0 has none left, whatever is in flight,
+and each count is left by exactly one spend (credits.low and credits.exhausted are sent once).
+A refill is applied by the first spend (or read) of a new period, in the same statement: two
+processes at 00:00 cannot both apply it, and one asleep at 00:00 skips nothing. docs/scaling.md
+gives the order's reasons and the figures behind the choice."""
 
 import datetime
 import math
@@ -18,7 +19,7 @@ import re
 from peewee import SqliteDatabase
 from werkzeug.exceptions import TooManyRequests
 
-from models import ApiKey, db, iso_ms, utcnow
+from models import ApiKey, db, iso_ms, iso_seconds, utcnow
 from store.writelock import write_transaction
 
 INTERVALS = ("day", "month")
@@ -72,36 +73,50 @@ def next_refill_at(interval, now=None):
 
 def spend(key, environ, now=None):
     """Spend one of the key's credits, applying a refill that is due first; note the credits left in
-    the request's WSGI environ and return (credits left, credits granted, the period refilled for,
-    which refund takes). Raise CreditsExhausted when none is left."""
+    the request's WSGI environ and return (credits left, credits granted). Raise CreditsExhausted
+    when none is left; then, and when the spend leaves none, the kept key remembers it has none."""
     day, month = period_starts(now or utcnow())
-    row = write(db.obj.statements.spend_credit, [month, day] * 4 + [key.id, month, day])
-    if row is None:
-        environ[CREDITS_REMAINING] = 0
-        raise exhausted(key, now)
-    environ[CREDITS_REMAINING] = row[0]
-    return row
-
-
-def refund(key, environ, spent):
-    """Give back the credit of a spend (what spend returned) that the windows then refused, unless a
-    refill came meanwhile: that one set the credits afresh."""
-    refilled_for = spent[2]
-    statements = db.obj.statements
-    if refilled_for is None:
-        write(statements.refund_credit_unrefilled, [key.id])
-    else:
-        write(statements.refund_credit, [key.id, refilled_for])
-    environ[CREDITS_REMAINING] = spent[0] + 1
-
-
-def write(statement, params):
-    """Run one statement that writes a key's credits; return the row it returns."""
+    params = [month, day] * 4 + [key.id, month, day]
     database = db.obj
     if isinstance(database, SqliteDatabase):
         with write_transaction(database):
-            return database.execute_sql(statement, params).fetchone()
-    return database.execute_sql(statement, params).fetchone()
+            row = database.execute_sql(database.statements.spend_credit, params).fetchone()
+    else:
+        row = database.execute_sql(database.statements.spend_credit, params).fetchone()
+    if row is None:
+        environ[CREDITS_REMAINING] = 0
+        used_up(key, now)
+        raise exhausted(key, now)
+    environ[CREDITS_REMAINING] = row[0]
+    if row[0] == 0:
+        used_up(key, now)
+    return row[0], row[1]
+
+
+def used_up(key, now=None):
+    """Remember on the key (kept by keys/keycache.py for the next requests) that its credits are
+    spent, until its next refill: credits never come back but through a refill or a grant, and a
+    grant is announced to every process as a revocation is, so the kept key is read afresh."""
+    key.credits_remaining = 0
+    if key.credits_refill_interval is not None:
+        key.credits_refilled_for = period_start(key.credits_refill_interval, now)
+
+
+def has_none(key, now=None):
+    """True when the key, as read or as its last spend left it, has no credit now (a refill that
+    is due counted in): with credits only ever going down between grants, it cannot have more."""
+    return effective_remaining(key, now) == 0
+
+
+def balance(key, now=None):
+    """The credits the key has now, read from the database (a due refill counted in)."""
+    row = db.obj.execute_sql(db.obj.statements.credits_of, (key.id,)).fetchone()
+    if row is None:
+        return None
+    stored = ApiKey(__no_default__=True, id=key.id, credits_remaining=row[0], credits_refill_amount=row[1],
+                    credits_refill_interval=row[2],
+                    credits_refilled_for=ApiKey.credits_refilled_for.python_value(row[3]))
+    return effective_remaining(stored, now)
 
 
 def exhausted(key, now=None):
@@ -188,10 +203,15 @@ def grant(key_id, set_to=None, add=None, refill=None, no_refill=False, now=None)
     return ApiKey.get_by_id(key_id)
 
 
-def describe(key, now=None):
-    """One line on a key's credits for the CLI and the key page: `credits=120 refill=5000/month`."""
+def describe(key, now=None, with_next=False):
+    """One line on a key's credits for the CLI and the key page: `credits=120 refill=5000/month`,
+    and with_next ` next_refill=2026-12-01T00:00:00Z` when it has a refill; `-` without credits."""
     remaining = effective_remaining(key, now)
     if remaining is None:
         return "-"
-    refill = f"{key.credits_refill_amount}/{key.credits_refill_interval}" if key.credits_refill_amount is not None else "none"
-    return f"credits={remaining} refill={refill}"
+    if key.credits_refill_amount is None:
+        return f"credits={remaining} refill=none"
+    line = f"credits={remaining} refill={key.credits_refill_amount}/{key.credits_refill_interval}"
+    if with_next:
+        line += f" next_refill={iso_seconds(next_refill_at(key.credits_refill_interval, now))}"
+    return line

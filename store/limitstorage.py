@@ -1,6 +1,6 @@
 """The `limits` library's storages, adapted where its own behaviour costs too much (Redis's, in
 store/rediswindows.py), and the three things the limiter asks of a storage: count a request in a
-window, and in several windows at once or in none. This module reaches into limits
+window, in several windows at once or in none, and take one back. This module reaches into limits
 (MemoryStorage's private sweep); tests/test_limitstorage.py fails loudly if a new version moves
 what it relies on."""
 
@@ -68,6 +68,15 @@ class SweptMemoryStorage(MemoryStorage):
                 self.storage[key] += 1
                 self.expirations.setdefault(key, now + expiry)
             return -1, [(self.storage[key], self.expirations[key]) for key, _, _ in windows]
+
+    def take_back(self, windows):
+        """Take one request back out of each window [(key, end, slack), ...] it was counted in, where
+        the window is still that one (it ends by end + slack: a window started since ends later)."""
+        with self.locks.lock:
+            now = time.time()
+            for key, end, slack in windows:
+                if now < self.expirations.get(key, 0) <= end + slack and self.storage[key] > 0:
+                    self.storage[key] -= 1
 
     def _MemoryStorage__schedule_expiry(self):
         if not self.sweep_scheduled:
@@ -170,3 +179,21 @@ def window_admitter(storage, windows=None):
         return refused, [(count - 1, end) for count, end in counts]
 
     return hit_all
+
+
+def window_taker(storage, windows=None):
+    """Return the storage's take_back(windows) (SweptMemoryStorage.take_back): one step in memory and
+    on Redis; elsewhere a read of each window, then its decrement."""
+    windows = windows or redis_windows(storage)
+    if windows is not None and not windows.cluster:
+        return windows.take_back
+    if isinstance(storage, SweptMemoryStorage):
+        return storage.take_back
+
+    def take_back(counted):
+        now = time.time()
+        for key, end, slack in counted:
+            if storage.get(key) > 0 and now < storage.get_expiry(key) <= end + slack:
+                storage.incr(key, 1, amount=-1)
+
+    return take_back

@@ -78,6 +78,7 @@ return replies
         self.storage = storage
         self.script = storage.get_connection().register_script(self.SCRIPT)
         self.admit_script = storage.get_connection().register_script(self.ADMIT_SCRIPT)
+        self.take_back_script = storage.get_connection().register_script(self.TAKE_BACK_SCRIPT)
         # Redis Cluster refuses a script whose keys live in different slots: one window a call there,
         # and no generation.
         self.cluster = isinstance(storage, RedisClusterStorage)
@@ -171,6 +172,28 @@ return replies
             raise KeysChanged()
         now = time.time()
         return replies[1] - 1, [(replies[i], now + replies[i + 1] / 1000) for i in range(2, len(replies), 2)]
+
+    # Takes a request back out of each window it was counted in (take_back), where the window is
+    # still that one: ARGV[i] is the most ms it may have left; a window gone (-2) or started since
+    # (more time left) keeps its count, and none is ever taken below 0 or created.
+    TAKE_BACK_SCRIPT = """
+for i = 1, #KEYS do
+    local ttl = redis.call('pttl', KEYS[i])
+    if ttl > 0 and ttl <= tonumber(ARGV[i]) and tonumber(redis.call('get', KEYS[i]) or '0') > 0 then
+        redis.call('decr', KEYS[i])
+    end
+end
+return #KEYS
+"""
+
+    def take_back(self, windows):
+        """SweptMemoryStorage.take_back, in one step on Redis."""
+        now = time.time()
+        args = [max(0, int((end + slack - now) * 1000)) for _, end, slack in windows]
+        try:
+            self.take_back_script(keys=[self.storage.prefixed_key(key) for key, _, _ in windows], args=args)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
 
     def send_waiting(self):
         while self.waiting:

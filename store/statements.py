@@ -13,8 +13,8 @@ class Statements:
         # and PostgreSQL each use both indexes); expiry and grace are checked on the row.
         self.find_active_key = (
             "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix, expires_at, scopes, "
-            "key_hash, previous_expires_at, allow_ips, rate_limits, credits_remaining IS NOT NULL, "
-            "credits_refill_amount, credits_refill_interval FROM api_keys "
+            "key_hash, previous_expires_at, allow_ips, rate_limits, credits_remaining, "
+            "credits_refill_amount, credits_refill_interval, credits_refilled_for FROM api_keys "
             f"WHERE (key_hash = {p} OR previous_key_hash = {p}) "
             "AND revoked_at IS NULL"
         )
@@ -34,11 +34,8 @@ class Statements:
             f"ELSE {p} END ELSE credits_refilled_for END "
             f"WHERE id = {p} AND CASE WHEN {due} THEN credits_refill_amount ELSE credits_remaining END > 0 "
             "RETURNING credits_remaining, credits_granted, credits_refilled_for")
-        self.refund_credit = (f"UPDATE api_keys SET credits_remaining = credits_remaining + 1 WHERE id = {p} "
-                              f"AND credits_remaining IS NOT NULL AND credits_refilled_for = {p} RETURNING credits_remaining")
-        self.refund_credit_unrefilled = (f"UPDATE api_keys SET credits_remaining = credits_remaining + 1 "
-                                         f"WHERE id = {p} AND credits_remaining IS NOT NULL "
-                                         "AND credits_refilled_for IS NULL RETURNING credits_remaining")
+        self.credits_of = ("SELECT credits_remaining, credits_refill_amount, credits_refill_interval, "
+                           f"credits_refilled_for FROM api_keys WHERE id = {p} AND credits_remaining IS NOT NULL")
         self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
         self.add_usage = (
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "

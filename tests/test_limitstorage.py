@@ -322,6 +322,27 @@ def test_redis_hit_all_counts_nothing_for_a_stale_key_generation(redis_storage):
     assert admit([("kept", 60, 5)], current)[1][0][0] == 2
 
 
+@pytest.mark.parametrize("storage_kind", ["memory", "redis"])
+def test_take_back_leaves_a_window_started_since_and_never_goes_below_zero(storage_kind, request):
+    storage = (limitstorage.SweptMemoryStorage() if storage_kind == "memory"
+               else request.getfixturevalue("redis_storage"))
+    admit, take_back = limitstorage.window_admitter(storage), limitstorage.window_taker(storage)
+    try:
+        _, [(_, end)] = admit([("held", 60, 5)])
+        admit([("held", 60, 5)])
+        take_back([("held", end, 30)])
+        assert storage.get("held") == 1
+        # The window the request was counted in ended; the one now running never held it.
+        take_back([("held", end - 120, 30)])
+        assert storage.get("held") == 1
+        # A window that is gone is not made again at -1.
+        take_back([("gone", end, 30)])
+        assert storage.get("gone") == 0 and admit([("gone", 60, 1)])[0] == -1
+    finally:
+        if storage_kind == "memory":
+            storage.close()
+
+
 def test_redis_hit_all_gives_a_used_up_window_without_expiry_one(redis_storage):
     client = redis.Redis.from_url(services.REDIS_URL)
     client.set(redis_storage.prefixed_key("stuck"), 2)

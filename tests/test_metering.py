@@ -163,8 +163,14 @@ def test_credits_through_the_cli_set_add_and_refill(metered, owner):
     assert created.exit_code == 0, created.output
     secret = created.output.strip().splitlines()[-1]
     key = ApiKey.get(ApiKey.name == "metered")
-    stats = get(metered, secret, STATS).get_json()
     first_of_next_month = credits.next_refill_at("month")
+    next_refill = first_of_next_month.strftime("%Y-%m-%dT00:00:00Z")
+    assert created.output.strip().splitlines()[-3] == (
+        f"Its credits: credits=2 refill=100/month next_refill={next_refill}.")
+    shown = runner.invoke(args=["keys", "credits", str(key.id)])
+    assert (shown.exit_code, shown.output) == (
+        0, f"Key {key.id} ('metered'): credits=2 refill=100/month next_refill={next_refill}.\n")
+    stats = get(metered, secret, STATS).get_json()
     assert stats["credits"] == {"remaining": 1, "refill": {
         "amount": 100, "interval": "month", "next_at": first_of_next_month.strftime("%Y-%m-%dT00:00:00.000Z")}}
     assert get(metered, secret).status_code == 200
@@ -185,8 +191,20 @@ def test_credits_through_the_cli_set_add_and_refill(metered, owner):
         "key.credits_changed"] * 2
 
 
+def test_the_cli_shows_the_credits_of_a_key_without_a_refill_or_without_credits(metered, owner):
+    runner = metered.test_cli_runner()
+    counted, _ = issue(owner, credits_given=3)
+    plain, _ = issue(owner)
+    assert runner.invoke(args=["keys", "credits", str(counted.id)]).output == (
+        f"Key {counted.id} ({counted.name!r}): credits=3 refill=none.\n")
+    assert runner.invoke(args=["keys", "credits", str(plain.id)]).output == (
+        f"Key {plain.id} ({plain.name!r}) has no credits: only its windows limit it.\n")
+    created = runner.invoke(args=["keys", "create", "carol", "--name", "plain", "--type", "development"])
+    assert "credits" not in created.output
+
+
 @pytest.mark.parametrize("args, message", [
-    ([], "Give either --set N or --add N."),
+    (["--refill", "5/day"], "Give either --set N or --add N."),
     (["--set", "1", "--add", "1"], "Give either --set N or --add N."),
     (["--set", "-1"], "--set must be a whole number"),
     (["--add", "x"], "--add must be a whole number"),
@@ -276,22 +294,46 @@ def test_a_key_id_beyond_the_database_is_no_key(metered):
     assert result.exit_code != 0 and "There is no API key with id" in result.output
 
 
-def test_a_refund_gives_the_credit_back_unless_a_refill_came_between(metered, owner):
-    day = datetime.datetime(2026, 11, 25, 12)
-    key, _ = issue(owner, credits_given=3, refill=(10, "day"))
-    ApiKey.update(credits_refilled_for=datetime.datetime(2026, 11, 25)).where(ApiKey.id == key.id).execute()
+def test_a_spend_that_finds_no_credit_gives_back_the_places_its_windows_counted(metered, owner):
+    key, _ = issue(owner, "multi", credits_given=1)
+    # Another process spent the last credit after this one read the key.
+    found = ApiKey.get_by_id(key.id)
+    found.has_credits = True
+    ApiKey.update(credits_remaining=0).where(ApiKey.id == key.id).execute()
     environ = {}
-    spent = credits.spend(key, environ, now=day)
-    credits.refund(key, environ, spent)
-    assert ApiKey.get_by_id(key.id).credits_remaining == 3 and environ[credits.CREDITS_REMAINING] == 3
-    spent = credits.spend(key, environ, now=day)
-    # The next day's refill, applied by another request before this one's refund.
-    credits.spend(key, {}, now=day + datetime.timedelta(days=1))
-    credits.refund(key, environ, spent)
-    assert ApiKey.get_by_id(key.id).credits_remaining == 9
-    plain, _ = issue(owner, credits_given=2)
-    credits.refund(plain, {}, credits.spend(plain, {}))
-    assert ApiKey.get_by_id(plain.id).credits_remaining == 2
+    with pytest.raises(credits.CreditsExhausted):
+        metered.extensions["ratelimit"].count_request(found, environ)
+    assert [window_count(metered, key, policy) for policy in ("multi-second", "multi-minute", "account")] == [0, 0, 0]
+    assert environ[credits.CREDITS_REMAINING] == 0
+
+
+def test_a_key_known_to_have_no_credit_is_refused_before_its_windows_until_its_refill(metered, owner):
+    day = datetime.datetime(2026, 11, 25, 12)
+    key, _ = issue(owner, "multi", credits_given=1, refill=(5, "day"))
+    ApiKey.update(credits_refilled_for=datetime.datetime(2026, 11, 25)).where(ApiKey.id == key.id).execute()
+    found = ApiKey.get_by_id(key.id)
+    assert credits.spend(found, {}, now=day) == (0, 1)
+    # The kept key remembers it has none: no window is counted for it ...
+    assert credits.has_none(found, now=day)
+    # ... until the next day's refill is due.
+    assert not credits.has_none(found, now=day + datetime.timedelta(days=1))
+
+
+def test_a_window_refusal_of_a_key_without_credit_says_its_credits_are_exhausted(metered, owner):
+    key, secret = issue(owner, "multi", credits_given=3)
+    assert [get(metered, secret).status_code for _ in range(3)] == [200, 200, 200]
+    refused = get(metered, secret)
+    assert refused.get_json()["error"] == {"code": "credits_exhausted",
+                                           "message": "This API key has no credits left."}
+    assert refused.headers["X-Credits-Remaining"] == "0"
+    # Read before its last credit went: the second's window, full, refuses it, and the credits
+    # are what it waits for.
+    stale = ApiKey.get_by_id(key.id)
+    stale.has_credits, stale.credits_remaining = True, 1
+    environ = {}
+    with pytest.raises(credits.CreditsExhausted):
+        metered.extensions["ratelimit"].count_request(stale, environ)
+    assert environ[credits.CREDITS_REMAINING] == 0 and credits.has_none(stale)
 
 
 def test_a_request_the_windows_refuse_keeps_its_credit(metered, owner):
