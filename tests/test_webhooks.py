@@ -31,7 +31,13 @@ from webhooks.models import DELIVERED, FAILED, PENDING, WebhookEndpoint, Webhook
 REFUSED = ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "::", "::1",
            "::ffff:127.0.0.1", "::ffff:10.0.0.1", "fc00::1", "fe80::1", "224.0.0.1", "ff02::1", "100.64.0.1",
            "255.255.255.255", "64:ff9b::a00:1", "2002:7f00:1::1", "192.0.0.8", "192.0.0.9", "192.0.0.170"]
-PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+# Refused by name whatever this Python's ipaddress says: site-local and documentation addresses, and the
+# protocol assignments Python versions disagree about (3.11 and 3.12 call fec0::/10, 3fff::/20 and
+# 192.0.0.10 global; 3.13 calls 2001:1::1, 2001:3::/32 and 2001:20::/28 global).
+REFUSED_BY_NAME = ["fec0::1", "feff:ffff::1", "3fff::1", "3fff:fff:ffff::1", "192.0.2.1", "198.51.100.7", "203.0.113.9",
+            "2001:db8::1", "192.0.0.10", "2001:1::1", "2001:3::1", "2001:20::1", "::ffff:203.0.113.9",
+            "2002:c000:201::1", "64:ff9b::c633:6407"]
+PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8", "3fff:1000::1", "2002:808:808::1"]
 
 
 @pytest.fixture
@@ -457,7 +463,7 @@ def test_a_message_in_flight_when_its_endpoint_is_disabled_is_not_tried_again(ap
 
 # Where webhooks may go
 
-@pytest.mark.parametrize("address", REFUSED)
+@pytest.mark.parametrize("address", REFUSED + REFUSED_BY_NAME)
 def test_addresses_that_are_not_public_are_refused(address):
     assert not addresses.is_public(address)
 
@@ -495,23 +501,53 @@ def test_a_path_and_query_that_are_not_ascii_are_percent_encoded_when_the_endpoi
     assert (outcome.status, state) == (204, DELIVERED)
 
 
-def test_a_name_that_resolves_to_a_private_address_at_delivery_is_refused(app, user, monkeypatch):
-    """DNS rebinding: a public address when the endpoint is added, loopback when a delivery connects."""
-    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
-    real = socket.getaddrinfo
-    answers = {"hooks.example.test": "93.184.216.34"}
+@pytest.fixture
+def resolver(monkeypatch):
+    """answers: the address each test host name resolves to; getaddrinfo resolves every other name."""
+    real, answers = socket.getaddrinfo, {}
 
     def fake(host, port, *args, **kwargs):
-        if host in answers:
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
-        return real(host, port, *args, **kwargs)
+        if host not in answers:
+            return real(host, port, *args, **kwargs)
+        if ":" in answers[host]:
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (answers[host], port, 0, 0))]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
 
     monkeypatch.setattr(socket, "getaddrinfo", fake)
+    return answers
+
+
+def test_a_name_that_resolves_to_a_private_address_at_delivery_is_refused(app, user, resolver):
+    """DNS rebinding: a public address when the endpoint is added, loopback when a delivery connects."""
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    resolver["hooks.example.test"] = "93.184.216.34"
     endpoint, _ = endpoints.add_endpoint(user, "http://hooks.example.test/in")
-    answers["hooks.example.test"] = "127.0.0.1"
+    resolver["hooks.example.test"] = "127.0.0.1"
     endpoints.send_test(endpoint)
     [(_, outcome, state)] = deliver(app)
     assert outcome.status is None and "hooks.example.test (127.0.0.1)" in outcome.error and state == PENDING
+
+
+@pytest.mark.parametrize("address", REFUSED_BY_NAME)
+def test_site_local_documentation_and_protocol_addresses_are_refused_when_added(app, user, resolver, address):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    resolver["hooks.example.test"] = address
+    literal = f"[{address}]" if ":" in address else address
+    for url in ["http://hooks.example.test/in", f"http://{literal}/in"]:
+        with pytest.raises(addresses.RefusedAddress, match=f"Webhooks are not sent to .*{re.escape(address)}"):
+            endpoints.add_endpoint(user, url)
+    assert WebhookEndpoint.select().count() == 0
+
+
+@pytest.mark.parametrize("address", REFUSED_BY_NAME)
+def test_site_local_documentation_and_protocol_addresses_are_refused_at_connection(app, user, resolver, address):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    resolver["hooks.example.test"] = "93.184.216.34"
+    endpoint, _ = endpoints.add_endpoint(user, "http://hooks.example.test/in")
+    resolver["hooks.example.test"] = address
+    endpoints.send_test(endpoint)
+    [(_, outcome, state)] = deliver(app)
+    assert outcome.status is None and f"hooks.example.test ({address})" in outcome.error and state == PENDING
 
 
 def test_localhost_is_refused_when_a_delivery_connects(app, user, receiver):
