@@ -165,6 +165,22 @@ def test_an_endpoint_gets_only_the_events_it_is_subscribed_to(app, user, receive
     assert [delivery.payload["type"] for delivery in receiver.wait_for(1)] == ["key.revoked"]
 
 
+def test_an_endpoint_of_every_event_gets_the_events_of_later_releases(app, user, receiver):
+    """It stores *, not this release's events: an event that is not among them reaches it (through
+    emit's query and through the usage flush), and not an endpoint whose row names every event."""
+    everything, secret = endpoints.add_endpoint(user, f"{receiver.url}/all")
+    receiver.secrets["/all"] = secret
+    named, _ = endpoints.add_endpoint(user, f"{receiver.url}/named", list(outbox.EVENTS))
+    assert WebhookEndpoint.get_by_id(everything.id).events == "*"
+    assert WebhookEndpoint.get_by_id(named.id).events == ",".join(outbox.EVENTS)
+    later = "key.renamed"
+    assert later not in outbox.EVENTS and outbox.subscribed(user.id, later) == [everything.id]
+    outbox.write_soon([(user.id, later, {"key_id": 7}, utcnow())])
+    assert [(message.endpoint_id, message.event) for message in WebhookMessage.select()] == [(everything.id, later)]
+    deliver(app)
+    assert [delivery.verified["type"] for delivery in receiver.wait_for(1)] == [later]
+
+
 def test_a_change_that_rolls_back_leaves_no_message(app, user, hook):
     with pytest.raises(auth.KeyCapReached):
         app.config["MAX_KEYS_PER_USER"] = 0
@@ -599,6 +615,27 @@ def test_the_cli_adds_lists_tests_and_removes_endpoints(app, runner, user, recei
     assert removed.exit_code == 0 and WebhookEndpoint.select().count() == 0
     assert [event.event for event in SecurityEvent.select().order_by(SecurityEvent.id)][-2:] == [
         "webhook.added", "webhook.removed"]
+
+
+def test_the_cli_subscribes_to_every_event_without_events_and_accepts_webhook_test(app, runner, user, receiver):
+    for path, events, shown in [("/all", [], "*"), ("/star", ["--events", "*"], "*"),
+                                ("/tests", ["--events", "webhook.test"], "webhook.test")]:
+        added = runner.invoke(args=["webhooks", "add", "alice", f"{receiver.url}{path}", *events])
+        assert added.exit_code == 0 and f"{receiver.url}{path} ({shown}). Its signing" in added.output, added.output
+        receiver.secrets[path] = added.output.strip().splitlines()[-1]
+    everything, star, tests_only = endpoints.owned(user)
+    added = SecurityEvent.select().where(SecurityEvent.event == "webhook.added").order_by(SecurityEvent.id)
+    assert [event.detail for event in added] == [
+        f"{receiver.url}/all (id {everything.id}; all events)", f"{receiver.url}/star (id {star.id}; all events)",
+        f"{receiver.url}/tests (id {tests_only.id}; webhook.test)"]
+    assert runner.invoke(args=["webhooks", "list", "alice"]).output == (
+        f"{everything.id}\t{receiver.url}/all\t*\tactive\n{star.id}\t{receiver.url}/star\t*\tactive\n"
+        f"{tests_only.id}\t{receiver.url}/tests\twebhook.test\tactive\n")
+    auth.issue_key(user, "Laptop", "production")
+    assert sorted(message.endpoint_id for message in WebhookMessage.select()) == [everything.id, star.id]
+    tested = runner.invoke(args=["webhooks", "test", str(tests_only.id)])
+    assert tested.exit_code == 0 and "Delivered msg_" in tested.output, tested.output
+    assert [delivery.verified["type"] for delivery in receiver.received("/tests")] == ["webhook.test"]
 
 
 def test_the_cli_says_why_it_refuses(app, runner, user):
