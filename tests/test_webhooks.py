@@ -6,6 +6,7 @@ import base64
 import collections
 import contextlib
 import datetime
+import html.parser
 import http.client
 import logging
 import pathlib
@@ -19,6 +20,7 @@ import time
 import pytest
 from peewee import OperationalError
 from standardwebhooks import Webhook
+from werkzeug.datastructures import MultiDict
 
 import auth
 from models import ApiKey, SecurityEvent, db, utcnow
@@ -678,6 +680,49 @@ def test_the_security_tab_adds_an_endpoint_and_shows_its_secret_once(app, logged
     assert "key.created, usage.threshold" in page
     again = logged_in.get("/settings/security").text
     assert secret not in again and secret[6:] not in again and "webhook-secret" not in again
+
+
+def sent_as_shown(page, action):
+    """The fields a browser sends from the page's form with this action, left as shown: its hidden
+    inputs, and the radio buttons and boxes the page checks."""
+    fields, within = [], []
+
+    class Form(html.parser.HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "form":
+                within[:] = [attrs.get("action") == action]
+            elif tag == "input" and any(within) and (attrs.get("type") == "hidden" or "checked" in attrs):
+                fields.append((attrs["name"], attrs["value"]))
+
+        def handle_endtag(self, tag):
+            if tag == "form":
+                within.clear()
+
+    Form().feed(page)
+    return fields
+
+
+def test_the_security_tab_form_subscribes_to_all_events_unless_events_are_chosen(app, logged_in, receiver):
+    page = logged_in.get("/settings/security").text
+    assert re.search(r'<label[^>]*><input type="radio" name="subscribe" value="all" checked> All events', page)
+    fields = sent_as_shown(page, "/settings/security/webhooks")
+    assert [name for name, _ in fields] == ["csrf_token", "events_shown", "subscribe"]
+    response = logged_in.post("/settings/security/webhooks", data=MultiDict([*fields, ("url", f"{receiver.url}/a")]))
+    assert response.status_code == 302 and WebhookEndpoint.get().events == "*"
+    assert "Events: all, including those added later" in logged_in.get("/settings/security").text
+
+    chosen = {"url": f"{receiver.url}/b", "events_shown": "1", "subscribe": "chosen"}
+    response = logged_in.post("/settings/security/webhooks", data=chosen)
+    assert response.status_code == 400 and "Choose at least one event." in response.text
+    assert re.search(r'value="chosen" checked', response.text) and f'value="{receiver.url}/b"' in response.text
+    response = logged_in.post("/settings/security/webhooks", data={**chosen, "subscribe": "some"})
+    assert response.status_code == 400 and "Choose All events or Chosen events." in response.text
+    response = logged_in.post("/settings/security/webhooks", data={**chosen, "events": ["key.revoked", "key.created"]})
+    assert response.status_code == 302
+    assert [endpoint.events for endpoint in WebhookEndpoint.select().order_by(WebhookEndpoint.id)] == [
+        "*", "key.created,key.revoked"]
+    assert "Events: key.created, key.revoked" in logged_in.get("/settings/security").text
 
 
 def test_the_security_tab_sends_a_test_event_and_lists_the_attempt(app, logged_in, user, receiver):
