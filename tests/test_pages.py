@@ -126,8 +126,14 @@ def every_page(page, server):
     page.goto("/settings/security")
     path = f"/{username}"
     page.get_by_label("Endpoint URL").fill(server.receiver.url + path)
-    page.get_by_label("usage.threshold").uncheck()
+    expect(page.get_by_role("radio", name="All events")).to_be_checked()
+    expect(page.get_by_role("checkbox", name="usage.threshold")).to_be_hidden()
+    page.get_by_role("radio", name="Chosen events").check()
+    page.get_by_role("checkbox", name="key.revoked", exact=True).check()
+    yield "Security tab with the webhook form's chosen events"
+    page.get_by_role("radio", name="All events").check()
     page.get_by_role("button", name="Add endpoint").click()
+    expect(page.locator("#webhooks article.webhook .hint")).to_have_text("Events: all, including those added later")
     server.receiver.secrets[path] = page.get_by_label("Signing secret").input_value()
     yield "Security tab with a webhook endpoint's secret"
     page.get_by_role("button", name="Send test event").click()

@@ -6,6 +6,7 @@ import base64
 import collections
 import contextlib
 import datetime
+import html.parser
 import http.client
 import logging
 import pathlib
@@ -19,6 +20,7 @@ import time
 import pytest
 from peewee import OperationalError
 from standardwebhooks import Webhook
+from werkzeug.datastructures import MultiDict
 
 import auth
 from models import ApiKey, SecurityEvent, db, utcnow
@@ -31,7 +33,13 @@ from webhooks.models import DELIVERED, FAILED, PENDING, WebhookEndpoint, Webhook
 REFUSED = ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "::", "::1",
            "::ffff:127.0.0.1", "::ffff:10.0.0.1", "fc00::1", "fe80::1", "224.0.0.1", "ff02::1", "100.64.0.1",
            "255.255.255.255", "64:ff9b::a00:1", "2002:7f00:1::1", "192.0.0.8", "192.0.0.9", "192.0.0.170"]
-PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+# Refused by name whatever this Python's ipaddress says: site-local and documentation addresses, and the
+# protocol assignments Python versions disagree about (3.11 and 3.12 call fec0::/10, 3fff::/20 and
+# 192.0.0.10 global; 3.13 calls 2001:1::1, 2001:3::/32 and 2001:20::/28 global).
+REFUSED_BY_NAME = ["fec0::1", "feff:ffff::1", "3fff::1", "3fff:fff:ffff::1", "192.0.2.1", "198.51.100.7", "203.0.113.9",
+            "2001:db8::1", "192.0.0.10", "2001:1::1", "2001:3::1", "2001:20::1", "::ffff:203.0.113.9",
+            "2002:c000:201::1", "64:ff9b::c633:6407"]
+PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8", "3fff:1000::1", "2002:808:808::1"]
 
 
 @pytest.fixture
@@ -157,6 +165,22 @@ def test_an_endpoint_gets_only_the_events_it_is_subscribed_to(app, user, receive
     auth.revoke_key(key)
     deliver(app)
     assert [delivery.payload["type"] for delivery in receiver.wait_for(1)] == ["key.revoked"]
+
+
+def test_an_endpoint_of_every_event_gets_the_events_of_later_releases(app, user, receiver):
+    """It stores *, not this release's events: an event that is not among them reaches it (through
+    emit's query and through the usage flush), and not an endpoint whose row names every event."""
+    everything, secret = endpoints.add_endpoint(user, f"{receiver.url}/all")
+    receiver.secrets["/all"] = secret
+    named, _ = endpoints.add_endpoint(user, f"{receiver.url}/named", list(outbox.EVENTS))
+    assert WebhookEndpoint.get_by_id(everything.id).events == "*"
+    assert WebhookEndpoint.get_by_id(named.id).events == ",".join(outbox.EVENTS)
+    later = "key.renamed"
+    assert later not in outbox.EVENTS and outbox.subscribed(user.id, later) == [everything.id]
+    outbox.write_soon([(user.id, later, {"key_id": 7}, utcnow())])
+    assert [(message.endpoint_id, message.event) for message in WebhookMessage.select()] == [(everything.id, later)]
+    deliver(app)
+    assert [delivery.verified["type"] for delivery in receiver.wait_for(1)] == [later]
 
 
 def test_a_change_that_rolls_back_leaves_no_message(app, user, hook):
@@ -457,7 +481,7 @@ def test_a_message_in_flight_when_its_endpoint_is_disabled_is_not_tried_again(ap
 
 # Where webhooks may go
 
-@pytest.mark.parametrize("address", REFUSED)
+@pytest.mark.parametrize("address", REFUSED + REFUSED_BY_NAME)
 def test_addresses_that_are_not_public_are_refused(address):
     assert not addresses.is_public(address)
 
@@ -495,23 +519,53 @@ def test_a_path_and_query_that_are_not_ascii_are_percent_encoded_when_the_endpoi
     assert (outcome.status, state) == (204, DELIVERED)
 
 
-def test_a_name_that_resolves_to_a_private_address_at_delivery_is_refused(app, user, monkeypatch):
-    """DNS rebinding: a public address when the endpoint is added, loopback when a delivery connects."""
-    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
-    real = socket.getaddrinfo
-    answers = {"hooks.example.test": "93.184.216.34"}
+@pytest.fixture
+def resolver(monkeypatch):
+    """answers: the address each test host name resolves to; getaddrinfo resolves every other name."""
+    real, answers = socket.getaddrinfo, {}
 
     def fake(host, port, *args, **kwargs):
-        if host in answers:
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
-        return real(host, port, *args, **kwargs)
+        if host not in answers:
+            return real(host, port, *args, **kwargs)
+        if ":" in answers[host]:
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (answers[host], port, 0, 0))]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
 
     monkeypatch.setattr(socket, "getaddrinfo", fake)
+    return answers
+
+
+def test_a_name_that_resolves_to_a_private_address_at_delivery_is_refused(app, user, resolver):
+    """DNS rebinding: a public address when the endpoint is added, loopback when a delivery connects."""
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    resolver["hooks.example.test"] = "93.184.216.34"
     endpoint, _ = endpoints.add_endpoint(user, "http://hooks.example.test/in")
-    answers["hooks.example.test"] = "127.0.0.1"
+    resolver["hooks.example.test"] = "127.0.0.1"
     endpoints.send_test(endpoint)
     [(_, outcome, state)] = deliver(app)
     assert outcome.status is None and "hooks.example.test (127.0.0.1)" in outcome.error and state == PENDING
+
+
+@pytest.mark.parametrize("address", REFUSED_BY_NAME)
+def test_site_local_documentation_and_protocol_addresses_are_refused_when_added(app, user, resolver, address):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    resolver["hooks.example.test"] = address
+    literal = f"[{address}]" if ":" in address else address
+    for url in ["http://hooks.example.test/in", f"http://{literal}/in"]:
+        with pytest.raises(addresses.RefusedAddress, match=f"Webhooks are not sent to .*{re.escape(address)}"):
+            endpoints.add_endpoint(user, url)
+    assert WebhookEndpoint.select().count() == 0
+
+
+@pytest.mark.parametrize("address", REFUSED_BY_NAME)
+def test_site_local_documentation_and_protocol_addresses_are_refused_at_connection(app, user, resolver, address):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    resolver["hooks.example.test"] = "93.184.216.34"
+    endpoint, _ = endpoints.add_endpoint(user, "http://hooks.example.test/in")
+    resolver["hooks.example.test"] = address
+    endpoints.send_test(endpoint)
+    [(_, outcome, state)] = deliver(app)
+    assert outcome.status is None and f"hooks.example.test ({address})" in outcome.error and state == PENDING
 
 
 def test_localhost_is_refused_when_a_delivery_connects(app, user, receiver):
@@ -565,6 +619,27 @@ def test_the_cli_adds_lists_tests_and_removes_endpoints(app, runner, user, recei
         "webhook.added", "webhook.removed"]
 
 
+def test_the_cli_subscribes_to_every_event_without_events_and_accepts_webhook_test(app, runner, user, receiver):
+    for path, events, shown in [("/all", [], "*"), ("/star", ["--events", "*"], "*"),
+                                ("/tests", ["--events", "webhook.test"], "webhook.test")]:
+        added = runner.invoke(args=["webhooks", "add", "alice", f"{receiver.url}{path}", *events])
+        assert added.exit_code == 0 and f"{receiver.url}{path} ({shown}). Its signing" in added.output, added.output
+        receiver.secrets[path] = added.output.strip().splitlines()[-1]
+    everything, star, tests_only = endpoints.owned(user)
+    added = SecurityEvent.select().where(SecurityEvent.event == "webhook.added").order_by(SecurityEvent.id)
+    assert [event.detail for event in added] == [
+        f"{receiver.url}/all (id {everything.id}; all events)", f"{receiver.url}/star (id {star.id}; all events)",
+        f"{receiver.url}/tests (id {tests_only.id}; webhook.test)"]
+    assert runner.invoke(args=["webhooks", "list", "alice"]).output == (
+        f"{everything.id}\t{receiver.url}/all\t*\tactive\n{star.id}\t{receiver.url}/star\t*\tactive\n"
+        f"{tests_only.id}\t{receiver.url}/tests\twebhook.test\tactive\n")
+    auth.issue_key(user, "Laptop", "production")
+    assert sorted(message.endpoint_id for message in WebhookMessage.select()) == [everything.id, star.id]
+    tested = runner.invoke(args=["webhooks", "test", str(tests_only.id)])
+    assert tested.exit_code == 0 and "Delivered msg_" in tested.output, tested.output
+    assert [delivery.verified["type"] for delivery in receiver.received("/tests")] == ["webhook.test"]
+
+
 def test_the_cli_says_why_it_refuses(app, runner, user):
     app.config["WEBHOOK_ALLOW_PRIVATE"] = False
     for args, sentence in [
@@ -605,6 +680,49 @@ def test_the_security_tab_adds_an_endpoint_and_shows_its_secret_once(app, logged
     assert "key.created, usage.threshold" in page
     again = logged_in.get("/settings/security").text
     assert secret not in again and secret[6:] not in again and "webhook-secret" not in again
+
+
+def sent_as_shown(page, action):
+    """The fields a browser sends from the page's form with this action, left as shown: its hidden
+    inputs, and the radio buttons and boxes the page checks."""
+    fields, within = [], []
+
+    class Form(html.parser.HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "form":
+                within[:] = [attrs.get("action") == action]
+            elif tag == "input" and any(within) and (attrs.get("type") == "hidden" or "checked" in attrs):
+                fields.append((attrs["name"], attrs["value"]))
+
+        def handle_endtag(self, tag):
+            if tag == "form":
+                within.clear()
+
+    Form().feed(page)
+    return fields
+
+
+def test_the_security_tab_form_subscribes_to_all_events_unless_events_are_chosen(app, logged_in, receiver):
+    page = logged_in.get("/settings/security").text
+    assert re.search(r'<label[^>]*><input type="radio" name="subscribe" value="all" checked> All events', page)
+    fields = sent_as_shown(page, "/settings/security/webhooks")
+    assert [name for name, _ in fields] == ["csrf_token", "events_shown", "subscribe"]
+    response = logged_in.post("/settings/security/webhooks", data=MultiDict([*fields, ("url", f"{receiver.url}/a")]))
+    assert response.status_code == 302 and WebhookEndpoint.get().events == "*"
+    assert "Events: all, including those added later" in logged_in.get("/settings/security").text
+
+    chosen = {"url": f"{receiver.url}/b", "events_shown": "1", "subscribe": "chosen"}
+    response = logged_in.post("/settings/security/webhooks", data=chosen)
+    assert response.status_code == 400 and "Choose at least one event." in response.text
+    assert re.search(r'value="chosen" checked', response.text) and f'value="{receiver.url}/b"' in response.text
+    response = logged_in.post("/settings/security/webhooks", data={**chosen, "subscribe": "some"})
+    assert response.status_code == 400 and "Choose All events or Chosen events." in response.text
+    response = logged_in.post("/settings/security/webhooks", data={**chosen, "events": ["key.revoked", "key.created"]})
+    assert response.status_code == 302
+    assert [endpoint.events for endpoint in WebhookEndpoint.select().order_by(WebhookEndpoint.id)] == [
+        "*", "key.created,key.revoked"]
+    assert "Events: key.created, key.revoked" in logged_in.get("/settings/security").text
 
 
 def test_the_security_tab_sends_a_test_event_and_lists_the_attempt(app, logged_in, user, receiver):

@@ -15,8 +15,15 @@ MAX_URL_LENGTH = 2000
 SCHEMES = {"http": 80, "https": 443}
 # Addresses of the NAT64 prefix carry an IPv4 address in their last 32 bits.
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
-# IETF protocol assignments: Python 3.11 counts some of them (192.0.0.8, 192.0.0.9) as global.
-IETF_PROTOCOL_ASSIGNMENTS = ipaddress.ip_network("192.0.0.0/24")
+# Refused whatever this Python's ipaddress says, so that the rule is the same on every version:
+# site-local and documentation ranges (3.11 to 3.13 call fec0::/10 and 3fff::/20 global), and the
+# IETF protocol assignments, which versions count differently (3.11 and 3.12 call 192.0.0.8-10
+# global; 3.13 calls 2001:1::1, 2001:3::/32 and 2001:20::/28 global).
+REFUSED_NETWORKS = [ipaddress.ip_network(network) for network in (
+    "fec0::/10",
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32", "3fff::/20",
+    "192.0.0.0/24", "2001::/23",
+)]
 # What a URL's path and query may hold as they are; anything else (not ASCII, say) is
 # percent-encoded, since http.client sends the request line in ASCII. % keeps existing escapes.
 URL_SAFE = "/:@!$&'()*+,;=?%~"
@@ -63,12 +70,12 @@ def unwrapped(address):
 
 
 def is_public(address):
-    """True for an address a webhook may reach: not loopback, private, link-local, multicast,
-    unspecified, reserved or otherwise not globally reachable."""
+    """True for an address a webhook may reach: global, and not loopback, private, link-local,
+    site-local, multicast, unspecified, reserved, documentation or a protocol assignment."""
     address = unwrapped(ipaddress.ip_address(address.split("%", 1)[0]) if isinstance(address, str) else address)
     return address.is_global and not (address.is_multicast or address.is_reserved or address.is_loopback
                                       or address.is_link_local or address.is_private or address.is_unspecified
-                                      or address in IETF_PROTOCOL_ASSIGNMENTS)
+                                      or any(address in network for network in REFUSED_NETWORKS))
 
 
 def resolve(host, port):
@@ -118,8 +125,8 @@ def check_url(url, allow_private=False):
 
 def refusal(host, address):
     shown = host if host == address else f"{host} ({address})"
-    return (f"Webhooks are not sent to {shown}: a loopback, private, link-local, multicast or unspecified "
-            "address is refused (WEBHOOK_ALLOW_PRIVATE=1 allows them for local tests).")
+    return (f"Webhooks are not sent to {shown}: not a public address (WEBHOOK_ALLOW_PRIVATE=1 allows it for "
+            "local tests).")
 
 
 def checked_connection(allow_private, deadline):

@@ -20,7 +20,8 @@ def find_endpoint(endpoint_id):
 @webhooks_cli.command("add")
 @click.argument("username")
 @click.argument("url")
-@click.option("--events", default="", metavar="E,E", help="The events to send (default: every event).")
+@click.option("--events", default="", metavar="E,E",
+              help="The events to send (default, or *: every event, those of later releases included).")
 def add_command(username, url, events):
     """Add a webhook endpoint; its signing secret is printed alone on the last line."""
     user = cli.find_user(username)

@@ -6,7 +6,7 @@ from flask import current_app
 from models import db
 from web import accounts, securitylog
 from webhooks import addresses, outbox, signing
-from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
+from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 MAX_ENDPOINTS = 10
 
@@ -16,18 +16,23 @@ class EndpointCapReached(ValueError):
 
 
 def parse_events(names):
-    """The events named, checked and in the contract's order; every event when none is named."""
+    """What an endpoint subscribed to the events named stores: ALL_EVENTS when none is named (or
+    `*` is), so that it also gets the events of later releases; else the names, checked and in the
+    contract's order."""
     names = [name.strip() for name in names if name.strip()]
-    if unknown := [name for name in names if name not in outbox.SUBSCRIBABLE]:
-        raise ValueError(f"Unknown event {unknown[0]!r}; the events are: {', '.join(outbox.SUBSCRIBABLE)}.")
-    return [event for event in outbox.SUBSCRIBABLE if event in names] if names else list(outbox.SUBSCRIBABLE)
+    if not names or ALL_EVENTS in names:
+        return ALL_EVENTS
+    if unknown := [name for name in names if name not in outbox.EVENTS]:
+        raise ValueError(f"Unknown event {unknown[0]!r}; the events are: {', '.join(outbox.EVENTS)} (or * for every "
+                         "event).")
+    return ",".join(event for event in outbox.EVENTS if event in names)
 
 
 def add_endpoint(user, url, events=None):
-    """Add an endpoint for the user, subscribed to events (None or empty: all of them); return
-    (WebhookEndpoint, its signing secret). The secret exists only here; the database keeps it
-    sealed. ValueError (RefusedAddress among them) with a sentence for a URL or event refused,
-    EndpointCapReached beyond MAX_ENDPOINTS."""
+    """Add an endpoint for the user, subscribed to events (None or empty: every event, those of
+    later releases included); return (WebhookEndpoint, its signing secret). The secret exists only
+    here; the database keeps it sealed. ValueError (RefusedAddress among them) with a sentence for
+    a URL or event refused, EndpointCapReached beyond MAX_ENDPOINTS."""
     accounts.refuse_control_characters(url, "A webhook URL")
     events = parse_events(events or [])
     url = addresses.check_url(url, current_app.config["WEBHOOK_ALLOW_PRIVATE"])
@@ -37,9 +42,9 @@ def add_endpoint(user, url, events=None):
         if WebhookEndpoint.select().where(WebhookEndpoint.user == user.id).count() >= MAX_ENDPOINTS:
             raise EndpointCapReached(f"An account may have {MAX_ENDPOINTS} webhook endpoints; remove one before "
                                      "adding another.")
-        endpoint = WebhookEndpoint.create(user=user.id, url=url, events=",".join(events),
-                                          sealed_secret=signing.seal(secret))
-        securitylog.record(user.id, "webhook.added", f"{url} (id {endpoint.id}; {', '.join(events)})")
+        endpoint = WebhookEndpoint.create(user=user.id, url=url, events=events, sealed_secret=signing.seal(secret))
+        subscribed = "all events" if events == ALL_EVENTS else events.replace(",", ", ")
+        securitylog.record(user.id, "webhook.added", f"{url} (id {endpoint.id}; {subscribed})")
     return endpoint, secret
 
 

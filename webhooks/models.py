@@ -6,12 +6,14 @@ from models import ApiKey, BaseModel, User, utcnow
 
 # A message's states: waiting for its next attempt (or in one), delivered, failed for good.
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+# The events of an endpoint subscribed to every event, those of later releases included.
+ALL_EVENTS = "*"
 
 
 class WebhookEndpoint(BaseModel):
     user = ForeignKeyField(User, on_delete="CASCADE", index=True)
     url = CharField(max_length=2000)
-    # Comma-separated event names the endpoint is subscribed to.
+    # ALL_EVENTS, or the comma-separated names of the events the endpoint is subscribed to.
     events = CharField(max_length=300)
     # The signing secret (whsec_...), sealed by store/sealing.py.
     sealed_secret = TextField()
@@ -25,6 +27,11 @@ class WebhookEndpoint(BaseModel):
 
     def event_list(self):
         return self.events.split(",")
+
+
+def subscribes(events, event):
+    """True when an endpoint whose events column holds `events` is subscribed to the event."""
+    return events == ALL_EVENTS or event in events.split(",")
 
 
 class WebhookMessage(BaseModel):

@@ -8,7 +8,7 @@ from flask import Blueprint, abort, flash, g, redirect, request, session, url_fo
 from web import accounts, pages
 from web.pages import MAX_ID, login_required, render_security_tab
 from webhooks import endpoints, outbox
-from webhooks.models import WebhookEndpoint
+from webhooks.models import ALL_EVENTS, WebhookEndpoint
 
 bp = Blueprint("webhooks", __name__)
 bp.before_request(pages.load_logged_in_user)
@@ -30,7 +30,7 @@ def webhook_section():
         owned = endpoints.owned(g.user)
         return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint))
                               for endpoint in owned],
-                "events": outbox.SUBSCRIBABLE, "cap": endpoints.MAX_ENDPOINTS}
+                "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS}
 
     return {"webhook_section": section}
 
@@ -40,8 +40,13 @@ def webhook_section():
 def add_endpoint():
     form = request.form
     try:
-        events = form.getlist("events")
-        if "events_shown" in form and not events:
+        # "all" (the form's default: ALL_EVENTS) or "chosen" (the events ticked), which a post that
+        # does not say is taken for.
+        subscribe = form.get("subscribe", "chosen")
+        if subscribe not in ("all", "chosen"):
+            raise ValueError("Choose All events or Chosen events.")
+        events = form.getlist("events") if subscribe == "chosen" else []
+        if subscribe == "chosen" and "events_shown" in form and not events:
             raise ValueError("Choose at least one event.")
         endpoint, secret = endpoints.add_endpoint(g.user, form.get("url", ""), events)
     except ValueError as error:
