@@ -8,6 +8,7 @@ import math
 import time
 
 from peewee import (
+    AutoField,
     BigIntegerField,
     BlobField,
     CharField,
@@ -28,6 +29,7 @@ from playhouse.pool import MaxConnectionsExceeded
 from keys import allowips
 from store import schema
 from store.connections import connect_at_start, open_database
+from store.ids import IdField
 from store.statements import Statements
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,11 @@ SCOPES = {
 
 
 class BaseModel(Model):
+    # No id is given to a second row (store/ids.py), except in the tables of many rows whose ids never
+    # leave the database and that no row names (usage counts, the security log, webhook attempts):
+    # there a reused id could not be mistaken, and upgrades need not copy them (store/schema.py).
+    id = IdField()
+
     class Meta:
         database = db
 
@@ -183,6 +190,7 @@ class ApiKey(BaseModel):
 
 
 class SecurityEvent(BaseModel):
+    id = AutoField()  # a plain id: BaseModel says why
     user = ForeignKeyField(User, backref="security_events", on_delete="CASCADE")
     created_at = DateTimeField(default=utcnow)
     event = CharField(max_length=32)
@@ -268,6 +276,7 @@ class UsageHour(BaseModel):
     """A key's requests in one UTC hour to one endpoint with one HTTP status. Every count is also
     added to its UsageDay when written, so deleting old hours loses nothing the daily view shows."""
 
+    id = AutoField()  # a plain id: BaseModel says why
     api_key = ForeignKeyField(ApiKey, backref="usage_hours", on_delete="CASCADE")
     hour = DateTimeField(index=True)
     # The route (a bounded set), never the raw path; "" for counts kept from before endpoints were.
@@ -283,6 +292,7 @@ class UsageHour(BaseModel):
 class UsageDay(BaseModel):
     """A key's requests on one UTC day to one endpoint with one HTTP status."""
 
+    id = AutoField()  # a plain id: BaseModel says why
     api_key = ForeignKeyField(ApiKey, backref="usage_days", on_delete="CASCADE")
     day = DateField(index=True)
     endpoint = CharField(max_length=64, default="")

@@ -5,9 +5,12 @@ process at a time: workers that start together wait for the one that upgrades.""
 import logging
 
 import collections
+import contextlib
 
 from peewee import BigIntegerField, CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
+
+from store import ids
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +96,27 @@ def add_webhooks(database, migrator):
     """Version 9: webhook endpoints, their outbox and attempts, new tables only."""
 
 
+# The tables whose ids SQLite could give again (models.py makes them with IdField); the usage
+# counts, the security log and webhook attempts keep plain ids (models.py says why).
+NEVER_REUSED_IDS = ["users", "api_keys", "passkeys", "recovery_codes", "webhook_endpoints", "webhook_messages",
+                    "webhook_markers"]
+
+
+def make_ids_never_reused(database, migrator):
+    """Version 10: on SQLite, the tables of NEVER_REUSED_IDS get AUTOINCREMENT ids, each made anew
+    with every row and its id (PostgreSQL's sequences never give an id again). No id up to a
+    table's highest is given again; one deleted above it before this version is unknown, and can be."""
+    if isinstance(database, PostgresqlDatabase):
+        return
+    for table in NEVER_REUSED_IDS:
+        if database.table_exists(table):
+            ids.make_autoincrement(database, table)
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
-         keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks]
+         keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
+         make_ids_never_reused]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days}
@@ -108,7 +129,7 @@ def upgrade(database, models, after=()):
     if current_version(database) == LATEST:
         # Nothing to write: a read-only database (or a second worker) starts without a lock.
         return LATEST, LATEST
-    with database.connection_context(), lock(database):
+    with database.connection_context(), foreign_keys_off(database), lock(database):
         database.execute_sql("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         row = database.execute_sql("SELECT version FROM schema_version").fetchone()
         if row is not None:
@@ -142,6 +163,23 @@ def current_version(database):
             return None
         row = database.execute_sql("SELECT version FROM schema_version").fetchone()
         return row[0] if row else None
+
+
+@contextlib.contextmanager
+def foreign_keys_off(database):
+    """SQLite: no foreign-key action or check during the upgrade, which makes tables anew (dropping
+    one would delete its children's rows by ON DELETE CASCADE). SQLite ignores the pragma inside a
+    transaction, so it is set around it. Every row keeps its id and the other tables name the
+    table, so no foreign key breaks."""
+    if isinstance(database, PostgresqlDatabase):
+        yield
+        return
+    (enforced,) = database.execute_sql("PRAGMA foreign_keys").fetchone()
+    database.execute_sql("PRAGMA foreign_keys = OFF")
+    try:
+        yield
+    finally:
+        database.execute_sql(f"PRAGMA foreign_keys = {int(enforced)}")
 
 
 def lock(database):

@@ -97,9 +97,13 @@ def test_an_account_deleted_in_the_database_leaves_no_session_to_the_next_accoun
     url = env["DATABASE_URL"]
     if url.startswith("sqlite"):
         # The sqlite3 shell's way: foreign keys are not enforced, so the session row stays behind.
+        # The next account gets the same id in a database where this happened before the upgrade
+        # to AUTOINCREMENT ids, which knows only the highest id left.
         with sqlite3.connect(url.removeprefix("sqlite:///")) as connection:
             connection.execute("DELETE FROM api_keys")
             connection.execute("DELETE FROM users WHERE username = ?", (browser.username,))
+            connection.execute(
+                "UPDATE sqlite_sequence SET seq = (SELECT coalesce(max(id), 0) FROM users) WHERE name = 'users'")
     else:
         with psycopg.connect(url) as connection:
             connection.execute("DELETE FROM users WHERE username = %s", (browser.username,))

@@ -116,9 +116,10 @@ def test_the_configured_relying_party_is_the_one_checked(app, client, user):
 
 def test_an_account_deleted_in_the_database_leaves_no_passkey_or_second_factor_to_the_next(
         database_url, logged_in, user, authenticator):
-    """Attacker's review: SQLite gives a new account the id of the deleted newest one; a passkey or
-    an authenticator left behind by a deletion that bypassed the foreign keys (the sqlite3 shell's
-    way) must not open, or lock, the new account."""
+    """Attacker's review: a passkey or an authenticator left behind by a deletion that bypassed the
+    foreign keys (the sqlite3 shell's way) must not open, or lock, a new account given the same id:
+    in a database whose newest account was deleted so before the upgrade to AUTOINCREMENT ids, the
+    upgrade knows only the highest id left, and gives the deleted one again."""
     if not database_url.startswith("sqlite"):
         pytest.skip("PostgreSQL always enforces the foreign keys, and never reuses an id")
     logged_in.post("/settings/security/2fa/setup")
@@ -127,6 +128,7 @@ def test_an_account_deleted_in_the_database_leaves_no_passkey_or_second_factor_t
         db.execute_sql("DELETE FROM users WHERE id = ?", (user.id,))
     finally:
         db.execute_sql("PRAGMA foreign_keys = ON")
+    db.execute_sql("UPDATE sqlite_sequence SET seq = (SELECT coalesce(max(id), 0) FROM users) WHERE name = 'users'")
     bob = accounts.create_user("bob", "bob@example.com", "another long password")
     assert bob.id == user.id
     client = logged_in.application.test_client()

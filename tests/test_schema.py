@@ -1,7 +1,9 @@
 """Schema upgrades: a database made by the first release (tests/fixtures, built by that code) is
 brought to the latest schema in place, by the app and by several workers starting at once, on
-SQLite and PostgreSQL, with every user, key and count kept and the old keys still working."""
+SQLite and PostgreSQL, with every user, key and count kept and the old keys still working; no id
+is given to a second row."""
 
+import contextlib
 import datetime
 import json
 import multiprocessing
@@ -20,9 +22,11 @@ import auth
 import models
 from conftest import TEST_TIERS
 from liveserver import cli, service_env, start_procfile
-from models import ApiKey, TwoFactor, User, db
+from models import ApiKey, Passkey, RecoveryCode, TwoFactor, User, db
 from store import connections, schema
 from web import accounts
+from webhooks import endpoints
+from webhooks.models import WebhookMarker
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SECRETS = json.loads((FIXTURES / "release1.json").read_text())
@@ -178,3 +182,100 @@ def test_workers_starting_together_on_a_new_sqlite_file_all_start(tmp_path):
             worker.join(timeout=60)
         failed += sum(worker.exitcode != 0 for worker in workers)
     assert failed == 0
+
+
+def test_no_id_is_given_to_a_second_row(database_url, make_app):
+    """A deleted user's, key's, passkey's, recovery code's, webhook endpoint's, message's and
+    marker's id, the newest of its table, is not given to the next row: SQLite gives max(id) + 1
+    unless the id is AUTOINCREMENT."""
+    app = make_app({"DATABASE_URL": database_url, "WEBHOOK_ALLOW_PRIVATE": True})
+    with app.app_context():
+        accounts.create_user("alice", "alice@example.com", "correct horse battery")
+        bob = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+        gone = made_for(bob)
+        endpoints.remove_endpoint(gone["webhook_endpoints"])
+        accounts.delete_account(bob, "correct horse battery")
+        assert [row for row in gone.values() if type(row).get_or_none(type(row).id == row.id)] == []
+        new = made_for(accounts.create_user("carol", "carol@example.com", "correct horse battery"))
+    assert set(gone) == set(schema.NEVER_REUSED_IDS)
+    assert {table: (gone[table].id, new[table].id) for table in gone} == {
+        table: (gone[table].id, gone[table].id + 1) for table in gone}
+
+
+def made_for(user):
+    """{table: row} for the user and a row of each table that names it, each its table's newest."""
+    key, _ = auth.issue_key(user, "Key", "development")
+    endpoint, _ = endpoints.add_endpoint(user, f"http://127.0.0.1:9/{user.username}")
+    rows = [user, key, endpoint, endpoints.send_test(endpoint),
+            Passkey.create(user=user.id, name="Laptop", credential_id=f"credential-{user.id}", public_key=b"k"),
+            RecoveryCode.create(user=user.id, code_hash=f"{user.id:064d}"),
+            WebhookMarker.create(api_key=key.id, event="key.expiring")]
+    return {row._meta.table_name: row for row in rows}
+
+
+def load_version9(tmp_path):
+    """A SQLite database at schema version 9 (a `sqlite3 .dump` of one made by that version's code,
+    with ids freed below each table's highest); return its path."""
+    path = tmp_path / "version9.db"
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        connection.executescript((FIXTURES / "version9.sqlite.sql").read_text())
+    return path
+
+
+def tables_of(path):
+    """{table: (columns, rows by rowid)} of the service's tables (not schema_version), the indexes'
+    statements and the tables whose ids AUTOINCREMENT."""
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        names = [name for (name,) in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+            "AND name != 'schema_version'")]
+        tables = {}
+        for name in names:
+            columns = [row[1] for row in connection.execute(f'PRAGMA table_info("{name}")')]
+            tables[name] = (columns, connection.execute(f'SELECT * FROM "{name}" ORDER BY rowid').fetchall())
+        indexes = set(connection.execute("SELECT tbl_name, name, sql FROM sqlite_master WHERE type = 'index'"))
+        autoincrement = {name for name, sql in connection.execute("SELECT name, sql FROM sqlite_master")
+                         if "AUTOINCREMENT" in (sql or "")}
+    return tables, indexes, autoincrement
+
+
+def test_a_ninth_version_sqlite_database_keeps_every_row_and_gives_no_id_again(tmp_path, make_app):
+    """Version 9 to the latest: the tables of schema.NEVER_REUSED_IDS are made anew with AUTOINCREMENT,
+    as a new database has them, every row, id, index and foreign key kept; no id up to each table's
+    highest is given again, even once every row is deleted."""
+    make_app({"DATABASE_URL": f"sqlite:///{tmp_path}/new.db"})
+    path = load_version9(tmp_path)
+    before, indexes_before, _ = tables_of(path)
+    app = make_app({"DATABASE_URL": f"sqlite:///{path}", "RATE_LIMIT_TIERS": TEST_TIERS, "WEBHOOK_ALLOW_PRIVATE": True})
+    assert app.extensions["schema"] == (9, schema.LATEST)
+    _, indexes_after, autoincrement = tables_of(path)
+    # Later versions may add columns: the columns version 9 had keep every value.
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        kept = {table: (columns, connection.execute(f'SELECT {", ".join(columns)} FROM "{table}" ORDER BY rowid')
+                        .fetchall()) for table, (columns, _) in before.items()}
+    assert kept == before
+    assert indexes_after >= indexes_before
+    assert autoincrement == tables_of(tmp_path / "new.db")[2] == set(schema.NEVER_REUSED_IDS)
+    highest = {table: max(row[0] for row in before[table][1]) for table in schema.NEVER_REUSED_IDS}
+    with app.app_context():
+        assert db.execute_sql("PRAGMA foreign_key_check").fetchall() == []
+        assert db.execute_sql("PRAGMA foreign_keys").fetchone() == (1,)
+        # Deleting the accounts deletes, by the foreign keys' cascades, every row that was theirs.
+        for user in User.select():
+            accounts.delete_account(user, "correct horse battery")
+        left = {table: db.execute_sql(f'SELECT count(*) FROM "{table}"').fetchone()[0] for table in before}
+        assert {table: count for table, count in left.items() if count} == {"usage_writers": 1, "maintenance_locks": 1}
+        new = made_for(accounts.create_user("erin", "erin@example.com", "correct horse battery"))
+    assert {table: row.id for table, row in new.items()} == {table: highest[table] + 1 for table in highest}
+    # The step finds its work done when it runs again.
+    upgraded = tables_of(path)
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        connection.execute("UPDATE schema_version SET version = 9")
+    assert make_app({"DATABASE_URL": f"sqlite:///{path}"}).extensions["schema"] == (9, schema.LATEST)
+    assert tables_of(path) == upgraded and upgraded[1:] == (indexes_after, autoincrement)
+
+
+def test_db_upgrade_brings_a_ninth_version_sqlite_database_to_the_latest(tmp_path):
+    env = service_env(tmp_path, DATABASE_URL=f"sqlite:///{load_version9(tmp_path)}")
+    assert cli(env, "db", "upgrade") == f"Upgraded the database from schema version 9 to {schema.LATEST}.\n"
+    assert cli(env, "db", "upgrade") == f"The database is at schema version {schema.LATEST}, the latest.\n"

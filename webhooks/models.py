@@ -1,6 +1,6 @@
 """The webhook tables: each account's endpoints, the outbox of messages to deliver, and the attempts."""
 
-from peewee import BigIntegerField, CharField, DateTimeField, ForeignKeyField, IntegerField, TextField
+from peewee import AutoField, BigIntegerField, CharField, DateTimeField, ForeignKeyField, IntegerField, TextField
 
 from models import ApiKey, BaseModel, User, utcnow
 
@@ -55,6 +55,7 @@ class WebhookMessage(BaseModel):
 class WebhookAttempt(BaseModel):
     """One attempt of a message, as the Security tab lists it (each endpoint keeps its newest)."""
 
+    id = AutoField()  # a plain id: models.BaseModel says why
     endpoint = ForeignKeyField(WebhookEndpoint, on_delete="CASCADE")
     # The message's webhook-id; the attempt outlives the message, which is forgotten after a while.
     message_id = CharField(max_length=40)
