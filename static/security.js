@@ -1,22 +1,71 @@
-// Copies a secret shown once (a new key's, a webhook endpoint's), and hands a new key to the
-// playground through this tab's sessionStorage.
+// The Security tab's script: copies a secret shown once (a new key's, a webhook endpoint's), hands a
+// new key to the playground through this tab's sessionStorage, and refreshes an endpoint's attempts
+// while a test event waits for its first one. Without it the page works as plain HTML: a secret is
+// selected by hand, an attempt seen on reload.
+
+// The text of a field onto the clipboard: said on the button at once, whatever the clipboard does.
+// The field is selected first, so that Ctrl+C copies it when nothing else can.
+function copy(button, field) {
+  field.focus();
+  field.select();
+  let copied = false;
+  try {
+    // Synchronous, inside the click: it works where navigator.clipboard is missing (a page served
+    // over http from another host than localhost) and answers at once.
+    copied = document.execCommand("copy");
+  } catch {
+    copied = false;
+  }
+  if (copied) {
+    button.textContent = "Copied";
+    button.focus();
+    return;
+  }
+  // The focus stays in the selected field, where Ctrl+C copies it.
+  button.textContent = "Selected: press Ctrl+C";
+  if (navigator.clipboard) {
+    // A clipboard that answers late (or never) leaves the sentence above, which is true meanwhile.
+    navigator.clipboard.writeText(field.value).then(() => { button.textContent = "Copied"; }, () => {});
+  }
+}
+
+// Fetch an endpoint's attempts list again (an HTML fragment of this origin, behind the session's
+// log-in) until the test event waiting for its first attempt has had it; then stop.
+async function refreshAttempts(list) {
+  const started = Date.now();
+  let pause = 500;
+  while (list.hasAttribute("data-waiting") && Date.now() - started < 180000) {
+    await new Promise(resolve => setTimeout(resolve, pause));
+    pause = Math.min(pause * 1.5, 5000);
+    let fresh;
+    try {
+      const response = await fetch(list.dataset.refresh, {credentials: "same-origin", headers: {"Accept": "text/html"}});
+      if (!response.ok) return;
+      const html = new DOMParser().parseFromString(await response.text(), "text/html");
+      fresh = html.getElementById(list.id);
+    } catch {
+      continue;  // offline for a moment: try again
+    }
+    if (!fresh) return;
+    list.replaceChildren(...fresh.childNodes);
+    list.toggleAttribute("data-waiting", fresh.hasAttribute("data-waiting"));
+  }
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   for (const button of document.querySelectorAll("button[data-copies]")) {
     const field = document.getElementById(button.dataset.copies);
-    button.addEventListener("click", async () => {
-      try {
-        await navigator.clipboard.writeText(field.value);
-      } catch {
-        field.select();
-        document.execCommand("copy");
-      }
-      button.textContent = "Copied";
-    });
+    button.addEventListener("click", () => copy(button, field));
+    // Shown once it works: a button that does nothing until the script arrives is never clicked.
+    button.hidden = false;
   }
   const tryIt = document.getElementById("try-secret");
   if (tryIt) {
     tryIt.addEventListener("click", () => {
       sessionStorage.setItem("playgroundKey", document.getElementById("new-secret").value);
     });
+  }
+  for (const list of document.querySelectorAll(".attempts-list[data-waiting]")) {
+    refreshAttempts(list);
   }
 });

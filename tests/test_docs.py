@@ -1,7 +1,11 @@
-"""The documentation holds together: every relative link and anchor resolves, and the README stays
-a short page that starts with the run and the test commands."""
+"""The documentation holds together: every relative link and anchor resolves, the README stays a
+short page that starts with the run and the test commands, and its command-line lines work when
+pasted into a shell with no terminal."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +105,40 @@ def test_the_readme_is_short_and_starts_with_the_two_commands():
 ])
 def test_anchors_are_made_as_github_makes_them(heading, anchor):
     assert slug(heading) == anchor
+
+
+def readme_block(containing):
+    """The README's fenced code block that holds the text, as it stands."""
+    [block] = [block for block in FENCE.findall((ROOT / "README.md").read_text(encoding="utf-8")) if containing in block]
+    return block.split("\n", 1)[1].rsplit("```", 1)[0]
+
+
+def run_shell(shell, script, tmp_path):
+    """Run the script with `shell -e`, no terminal and no standard input, in the checkout, on a fresh database."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "DATABASE_URL": f"sqlite:///{tmp_path}/readme.db", "SECRET_KEY": "test-secret-of-the-readme-lines-4b8e1d",
+           "FLASK_SKIP_DOTENV": "1"}
+    return subprocess.run([shell, "-e", "-c", script], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_readmes_user_and_key_lines_work_pasted_without_a_terminal(shell, tmp_path):
+    lines = readme_block("users create")
+    result = run_shell(shell, lines + 'flask --app app keys list alice\nprintf "KEY=%s\\n" "$KEY"\n', tmp_path)
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.splitlines()[-1].removeprefix("KEY=")
+    assert re.fullmatch(r"sk_test_[A-Za-z0-9]{38}", key), result.stdout
+    listed = result.stdout.splitlines()[-2].split("\t")
+    assert listed[1:4] == ["laptop", "development", key[:12] + "..."]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_the_readmes_key_line_fails_loudly_when_the_key_is_not_made(shell, tmp_path):
+    [key_line] = [line for line in readme_block("users create").splitlines() if line.startswith("KEY=")]
+    result = run_shell(shell, key_line + '\necho "went on with KEY=$KEY"\n', tmp_path)
+    assert result.returncode == 1
+    assert "went on" not in result.stdout
+    assert "There is no user named 'alice'." in result.stderr

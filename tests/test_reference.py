@@ -1,15 +1,22 @@
 """GET /docs: the API reference rendered from openapi.json shows every operation with its
 authentication, parameters and every documented response (status, body schema, error codes,
-headers), every schema and header, needs no script and no other host, and is linked from the
-landing page."""
+headers), every schema and header, and the webhooks (each event with the data docs/webhooks.md
+gives it, the headers, how to verify a delivery); needs no script and no other host, and is
+linked from the landing page."""
 
+import base64
+import hashlib
+import hmac
+import html as markup
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
 from contract import DOCUMENT
 from web import pages, reference
+from webhooks import outbox, signing
 
 OPERATIONS = [(method.upper(), path, operation) for path, item in DOCUMENT["paths"].items()
               for method, operation in item.items()]
@@ -101,6 +108,52 @@ def test_the_page_needs_no_script_and_no_other_host(page):
     assert page.headers["Content-Security-Policy"] == pages.CONTENT_SECURITY_POLICY
     for link in Articles(html).links:
         assert link.startswith(("/", "#")) and not link.startswith("//"), link
+
+
+WEBHOOKS_MD = (Path(__file__).resolve().parent.parent / "docs" / "webhooks.md").read_text(encoding="utf-8")
+
+
+def documented_fields():
+    """{event: the data fields docs/webhooks.md's events table names (in backticks, outside parentheses)}."""
+    table = WEBHOOKS_MD[WEBHOOKS_MD.index("## Events"):WEBHOOKS_MD.index("## A delivery")]
+    return {event: set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", said))) - {"null"}
+            for event, said in re.findall(r"^\| `([a-z_.]+)` \|[^|]*\| (.*) \|$", table, re.M)}
+
+
+def webhooks_section(page):
+    html = page.get_data(as_text=True)
+    section = html[html.index('<section aria-labelledby="webhooks">'):]
+    return section[:section.index("</section>")]
+
+
+def test_the_webhooks_section_shows_every_event_with_the_data_the_docs_give_it(page):
+    section = webhooks_section(page)
+    rows = re.findall(r'<tr id="event-([a-z_.]+)">(.*?)</tr>', section, re.S)
+    assert [event for event, _ in rows] == list(outbox.EVENTS)
+    documented = documented_fields()
+    assert list(documented) == list(outbox.EVENTS)
+    for event, row in rows:
+        assert documented[event] <= set(re.findall(r"<code>([^<]+)</code>", row)), event
+    text = squeeze(re.sub(r"<[^>]+>", " ", section))
+    for field in ("key_id", "key_name", "key_prefix"):
+        assert field in text
+    assert 'href="#webhooks"' in page.get_data(as_text=True)
+
+
+def test_the_webhooks_section_gives_the_headers_and_a_signature_the_service_makes(page):
+    section = webhooks_section(page)
+    text = squeeze(re.sub(r"<[^>]+>", " ", section))
+    for header in ("webhook-id", "webhook-timestamp", "webhook-signature", "User-Agent: api-key-demo-service-webhooks/1"):
+        assert header in text
+    assert "within 5 minutes" in text and "raw body" in text and "2xx answer within 10 seconds" in text
+    # The page's recipe, run: it makes the signature the service sends.
+    [recipe] = [markup.unescape(code) for code in re.findall(r"<pre><code>(.*?)</code></pre>", section, re.S)
+                if "hmac.new" in code]
+    secret, body = signing.new_secret(), b'{"type":"webhook.test"}'
+    made = {"base64": base64, "hashlib": hashlib, "hmac": hmac, "secret": secret, "webhook_id": "msg_x",
+            "webhook_timestamp": "1795312800", "body": body}
+    exec(recipe, made)
+    assert "v1," + made["expected"] == signing.signature(secret, "msg_x", 1795312800, body)
 
 
 def test_the_landing_page_links_to_it(client):

@@ -2,6 +2,7 @@
 removing, and asking for a test event; the CLI, the Security tab and the tests call these."""
 
 from flask import current_app
+from peewee import fn
 
 from models import db
 from web import accounts, securitylog
@@ -69,6 +70,15 @@ def send_test(endpoint):
             raise ValueError("A test event for this endpoint is still waiting to be delivered; try again once "
                              "it has been.")
         return outbox.write_test(endpoint)
+
+
+def waiting_test(endpoint):
+    """The endpoint's test message that no attempt has been recorded for yet, or None."""
+    attempted = WebhookAttempt.select().where((WebhookAttempt.endpoint == endpoint.id)
+                                              & (WebhookAttempt.message_id == WebhookMessage.message_id))
+    return (WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
+                                          & (WebhookMessage.event == "webhook.test")
+                                          & (WebhookMessage.state == PENDING) & ~fn.EXISTS(attempted)).first())
 
 
 def owned(user):

@@ -1,9 +1,10 @@
 """The Security tab's Webhooks section: add an endpoint (its secret shown once), send a test event,
-remove one; templates/_webhooks.html shows each endpoint with its last attempts."""
+remove one; templates/_webhooks.html shows each endpoint with its last attempts, and
+webhooks.attempts serves one endpoint's attempts alone for the page's script to refresh them."""
 
 import json
 
-from flask import Blueprint, abort, flash, g, redirect, request, session, url_for
+from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
 
 from web import accounts, pages
 from web.pages import MAX_ID, login_required, render_security_tab
@@ -28,8 +29,8 @@ def webhook_section():
 
     def section():
         owned = endpoints.owned(g.user)
-        return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint))
-                              for endpoint in owned],
+        return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint),
+                               endpoints.waiting_test(endpoint)) for endpoint in owned],
                 "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS}
 
     return {"webhook_section": section}
@@ -67,8 +68,21 @@ def send_test(endpoint_id):
     except ValueError as error:
         flash(str(error), "error")
         return render_security_tab(status=409)
-    flash(f"A test event ({message.message_id}) is on its way to {endpoint.url}; reload to see the attempt.")
-    return redirect(url_for("web.settings_security") + SECTION)
+    flash(f"A test event ({message.message_id}) is on its way to {endpoint.url}.")
+    # Back to the endpoint the button belongs to, where its attempts list shows the test's attempt.
+    return redirect(url_for("web.settings_security") + f"#webhook-{endpoint.id}")
+
+
+@bp.get(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/attempts")
+def attempts(endpoint_id):
+    """The endpoint's attempts list alone (templates/_webhook_attempts.html); reading changes nothing,
+    so a GET needs no CSRF token, and another account's endpoint is a 404."""
+    if g.user is None:
+        # No flash and no redirect to the log-in page: a script asks, not a person.
+        abort(401)
+    endpoint = own_endpoint(endpoint_id)
+    return render_template("_webhook_attempts.html", endpoint=endpoint, attempts=endpoints.recent_attempts(endpoint),
+                           waiting=endpoints.waiting_test(endpoint))
 
 
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/remove")
