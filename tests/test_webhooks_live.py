@@ -1,17 +1,19 @@
 """Webhooks from the real service: the sender in each worker (both run modes), a receiver that
-never answers cut at 10 s without holding other deliveries, messages kept across SIGTERM and
-SIGKILL, and one first delivery per message with two workers on SQLite and two instances on
-PostgreSQL."""
+never answers cut at 10 s without holding other deliveries, receivers that close without answering
+or answer garbage, messages kept across SIGTERM and SIGKILL, and one first delivery per message
+with two workers on SQLite and two instances on PostgreSQL."""
 
 import collections
 import contextlib
 import sqlite3
+import subprocess
+import sys
 import time
 
 import psycopg
 import pytest
 
-from liveserver import cli, make_key, service_env, serving, start_server, wait_for
+from liveserver import ROOT, cli, make_key, run_cli, service_env, serving, start_server, wait_for
 from webhookreceiver import receiving
 
 
@@ -76,6 +78,29 @@ def test_a_receiver_that_never_answers_is_cut_at_10_s_and_holds_no_other_deliver
         assert len(receiver.received("/silent")) == 1
 
 
+@pytest.mark.parametrize("answer, error", [
+    (b"", "Connection closed without an answer."),
+    (b"hello\r\n\r\n", "The answer is not HTTP: its status line cannot be read."),
+])
+def test_a_receiver_that_closes_or_answers_garbage_has_each_attempt_recorded(tmp_path, receiver, answer, error):
+    env = webhook_env(tmp_path, WEBHOOK_RETRY_SCHEDULE="1s,1s")
+    make_key(env)
+    add_endpoint(env, receiver, "/closing")
+    receiver.answer = lambda delivery: answer
+    database = env["DATABASE_URL"]
+    with serving(tmp_path, env):
+        cli(env, "keys", "create", "carol", "--name", "second", "--type", "development")
+        wait_for(lambda: rows(database, "SELECT state FROM webhook_messages") == [("failed",)], seconds=30)
+        assert rows(database, "SELECT number, status, error FROM webhook_attempts ORDER BY number") == [
+            (1, None, error), (2, None, error), (3, None, error)]
+        assert len(receiver.received()) == 3
+        assert rows(database, "SELECT failing_since IS NOT NULL FROM webhook_endpoints") == [(1,)]
+        [(endpoint_id,)] = rows(database, "SELECT id FROM webhook_endpoints")
+        tested = run_cli(env, "webhooks", "test", str(endpoint_id))
+    assert tested.returncode == 1 and tested.stdout == ""
+    assert tested.stderr.count("\n") == 1 and f"not delivered: {error.rstrip('.')} (" in tested.stderr, tested.stderr
+
+
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGKILL"])
 def test_a_message_outlives_a_stopped_service_with_its_webhook_id(tmp_path, receiver, stop):
     import signal
@@ -128,11 +153,6 @@ with app.app_context(), db.atomic():
 
 def emit_many(env, count):
     """Write count messages in one transaction, as a change would, from a process of its own."""
-    import subprocess
-    import sys
-
-    from liveserver import ROOT
-
     subprocess.run([sys.executable, "-c", EMIT_MANY, str(count)], cwd=ROOT, env=env, check=True, timeout=60)
 
 

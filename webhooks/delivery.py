@@ -7,7 +7,6 @@ import datetime
 import http.client
 import logging
 import random
-import ssl
 import time
 from urllib.parse import urlsplit
 
@@ -21,7 +20,7 @@ from serving import settings
 from store.connections import greenlets_share_thread
 from store.writelock import write_transaction
 from web import securitylog
-from webhooks import addresses, deadlines, periodic, signing
+from webhooks import addresses, deadlines, failures, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 log = logging.getLogger(__name__)
@@ -114,10 +113,8 @@ def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
                 status = post(claimed.url, body, headers, allow_private, deadlines.Deadline(deadline))
         except (TimedOut, TimeoutError):
             error = f"No answer within {deadline} s."
-        except addresses.RefusedAddress as refused:
-            error = str(refused)
-        except (OSError, http.client.HTTPException, ssl.SSLError, ValueError) as failure:
-            error = described(failure)
+        except Exception as failure:  # a receiver's every way of failing is a failed attempt, never a crash
+            error = failures.described(failure)
     return Outcome(status, error, round((time.monotonic() - started) * 1000))
 
 
@@ -143,17 +140,6 @@ def post(url, body, headers, allow_private, deadline):
         return response.status
     finally:
         connection.close()
-
-
-def described(failure):
-    """A failed attempt's cause in a few words for the Security tab."""
-    if isinstance(failure, ssl.SSLCertVerificationError):
-        return f"TLS certificate not accepted: {failure.verify_message}."
-    if isinstance(failure, (TimeoutError, ConnectionRefusedError, ConnectionResetError)):
-        return {TimeoutError: "No answer in time.", ConnectionRefusedError: "Connection refused.",
-                ConnectionResetError: "Connection reset."}[type(failure)]
-    text = str(failure) or type(failure).__name__
-    return f"{type(failure).__name__}: {text}"[:200]
 
 
 def is_delivered(outcome):
