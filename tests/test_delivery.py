@@ -1,8 +1,9 @@
-"""The webhook sender's edges, on SQLite and PostgreSQL: every way a receiver can end an attempt
-recorded as a failed attempt with a short text, and `webhooks test` saying what happened on one
-line."""
+"""The webhook sender's edges, on SQLite and PostgreSQL: how a claim shares a process's slots
+between accounts, every way a receiver can end an attempt recorded as a failed attempt with a short
+text, and `webhooks test` saying what happened on one line."""
 
 import contextlib
+import datetime
 import http.client
 import socket
 import ssl
@@ -11,7 +12,9 @@ import threading
 
 import pytest
 
-from webhooks import addresses, delivery, endpoints, failures
+from models import db, utcnow
+from web import accounts
+from webhooks import addresses, delivery, endpoints, failures, outbox
 from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 
@@ -20,6 +23,60 @@ def app(app):
     """The receivers here listen on 127.0.0.1."""
     app.config["WEBHOOK_ALLOW_PRIVATE"] = True
     return app
+
+
+def account(name):
+    return accounts.create_user(name, f"{name}@example.com", "correct horse battery")
+
+
+def messages(owner, count, due, endpoint_count=1):
+    """count messages for each of endpoint_count new endpoints of owner, due since `due`; return
+    their ids, endpoint by endpoint, in the order written."""
+    ids = []
+    for _ in range(endpoint_count):
+        endpoint, _ = endpoints.add_endpoint(owner, "http://127.0.0.1:9/hook")
+        ids += [outbox.write_messages([endpoint.id], "key.revoked", {}, due)[0].id for _ in range(count)]
+    return ids
+
+
+def claimed_ids(*args, **options):
+    return sorted(message.pk for message in delivery.claim(db.obj, *args, **options))
+
+
+# Claims: accounts share the slots
+
+def test_each_account_has_a_turn_before_any_has_a_second(app, user):
+    minute_ago = utcnow() - datetime.timedelta(minutes=1)
+    alice = messages(user, 2, minute_ago, endpoint_count=3)
+    bob = messages(account("bob"), 1, utcnow())
+    assert claimed_ids(2) == sorted([alice[0], bob[0]])
+
+
+def test_an_accounts_attempts_under_way_count_in_its_turn(app, user):
+    alice = messages(user, 1, utcnow(), endpoint_count=2)
+    bob = messages(account("bob"), 1, utcnow(), endpoint_count=2)
+    carol = messages(account("carol"), 1, utcnow())
+    # alice has 30 attempts under way in this process: bob's second goes before her first.
+    assert claimed_ids(3, sending={user.id: 30}) == sorted([bob[0], bob[1], carol[0]])
+    assert claimed_ids(3, sending={user.id: 30}) == sorted(alice)
+
+
+def test_the_kept_slots_go_only_to_accounts_with_nothing_under_way_one_each(app, user):
+    messages(user, 1, utcnow(), endpoint_count=3)
+    bob = account("bob")
+    bobs = messages(bob, 1, utcnow(), endpoint_count=2)
+    carols = messages(account("carol"), 1, utcnow())
+    # 10 slots free, all kept: alice's 40 attempts under way leave her none.
+    assert claimed_ids(10, sending={user.id: 40}, kept=10) == sorted([bobs[0], carols[0]])
+    # bob, now with one under way, has another only beyond the kept slots, before alice.
+    assert claimed_ids(10, sending={user.id: 40, bob.id: 1}, kept=10) == []
+    assert claimed_ids(11, sending={user.id: 38, bob.id: 1}, kept=10) == [bobs[1]]
+
+
+def test_within_a_turn_a_message_just_due_goes_before_another_accounts_backlog(app, user):
+    messages(user, 3, utcnow() - datetime.timedelta(minutes=1))
+    bob = messages(account("bob"), 1, utcnow())
+    assert claimed_ids(1) == bob
 
 
 # Every way an attempt can end is a failed attempt, with a short text

@@ -1,10 +1,12 @@
 """Webhooks from the real service: the sender in each worker (both run modes), a receiver that
-never answers cut at 10 s without holding other deliveries, receivers that close without answering
-or answer garbage, messages kept across SIGTERM and SIGKILL, and one first delivery per message
-with two workers on SQLite and two instances on PostgreSQL."""
+never answers cut at 10 s without holding other deliveries, slow accounts sharing the slots with a
+new one, receivers that close without answering or answer garbage, messages kept across SIGTERM and
+SIGKILL, and one first delivery per message with two workers on SQLite and two instances on
+PostgreSQL."""
 
 import collections
 import contextlib
+import datetime
 import sqlite3
 import subprocess
 import sys
@@ -76,6 +78,73 @@ def test_a_receiver_that_never_answers_is_cut_at_10_s_and_holds_no_other_deliver
         [(error, duration_ms)] = cut()
         assert error == "No answer within 10 s." and 9_900 <= duration_ms <= 11_000
         assert len(receiver.received("/silent")) == 1
+
+
+SLOW_ACCOUNTS = """
+import sys
+from app import create_app
+from models import db
+from web import accounts
+from webhooks import endpoints, outbox
+app = create_app()
+url, slow_accounts, backlog = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with app.app_context():
+    for number in range(slow_accounts):
+        user = accounts.create_user(f"slow{number}", f"slow{number}@example.com", "a long password")
+        for endpoint in range(endpoints.MAX_ENDPOINTS):
+            endpoints.add_endpoint(user, f"{url}/slow/{number}/{endpoint}", ["key.revoked"])
+        with db.atomic():
+            for n in range(backlog):
+                outbox.emit(user.id, "key.revoked", {"n": n})
+    user = accounts.create_user("fast", "fast@example.com", "a long password")
+    print(user.id, endpoints.add_endpoint(user, f"{url}/fast", ["key.revoked"])[1])
+"""
+
+EMIT_ONE = """
+import sys
+from app import create_app
+from models import db
+from webhooks import outbox
+app = create_app()
+with app.app_context(), db.atomic():
+    outbox.emit(int(sys.argv[1]), "key.revoked", {"n": 0})
+"""
+
+
+def python(env, script, *args):
+    """Run a script against env's database in a process of its own; return its stdout."""
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=ROOT, env=env, check=True,
+                          timeout=120, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("database, instances", [("sqlite", 1), ("postgresql", 2)])
+def test_slow_accounts_share_the_slots_and_never_hold_another_accounts_first_attempt(tmp_path, receiver, database,
+                                                                                      instances):
+    """Five accounts an instance, of ten endpoints each, their receivers answering after 9 s and
+    each endpoint with a backlog of three: they take the slots no one else wants, yet another
+    account's event reaches its receiver within the 5 s promise, not behind their backlog."""
+    env = webhook_env(tmp_path, database, WEBHOOK_RETRY_SCHEDULE="1h")
+    slow_accounts = 5 * instances
+    fast_user, secret = python(env, SLOW_ACCOUNTS, receiver.url, slow_accounts, 3).split()
+    receiver.secrets["/fast"] = secret
+    arrived = {}
+
+    def answer(delivery):
+        if delivery.path != "/fast":
+            return None if receiver.stopping.wait(9) else 200
+        arrived[delivery.message_id] = time.time()
+        return 204
+
+    receiver.answer = answer
+    with contextlib.ExitStack() as servers:
+        for _ in range(instances):
+            servers.enter_context(serving(tmp_path, env))
+        slow = receiver.wait_for(40 * instances, seconds=30)
+        assert {delivery.path.split("/")[2] for delivery in slow} == {str(n) for n in range(slow_accounts)}
+        python(env, EMIT_ONE, fast_user)
+        [fast] = receiver.wait_for(1, "/fast", seconds=20)
+        waited = arrived[fast.message_id] - datetime.datetime.fromisoformat(fast.verified["timestamp"]).timestamp()
+        assert waited < 5, f"the first attempt came {waited:.1f} s after the event"
 
 
 @pytest.mark.parametrize("answer, error", [
