@@ -1,17 +1,21 @@
 """Webhooks from the real service: the sender in each worker (both run modes), a receiver that
-never answers cut at 10 s without holding other deliveries, messages kept across SIGTERM and
+never answers cut at 10 s without holding other deliveries, slow accounts sharing the slots with a
+new one, receivers that close without answering or answer garbage, messages kept across SIGTERM and
 SIGKILL, and one first delivery per message with two workers on SQLite and two instances on
 PostgreSQL."""
 
 import collections
 import contextlib
+import datetime
 import sqlite3
+import subprocess
+import sys
 import time
 
 import psycopg
 import pytest
 
-from liveserver import cli, make_key, service_env, serving, start_server, wait_for
+from liveserver import ROOT, cli, make_key, run_cli, service_env, serving, start_server, wait_for
 from webhookreceiver import receiving
 
 
@@ -76,6 +80,96 @@ def test_a_receiver_that_never_answers_is_cut_at_10_s_and_holds_no_other_deliver
         assert len(receiver.received("/silent")) == 1
 
 
+SLOW_ACCOUNTS = """
+import sys
+from app import create_app
+from models import db
+from web import accounts
+from webhooks import endpoints, outbox
+app = create_app()
+url, slow_accounts, backlog = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with app.app_context():
+    for number in range(slow_accounts):
+        user = accounts.create_user(f"slow{number}", f"slow{number}@example.com", "a long password")
+        for endpoint in range(endpoints.MAX_ENDPOINTS):
+            endpoints.add_endpoint(user, f"{url}/slow/{number}/{endpoint}", ["key.revoked"])
+        with db.atomic():
+            for n in range(backlog):
+                outbox.emit(user.id, "key.revoked", {"n": n})
+    user = accounts.create_user("fast", "fast@example.com", "a long password")
+    print(user.id, endpoints.add_endpoint(user, f"{url}/fast", ["key.revoked"])[1])
+"""
+
+EMIT_ONE = """
+import sys
+from app import create_app
+from models import db
+from webhooks import outbox
+app = create_app()
+with app.app_context(), db.atomic():
+    outbox.emit(int(sys.argv[1]), "key.revoked", {"n": 0})
+"""
+
+
+def python(env, script, *args):
+    """Run a script against env's database in a process of its own; return its stdout."""
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=ROOT, env=env, check=True,
+                          timeout=120, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("database, instances", [("sqlite", 1), ("postgresql", 2)])
+def test_slow_accounts_share_the_slots_and_never_hold_another_accounts_first_attempt(tmp_path, receiver, database,
+                                                                                      instances):
+    """Five accounts an instance, of ten endpoints each, their receivers answering after 9 s and
+    each endpoint with a backlog of three: they take the slots no one else wants, yet another
+    account's event reaches its receiver within the 5 s promise, not behind their backlog."""
+    env = webhook_env(tmp_path, database, WEBHOOK_RETRY_SCHEDULE="1h")
+    slow_accounts = 5 * instances
+    fast_user, secret = python(env, SLOW_ACCOUNTS, receiver.url, slow_accounts, 3).split()
+    receiver.secrets["/fast"] = secret
+    arrived = {}
+
+    def answer(delivery):
+        if delivery.path != "/fast":
+            return None if receiver.stopping.wait(9) else 200
+        arrived[delivery.message_id] = time.time()
+        return 204
+
+    receiver.answer = answer
+    with contextlib.ExitStack() as servers:
+        for _ in range(instances):
+            servers.enter_context(serving(tmp_path, env))
+        slow = receiver.wait_for(40 * instances, seconds=30)
+        assert {delivery.path.split("/")[2] for delivery in slow} == {str(n) for n in range(slow_accounts)}
+        python(env, EMIT_ONE, fast_user)
+        [fast] = receiver.wait_for(1, "/fast", seconds=20)
+        waited = arrived[fast.message_id] - datetime.datetime.fromisoformat(fast.verified["timestamp"]).timestamp()
+        assert waited < 5, f"the first attempt came {waited:.1f} s after the event"
+
+
+@pytest.mark.parametrize("answer, error", [
+    (b"", "Connection closed without an answer."),
+    (b"hello\r\n\r\n", "The answer is not HTTP: its status line cannot be read."),
+])
+def test_a_receiver_that_closes_or_answers_garbage_has_each_attempt_recorded(tmp_path, receiver, answer, error):
+    env = webhook_env(tmp_path, WEBHOOK_RETRY_SCHEDULE="1s,1s")
+    make_key(env)
+    add_endpoint(env, receiver, "/closing")
+    receiver.answer = lambda delivery: answer
+    database = env["DATABASE_URL"]
+    with serving(tmp_path, env):
+        cli(env, "keys", "create", "carol", "--name", "second", "--type", "development")
+        wait_for(lambda: rows(database, "SELECT state FROM webhook_messages") == [("failed",)], seconds=30)
+        assert rows(database, "SELECT number, status, error FROM webhook_attempts ORDER BY number") == [
+            (1, None, error), (2, None, error), (3, None, error)]
+        assert len(receiver.received()) == 3
+        assert rows(database, "SELECT failing_since IS NOT NULL FROM webhook_endpoints") == [(1,)]
+        [(endpoint_id,)] = rows(database, "SELECT id FROM webhook_endpoints")
+        tested = run_cli(env, "webhooks", "test", str(endpoint_id))
+    assert tested.returncode == 1 and tested.stdout == ""
+    assert tested.stderr.count("\n") == 1 and f"not delivered: {error.rstrip('.')} (" in tested.stderr, tested.stderr
+
+
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGKILL"])
 def test_a_message_outlives_a_stopped_service_with_its_webhook_id(tmp_path, receiver, stop):
     import signal
@@ -128,11 +222,6 @@ with app.app_context(), db.atomic():
 
 def emit_many(env, count):
     """Write count messages in one transaction, as a change would, from a process of its own."""
-    import subprocess
-    import sys
-
-    from liveserver import ROOT
-
     subprocess.run([sys.executable, "-c", EMIT_MANY, str(count)], cwd=ROOT, env=env, check=True, timeout=60)
 
 

@@ -30,7 +30,8 @@ class Server(http.server.ThreadingHTTPServer):
 class Receiver:
     """Deliveries arrive at http://127.0.0.1:PORT/<path>; each path's secret (set by the test once
     the endpoint is added) verifies its deliveries. answer(delivery) -> status, by default 204;
-    a status of None holds the request without answering until the receiver stops."""
+    a status of None holds the request without answering until the receiver stops; bytes are
+    written as they are in place of an answer, and the connection closed (b"": no answer at all)."""
 
     def __init__(self):
         self.secrets = {}
@@ -50,6 +51,10 @@ class Receiver:
                 status = receiver.answer(delivery)
                 if status is None:
                     receiver.stopping.wait(60)
+                    return
+                if isinstance(status, bytes):
+                    self.wfile.write(status)
+                    self.close_connection = True
                     return
                 self.send_response(status)
                 if 300 <= status < 400:

@@ -5,9 +5,15 @@ from flask import current_app
 
 import cli
 from webhooks import delivery, endpoints
-from webhooks.models import WebhookEndpoint
+from webhooks.models import FAILED, PENDING, WebhookEndpoint
 
 webhooks_cli = cli.CommandGroup("webhooks", help="Manage webhook endpoints.")
+# What becomes of a test event that failed, by its message's state after the attempt (None: gone).
+AFTER_A_FAILURE = {
+    PENDING: "It is tried again on the retry schedule.",
+    FAILED: "It is not tried again: the endpoint has been disabled.",
+    None: "The endpoint was removed meanwhile.",
+}
 
 
 def find_endpoint(endpoint_id):
@@ -54,16 +60,20 @@ def remove_command(endpoint_id):
 @webhooks_cli.command("test")
 @click.argument("endpoint_id", type=int)
 def test_command(endpoint_id):
-    """Send a webhook.test event now and say how the endpoint answered; exit 1 when it failed (it
-    is then tried again on the retry schedule, by the running service)."""
-    message = endpoints.send_test(find_endpoint(endpoint_id))
+    """Send a webhook.test event now and say on one line how the endpoint answered; exit 1 when it
+    failed (it is then tried again on the retry schedule, by the running service)."""
+    try:
+        message = endpoints.send_test(find_endpoint(endpoint_id))
+    except ValueError as waiting:
+        raise click.ClickException(str(waiting)) from None
     attempts = delivery.deliver_due(current_app._get_current_object(), limit=1, only=message.id)
     if not attempts:
         click.echo(f"Queued {message.message_id}; a running service is sending it.")
         return
     _, outcome, state = attempts[0]
-    answer = f"HTTP {outcome.status}" if outcome.status is not None else outcome.error
+    answer = f"HTTP {outcome.status}" if outcome.status is not None else outcome.error.rstrip(".")
     if not delivery.is_delivered(outcome):
         raise click.ClickException(f"{message.message_id} not delivered: {answer} ({outcome.duration_ms} ms). "
-                                   f"It is tried again on the retry schedule ({state}).")
+                                   f"{AFTER_A_FAILURE[state]}")
     click.echo(f"Delivered {message.message_id}: {answer} in {outcome.duration_ms} ms.")
+

@@ -7,21 +7,20 @@ import datetime
 import http.client
 import logging
 import random
-import ssl
 import time
 from urllib.parse import urlsplit
 
 import gevent
 import gevent.event
 import gevent.pool
-from peewee import PostgresqlDatabase, SqliteDatabase, fn
+from peewee import SQL, Case, PostgresqlDatabase, SqliteDatabase, fn
 
 from models import db, release_connection, utcnow
 from serving import settings
 from store.connections import greenlets_share_thread
 from store.writelock import write_transaction
 from web import securitylog
-from webhooks import addresses, deadlines, periodic, signing
+from webhooks import addresses, deadlines, failures, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 log = logging.getLogger(__name__)
@@ -32,8 +31,15 @@ ANSWER_BYTES = 1024
 # A claimed message is due again after this, should its process die before recording the attempt.
 LEASE_SECONDS = 30
 POLL_SECONDS = 1.0
-# Attempts a process makes at once, each in its own greenlet.
+# Attempts a process makes at once, each in its own greenlet. An account with attempts under way in
+# the process gets another only while more than SLOTS_KEPT slots are free: the kept ones go to
+# accounts with nothing under way, one each, so another account's new message finds a slot however
+# many slow receivers hold the rest.
 CONCURRENCY = 50
+SLOTS_KEPT = 10
+# Within a turn, messages that became due this recently (within their first attempt's promise) go
+# before other accounts' older backlogs.
+RECENT_SECONDS = 5
 # An endpoint whose every attempt has failed for this long is disabled.
 DISABLE_AFTER = datetime.timedelta(days=5)
 ATTEMPTS_KEPT = 50
@@ -47,12 +53,14 @@ class TimedOut(Exception):
     pass
 
 
-def claim(database, limit, now=None, only=None, busy=()):
-    """Claim up to limit due messages, the longest due of each endpoint and none of an endpoint in
-    busy (those this process is sending to), for one attempt each (only: the one with this primary
-    key): their attempt count goes up and they are not due again until the lease ends. On
-    PostgreSQL the rows are locked with SKIP LOCKED, so processes claiming at once take different
-    messages; on SQLite the claim holds the write lock. Return [Claimed]."""
+def claim(database, limit, now=None, only=None, busy=(), sending=None, kept=0):
+    """Claim up to limit due messages for one attempt each (only: the one with this primary key),
+    the accounts taking turns (first_due); none of an endpoint in busy (those this process is
+    sending to). sending counts each account's attempts under way in this process; the last kept
+    of the limit go only to accounts with none. The claimed messages' attempt count goes up and
+    they are not due again until the lease ends. On PostgreSQL the rows are locked with SKIP
+    LOCKED, so processes claiming at once take different messages; on SQLite the claim holds the
+    write lock. Return [Claimed]."""
     now = now or utcnow()
     due = (WebhookMessage.state == PENDING) & (WebhookMessage.next_attempt_at <= now)
     if only is not None:
@@ -60,7 +68,7 @@ def claim(database, limit, now=None, only=None, busy=()):
     if busy:
         due &= WebhookMessage.endpoint.not_in(list(busy))
     with claim_transaction(database):
-        ids = first_due(database, due, limit)
+        ids = first_due(database, due, limit, sending or {}, kept, now)
         if not ids:
             return []
         (WebhookMessage.update(next_attempt_at=now + datetime.timedelta(seconds=LEASE_SECONDS),
@@ -73,21 +81,39 @@ def claim(database, limit, now=None, only=None, busy=()):
         return [Claimed(*row) for row in rows]
 
 
-def first_due(database, due, limit):
-    """The ids of up to limit messages meeting due, one an endpoint, the longest due first: a
-    receiver that holds its connections open holds one attempt, never the slots of everyone
-    else's deliveries. PostgreSQL refuses FOR UPDATE beside a window function, so there the rows
-    the window picked are locked by id."""
+def first_due(database, due, limit, sending, kept, now):
+    """The ids of up to limit messages meeting due, the accounts taking turns. An endpoint has one
+    at a time, its longest due: a receiver that holds its connections open holds one attempt. An
+    account's turn is a message's place among the account's own here plus the account's attempts
+    under way (sending): every account's first goes before anyone's second, so one account's
+    backlog or slow receivers wait while other accounts' messages go. Within a turn, messages due
+    for less than RECENT_SECONDS go first, then the longest due. The last kept of the limit go
+    only to first turns: accounts with nothing under way, one message each. PostgreSQL refuses FOR
+    UPDATE beside a window function, so there the rows the windows picked are locked by id."""
+    account = WebhookEndpoint.user
+    where = due
+    if sending and limit <= kept:
+        # Only first turns may have a slot: the accounts with something under way are not ranked.
+        where &= account.not_in(list(sending))
     place = fn.ROW_NUMBER().over(partition_by=[WebhookMessage.endpoint],
                                  order_by=[WebhookMessage.next_attempt_at, WebhookMessage.id])
-    ranked = WebhookMessage.select(WebhookMessage.id, WebhookMessage.next_attempt_at,
-                                   place.alias("place")).where(due).alias("ranked")
-    firsts = (WebhookMessage.select(ranked.c.id).from_(ranked).where(ranked.c.place == 1)
-              .order_by(ranked.c.next_attempt_at, ranked.c.id).limit(limit))
-    if isinstance(database, PostgresqlDatabase):
-        firsts = (WebhookMessage.select(WebhookMessage.id).where(WebhookMessage.id.in_(firsts) & due)
-                  .for_update(skip_locked=True))
-    return [pk for pk, in firsts.tuples()]
+    firsts = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.next_attempt_at, account.alias("account"),
+                                    place.alias("place")).join(WebhookEndpoint).where(where).alias("firsts"))
+    turn = fn.ROW_NUMBER().over(partition_by=[firsts.c.account], order_by=[firsts.c.next_attempt_at, firsts.c.id])
+    if sending:
+        turn += Case(firsts.c.account, list(sending.items()), 0)
+    older = Case(None, [(firsts.c.next_attempt_at > now - datetime.timedelta(seconds=RECENT_SECONDS), 0)], 1)
+    ranked = (WebhookMessage.select(firsts.c.id, turn.alias("turn")).from_(firsts).where(firsts.c.place == 1)
+              .order_by(SQL("turn"), older, firsts.c.next_attempt_at, firsts.c.id).limit(limit))
+    ids = []
+    for pk, turn in ranked.tuples():
+        if turn > 1 and len(ids) >= limit - kept:
+            break  # the rest are ranked later still
+        ids.append(pk)
+    if ids and isinstance(database, PostgresqlDatabase):
+        ids = [pk for pk, in WebhookMessage.select(WebhookMessage.id).where(WebhookMessage.id.in_(ids) & due)
+               .for_update(skip_locked=True).tuples()]
+    return ids
 
 
 def claim_transaction(database):
@@ -114,10 +140,8 @@ def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
                 status = post(claimed.url, body, headers, allow_private, deadlines.Deadline(deadline))
         except (TimedOut, TimeoutError):
             error = f"No answer within {deadline} s."
-        except addresses.RefusedAddress as refused:
-            error = str(refused)
-        except (OSError, http.client.HTTPException, ssl.SSLError, ValueError) as failure:
-            error = described(failure)
+        except Exception as failure:  # a receiver's every way of failing is a failed attempt, never a crash
+            error = failures.described(failure)
     return Outcome(status, error, round((time.monotonic() - started) * 1000))
 
 
@@ -143,17 +167,6 @@ def post(url, body, headers, allow_private, deadline):
         return response.status
     finally:
         connection.close()
-
-
-def described(failure):
-    """A failed attempt's cause in a few words for the Security tab."""
-    if isinstance(failure, ssl.SSLCertVerificationError):
-        return f"TLS certificate not accepted: {failure.verify_message}."
-    if isinstance(failure, (TimeoutError, ConnectionRefusedError, ConnectionResetError)):
-        return {TimeoutError: "No answer in time.", ConnectionRefusedError: "Connection refused.",
-                ConnectionResetError: "Connection reset."}[type(failure)]
-    text = str(failure) or type(failure).__name__
-    return f"{type(failure).__name__}: {text}"[:200]
 
 
 def is_delivered(outcome):
@@ -283,8 +296,10 @@ class Sender:
                 with self.app.app_context():
                     self.periodic.run_when_due()
                     if free and due_exists():
-                        busy = {message.endpoint_id for message in self.in_flight.values()}
-                        claimed = claim(db.obj, free, busy=busy)
+                        under_way = self.in_flight.values()
+                        claimed = claim(db.obj, free, busy={message.endpoint_id for message in under_way},
+                                        sending=collections.Counter(message.user_id for message in under_way),
+                                        kept=SLOTS_KEPT)
             except Exception:
                 log.exception("Could not claim webhook messages; trying again in %s s.", self.interval)
             finally:
