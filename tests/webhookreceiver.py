@@ -80,8 +80,9 @@ class Receiver:
         with self.lock:
             return [delivery for delivery in self.deliveries if path is None or delivery.path == path]
 
-    def wait_for(self, count, path=None, seconds=15):
-        """The deliveries (to path) once there are at least count; fail after `seconds`."""
+    def wait_for(self, count, path=None, seconds=60):
+        """The deliveries (to path) once there are at least count; fail after `seconds` (generous,
+        for a loaded machine: it returns as soon as they are there)."""
         deadline = time.monotonic() + seconds
         while len(found := self.received(path)) < count:
             assert time.monotonic() < deadline, f"{len(found)} of {count} deliveries arrived in {seconds} s"
