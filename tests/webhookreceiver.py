@@ -19,6 +19,8 @@ class Delivery:
         self.error = error
         self.message_id = headers.get("webhook-id")
         self.payload = json.loads(body) if body else None
+        # When it arrived (epoch seconds), to measure a promise against the server's own timestamps.
+        self.received_at = time.time()
 
 
 class Server(http.server.ThreadingHTTPServer):
