@@ -149,7 +149,7 @@ class Bystanders:
         self.healthy.close()
 
     def read_ticks(self, stop):
-        self.healthy.settimeout(3)
+        self.healthy.settimeout(10)  # a wait; a tick that came late but in its second still counts
         while not stop.is_set():
             try:
                 tick = json.loads(self.healthy.recv())
