@@ -131,5 +131,5 @@ def test_the_server_prunes_by_itself(env, commands, tmp_path_factory):
     with serving(tmp_path_factory.mktemp("analytics-prune-log"), env) as server:
         live, _ = create(commands, "live key")
         assert get(server, PROTECTED, live) == 200  # a worker's first request starts its pruner
-        wait_for(lambda: sql(env, "SELECT count(*) FROM api_keys WHERE id = %s", doomed_id) == [(0,)], seconds=20)
+        wait_for(lambda: sql(env, "SELECT count(*) FROM api_keys WHERE id = %s", doomed_id) == [(0,)])
         assert get(server, PROTECTED, live) == 200
