@@ -10,6 +10,7 @@ os.environ["DATABASE_URL"] = f"sqlite:///{_import_dir}/import.db"
 os.environ.setdefault("SECRET_KEY", "test-secret")
 
 import pytest  # noqa: E402
+from gevent._hub_local import get_hub_if_exists  # noqa: E402
 
 import auth  # noqa: E402
 import services  # noqa: E402
@@ -24,6 +25,17 @@ TEST_TIERS = "free=3/minute,pro=100/minute"
 def cheap_password_hashing(monkeypatch):
     """scrypt at a test's cost: the default takes ~0.2 s per hash and the tests make hundreds."""
     monkeypatch.setattr(accounts, "PASSWORD_METHOD", "scrypt:1024:8:1")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    """gevent's timers count from the time its loop last read, which stands still while the loop
+    does not run: after the blocking work of earlier tests (minutes of it on a loaded machine), a
+    `joinall(timeout=10)` or `gevent.Timeout(0.5)` would end at once. Read the time afresh when
+    each test starts, after its fixtures."""
+    hub = get_hub_if_exists()
+    if hub is not None:
+        hub.loop.update_now()
 
 
 def pytest_sessionfinish(session):

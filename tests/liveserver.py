@@ -159,8 +159,9 @@ class Server:
             self.log.flush()
         return Path(self.log_path).read_text()
 
-    def wait_for_output(self, text, seconds=10):
-        """Return the output once it contains text; fail after `seconds`."""
+    def wait_for_output(self, text, seconds=60):
+        """Return the output once it contains text; fail after `seconds` (generous, for a loaded
+        machine: it returns as soon as the text is there)."""
         deadline = time.monotonic() + seconds
         while text not in (output := self.output()):
             assert time.monotonic() < deadline, f"{text!r} never appeared in:\n{output}"
@@ -254,7 +255,9 @@ def metrics_folder(master_pid):
     raise AssertionError("no worker maps a metrics file")
 
 
-def wait_for(predicate, seconds=10):
+def wait_for(predicate, seconds=60):
+    """Return once predicate() holds; fail after `seconds`. The deadline is generous, for a loaded
+    machine: a wait returns as soon as its condition holds, so only a failure waits it out."""
     deadline = time.monotonic() + seconds
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"

@@ -14,7 +14,7 @@ import services
 from liveserver import free_port
 
 
-def wait_until_listening(port, seconds=30):
+def wait_until_listening(port, seconds=60):
     deadline = time.monotonic() + seconds
     while True:
         try:

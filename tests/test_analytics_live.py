@@ -72,9 +72,9 @@ def test_outcomes_on_several_endpoints_appear_after_one_flush(env, commands, tmp
         websocket.create_connection(server.base.replace("http", "ws") + f"{TIME}?api_key={narrow}",
                                     timeout=10).close()
         assert get(server, "/api/v1/status", narrow) == 200  # public: not a keyed request
-        # Each worker writes its counts within a second.
+        # Each worker writes its counts within a second (on an idle machine).
         for kid in (tiny_id, narrow_id):
-            wait_for(lambda: recorded(env, kid) == 4, seconds=5)
+            wait_for(lambda: recorded(env, kid) == 4)
         response = requests.get(server.base + HISTORY, headers={"X-API-Key": narrow}, timeout=10)
     assert response.status_code == 200
     body = response.json()
@@ -131,5 +131,5 @@ def test_the_server_prunes_by_itself(env, commands, tmp_path_factory):
     with serving(tmp_path_factory.mktemp("analytics-prune-log"), env) as server:
         live, _ = create(commands, "live key")
         assert get(server, PROTECTED, live) == 200  # a worker's first request starts its pruner
-        wait_for(lambda: sql(env, "SELECT count(*) FROM api_keys WHERE id = %s", doomed_id) == [(0,)], seconds=20)
+        wait_for(lambda: sql(env, "SELECT count(*) FROM api_keys WHERE id = %s", doomed_id) == [(0,)])
         assert get(server, PROTECTED, live) == 200

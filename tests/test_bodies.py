@@ -71,8 +71,8 @@ def server(tmp_path_factory, run_mode):
 
 def connect(server):
     host, port = server.base.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    sock.settimeout(10)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.settimeout(30)
     return sock
 
 
@@ -99,9 +99,10 @@ def test_live_a_declared_300_mb_body_is_refused_before_it_is_sent(server, path, 
     started = time.monotonic()
     sock.sendall(head + MULTIPART_HEAD + b"\0" * 4096)
     # The answer comes after a few kilobytes of the 300 MB, and the connection closes instead of
-    # the server reading (and discarding, or spooling) the rest.
+    # the server reading (and discarding, or spooling) the rest, which is never sent: a server that
+    # waited for it would never answer (the bound leaves a loaded machine its time).
     answer = read_until_closed(sock)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30
     assert answer.startswith(b"HTTP/1.1 413 ") and expected in answer
     sock.close()
 

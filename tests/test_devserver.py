@@ -188,7 +188,8 @@ def test_metrics_and_readiness_in_one_process(fallback):
 
 
 def test_a_request_head_gets_keepalive_seconds_in_all(fallback):
-    """A head sent a byte a second is cut off after KEEPALIVE_SECONDS, as gunicorn's worker does."""
+    """A head sent a byte a second is cut off after KEEPALIVE_SECONDS, as gunicorn's worker does (the
+    whole head would take ~50 s: the bound leaves a loaded machine some seconds of its own)."""
     host, port = fallback.base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as connection:
         started = time.monotonic()
@@ -205,7 +206,7 @@ def test_a_request_head_gets_keepalive_seconds_in_all(fallback):
             except OSError:
                 closed_after = time.monotonic() - started
                 break
-    assert closed_after is not None and devserver.KEEPALIVE_SECONDS - 1 < closed_after < devserver.KEEPALIVE_SECONDS + 3
+    assert closed_after is not None and devserver.KEEPALIVE_SECONDS - 1 < closed_after < devserver.KEEPALIVE_SECONDS + 10
 
 
 def close_code(ws):

@@ -49,6 +49,20 @@ def metric(server, name, **labels):
     return scrape(server).get((name, frozenset(labels.items())), 0.0)
 
 
+def settled(read, seconds=60):
+    """read()'s value once it stays the same over a fold (every worker folds its counts into the
+    metrics once a second): every worker's earlier counts are in it. A fixed sleep of one fold
+    assumed an idle machine, where no worker folds late."""
+    deadline = time.monotonic() + seconds
+    value = read()
+    while True:
+        time.sleep(metrics.FOLD_SECONDS + 0.5)
+        value, previous = read(), value
+        if value == previous:
+            return value
+        assert time.monotonic() < deadline, "the metrics never settled"
+
+
 def json_lines(server):
     """Every line the server wrote, each parsed as JSON (a line that is not JSON fails the test)."""
     lines = server.output().splitlines()
@@ -66,8 +80,8 @@ def access_lines(server):
 
 
 def test_counters_from_both_workers_are_summed(ops):
-    time.sleep(metrics.FOLD_SECONDS + 0.5)  # every worker's earlier counts folded into the metrics
-    before = metric(ops, "http_requests_total", endpoint="/api/v1/demo/year", method="GET", status="200")
+    before = settled(lambda: metric(ops, "http_requests_total", endpoint="/api/v1/demo/year", method="GET",
+                                    status="200"))
     sent, pids = 0, set()
     # Each request on a connection of its own, so either worker may accept it.
     while len(pids) < 2 or sent < 50:
@@ -92,9 +106,9 @@ def test_counters_from_both_workers_are_summed(ops):
 
 def test_the_socket_gauge_follows_opens_and_closes(ops):
     ws_base = ops.base.replace("http", "ws")
-    time.sleep(metrics.FOLD_SECONDS + 0.5)  # every worker's earlier counts folded into the metrics
-    before = {name: metric(ops, "websocket_messages_sent_total", socket=name) for name in ("echo", "time")}
-    upgrades = metric(ops, "http_requests_total", endpoint="/api/v1/ws/echo", method="GET", status="101")
+    before, upgrades = settled(lambda: (
+        {name: metric(ops, "websocket_messages_sent_total", socket=name) for name in ("echo", "time")},
+        metric(ops, "http_requests_total", endpoint="/api/v1/ws/echo", method="GET", status="101")))
     echoes = [websocket.create_connection(ws_base + "/api/v1/ws/echo", timeout=10,
                                           header=[f"X-Request-ID: echo-{n}"]) for n in range(3)]
     clocks = [websocket.create_connection(f"{ws_base}/api/v1/ws/time?api_key={ops.key}", timeout=10)
@@ -208,7 +222,7 @@ def test_json_log_lines_carry_the_request_and_never_a_key(ops):
     requests.get(f"{ops.base}/api/v1/{key}", timeout=10)
     requests.get(f"{ops.base}/api/v1/protected/test", headers={"X-API-Key": key, "X-Request-ID": key}, timeout=10)
     raw_request(ops, f"GET /api/v1/status?api_key={key} HTTP/1.1 trailing\r\n\r\n".encode())
-    time.sleep(0.5)
+    wait_for(lambda: any(line.get("request_id") == "json-1" for line in access_lines(ops)))
     lines = json_lines(ops)
     assert lines and all({"time", "level", "message", "logger", "pid"} <= line.keys() for line in lines)
     access = [line for line in lines if line["logger"] == "gunicorn.access"]
@@ -226,9 +240,9 @@ def test_json_log_lines_carry_the_request_and_never_a_key(ops):
 
 def test_a_killed_worker_takes_its_sockets_out_of_the_gauge(ops):
     ws_base = ops.base.replace("http", "ws")
-    # What every worker has folded into the metrics (once a second) by now.
-    time.sleep(metrics.FOLD_SECONDS + 0.5)
-    served = metric(ops, "http_requests_total", endpoint="/api/v1/demo/year", method="GET", status="200")
+    # What every worker has folded into the metrics (once a second).
+    served = settled(lambda: metric(ops, "http_requests_total", endpoint="/api/v1/demo/year", method="GET",
+                                    status="200"))
     sockets = [websocket.create_connection(ws_base + "/api/v1/ws/echo", timeout=10) for _ in range(4)]
     try:
         wait_for(lambda: metric(ops, "websocket_connections", socket="echo") == 4)
@@ -236,7 +250,7 @@ def test_a_killed_worker_takes_its_sockets_out_of_the_gauge(ops):
         for pid in workers:
             os.kill(int(pid), signal.SIGKILL)
         # The master starts new workers; the dead ones' sockets leave the gauge, their counts stay.
-        wait_for(lambda: metric(ops, "websocket_connections", socket="echo") == 0, seconds=20)
+        wait_for(lambda: metric(ops, "websocket_connections", socket="echo") == 0)
         assert metric(ops, "http_requests_total", endpoint="/api/v1/demo/year", method="GET", status="200") == served
     finally:
         for ws in sockets:
@@ -320,7 +334,7 @@ def test_readyz_turns_503_when_postgresql_or_redis_is_cut_and_back(proxied):
     assert status == 503 and body["checks"]["database"] == "ok"
     assert body["checks"]["limit_storage"].startswith("The rate-limit storage ")
     redis.restore()
-    wait_for(lambda: readyz(server)[:2] == READY, seconds=20)
+    wait_for(lambda: readyz(server)[:2] == READY)
     # Text logs: the access line ends with the request id, the app's lines show it in brackets.
     output = server.output()
     assert re.search(r'"GET /readyz HTTP/1.1" 503 \S+ \S+ ready-pg-1$', output, re.M)
@@ -332,7 +346,7 @@ def test_readyz_gives_up_on_a_dependency_that_hangs(proxied):
     # Redis gives up on its own after its 1 s socket timeout; PostgreSQL would wait for ever.
     for proxy, check, sentence in ((postgres, "database", "The database did not answer within 2 seconds."),
                                    (redis, "limit_storage", "The rate-limit storage does not answer.")):
-        wait_for(lambda: readyz(server)[:2] == READY, seconds=20)
+        wait_for(lambda: readyz(server)[:2] == READY)
         proxy.stall()
         time.sleep(REUSE_SECONDS)
         try:
@@ -343,4 +357,4 @@ def test_readyz_gives_up_on_a_dependency_that_hangs(proxied):
             assert requests.get(server.base + "/healthz", timeout=10).status_code == 200
         finally:
             proxy.resume()
-    wait_for(lambda: readyz(server)[:2] == READY, seconds=20)
+    wait_for(lambda: readyz(server)[:2] == READY)

@@ -149,7 +149,8 @@ def every_page(page, server):
 
     page.locator("table.keys tbody tr", has_text="Nightly report").get_by_role("link", name="Nightly report").click()
     chart = page.locator("figure", has=page.get_by_role("heading", name="Requests per hour, last 24 hours"))
-    for _ in range(40):  # counts reach the page within a second (or a few, on a busy machine)
+    deadline = time.monotonic() + 60  # counts reach the page within a second (or a few, on a busy machine)
+    while time.monotonic() < deadline:
         if chart.locator("svg rect.insufficient_scope").count():
             break
         page.wait_for_timeout(250)

@@ -52,7 +52,7 @@ def test_a_reload_refuses_fails_and_holds_no_request_and_leaves_no_file(tmp_path
         for reloads in (1, 2):
             os.kill(server.process.pid, signal.SIGHUP)
             # Both old workers have gone once their replacements serve.
-            wait_for(lambda: server.output().count("Worker exiting") >= 2 * reloads, seconds=20)
+            wait_for(lambda: server.output().count("Worker exiting") >= 2 * reloads)
             time.sleep(0.5)
         results = load.stop()
     finally:
@@ -95,7 +95,7 @@ def test_a_replacement_that_dies_before_it_serves_leaves_no_old_worker_behind(tm
         wait_for(lambda: len(set(children(master)) - old) == 2)
         # Killed while it loads the app: it never served, so never stopped the old worker it replaced.
         os.kill(min(set(children(master)) - old), signal.SIGKILL)
-        wait_for(lambda: not old & set(children(master)) and len(children(master)) == 2, seconds=30)
+        wait_for(lambda: not old & set(children(master)) and len(children(master)) == 2)
         time.sleep(1)
         assert len(children(master)) == 2
         assert requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": key},

@@ -59,7 +59,7 @@ def close_code(ws):
             return int.from_bytes(data[:2], "big")
 
 
-def connect_when_free(server, path, seconds=10):
+def connect_when_free(server, path, seconds=60):
     """Connect, retrying while the server still counts sockets that were just closed (429)."""
     deadline = time.monotonic() + seconds
     while True:

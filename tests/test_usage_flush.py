@@ -3,7 +3,6 @@ keys, a database that refuses for a while, a stop in the middle."""
 
 import contextlib
 import threading
-import time
 
 import peewee
 import pytest
@@ -11,6 +10,7 @@ import pytest
 import auth
 import services
 from models import ApiKey, UsageHour, User, db
+from liveserver import wait_for
 from store.connections import open_database
 from store.statements import Statements
 from metering import usage
@@ -114,6 +114,13 @@ def test_an_interrupted_flush_keeps_every_count_and_a_reader_never_sees_one_twic
 def deadlocks(database_name):
     with services.admin_connection() as connection:
         return connection.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = %s",
+                                  (database_name,)).fetchone()[0]
+
+
+def waiting_on_locks(database_name):
+    """How many sessions of the database wait for a lock another holds."""
+    with services.admin_connection() as connection:
+        return connection.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
                                   (database_name,)).fetchone()[0]
 
 
@@ -271,7 +278,7 @@ def test_an_account_deleted_while_a_flush_waits_on_its_keys_deadlocks_neither(ma
             errors.append(error)
 
     def delete_account():
-        time.sleep(0.3)
+        wait_for(lambda: waiting_on_locks(services.session_database()) >= 1)  # the flush waits on the holder
         try:
             with app.app_context():
                 accounts.delete_account(User.get(User.username == "ursula"), "correct horse battery")
@@ -281,7 +288,8 @@ def test_an_account_deleted_while_a_flush_waits_on_its_keys_deadlocks_neither(ma
     threads = [threading.Thread(target=flush), threading.Thread(target=delete_account)]
     for thread in threads:
         thread.start()
-    time.sleep(0.8)
+    # The deletion waits on the flush too (or, should it not need to, is done) before the holder lets go.
+    wait_for(lambda: waiting_on_locks(services.session_database()) >= 2 or not threads[1].is_alive())
     holder.commit()
     holder.close()
     for thread in threads:

@@ -28,7 +28,7 @@ from serving import settings
 from web import accounts
 from webhookreceiver import receiving
 from webhooks import addresses, delivery, endpoints, outbox, periodic, signing
-from webhooks.models import DELIVERED, FAILED, PENDING, WebhookEndpoint, WebhookMessage
+from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 REFUSED = ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0", "::", "::1",
            "::ffff:127.0.0.1", "::ffff:10.0.0.1", "fc00::1", "fe80::1", "224.0.0.1", "ff02::1", "100.64.0.1",
@@ -325,9 +325,14 @@ def test_a_receiver_failing_twice_gets_three_attempts_with_one_webhook_id(app, h
         [(claimed, outcome, state)] = deliver(app)
         states.append((claimed.number, outcome.status, state))
         if state == PENDING:
-            pause = WebhookMessage.get_by_id(message.id).next_attempt_at - utcnow()
+            # Measured from the attempt's own record, not from now: on a loaded machine the pause
+            # may be over by the time the test gets here.
+            attempted_at = WebhookAttempt.select().order_by(WebhookAttempt.id.desc()).get().attempted_at
+            next_attempt_at = WebhookMessage.get_by_id(message.id).next_attempt_at
+            pause = next_attempt_at - attempted_at
             assert datetime.timedelta(seconds=0.5) < pause <= datetime.timedelta(seconds=1)
-            assert deliver(app) == []  # not due before its pause
+            # Not due before its pause.
+            assert delivery.claim(db.obj, 1, now=next_attempt_at - datetime.timedelta(milliseconds=1)) == []
             due_now(message.message_id)
     assert states == [(1, 500, PENDING), (2, 500, PENDING), (3, 200, DELIVERED)]
     assert {delivery.message_id for delivery in receiver.received()} == {message.message_id}
@@ -404,17 +409,18 @@ def test_a_failing_endpoint_gets_one_message_at_a_time_and_its_backlog_waits(app
 
 
 def test_lookups_under_gevent_are_bounded_so_slow_names_leave_the_worker_resolver_threads():
-    """Twelve attempts cut while their names take 3 s to resolve: a lookup of the worker's own
-    (its database host, say) still finds a resolver thread at once."""
+    """Twelve attempts cut while their names take 10 s to resolve: a lookup of the worker's own
+    (its database host, say) still finds a resolver thread at once (well under those 10 s, with a
+    margin for a loaded machine)."""
     script = """
 from gevent import monkey; monkey.patch_all()
-import socket, time, gevent
+import os, socket, time, gevent
 from webhooks import addresses
 hub, real = gevent.get_hub(), socket.getaddrinfo
 sleep = monkey.get_original("time", "sleep")
 def slow(host, port, *args, **kwargs):
     if host == "slow.example.test":
-        return hub.threadpool.apply(lambda: sleep(3) or [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))])
+        return hub.threadpool.apply(lambda: sleep(10) or [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))])
     return real(host, port, *args, **kwargs)
 socket.getaddrinfo = slow
 def cut_attempt():
@@ -424,15 +430,17 @@ attempts = [gevent.spawn(cut_attempt) for _ in range(12)]
 gevent.joinall(attempts)
 started = time.monotonic()
 socket.getaddrinfo("127.0.0.1", 80)
-print(round(time.monotonic() - started, 2))
+print(round(time.monotonic() - started, 2), flush=True)
+os._exit(0)  # without waiting for the slow lookups' threads
 """
     waited = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
                             cwd=pathlib.Path(__file__).parent.parent)
-    assert float(waited.stdout) < 1, waited.stdout
+    assert float(waited.stdout) < 3, waited.stdout
 
 
 def test_the_deadline_holds_without_gevent_against_a_receiver_that_dribbles(app, user):
-    """The CLI is not patched by gevent: a byte every 0.2 s must not keep an attempt past its deadline."""
+    """The CLI is not patched by gevent: a byte every 0.2 s (for 30 s) must not keep an attempt past
+    its deadline (1 s, and a margin for a loaded machine)."""
     listener = socket.create_server(("127.0.0.1", 0))
 
     def dribble():
@@ -440,7 +448,7 @@ def test_the_deadline_holds_without_gevent_against_a_receiver_that_dribbles(app,
         with connection, contextlib.suppress(OSError):  # the attempt, cut, closes its end
             connection.recv(65536)
             connection.sendall(b"HTTP/1.1 200 OK\r\n")
-            for _ in range(30):
+            for _ in range(150):
                 connection.sendall(b"X")
                 time.sleep(0.2)
 
@@ -451,7 +459,7 @@ def test_the_deadline_holds_without_gevent_against_a_receiver_that_dribbles(app,
     started = time.monotonic()
     outcome = delivery.send(claimed, True, deadline=1)
     assert outcome == (None, "No answer within 1 s.", outcome.duration_ms)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 1 + 5
     listener.close()
 
 

@@ -19,6 +19,8 @@ class Delivery:
         self.error = error
         self.message_id = headers.get("webhook-id")
         self.payload = json.loads(body) if body else None
+        # When it arrived (epoch seconds), to measure a promise against the server's own timestamps.
+        self.received_at = time.time()
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -85,8 +87,9 @@ class Receiver:
         with self.lock:
             return [delivery for delivery in self.deliveries if path is None or delivery.path == path]
 
-    def wait_for(self, count, path=None, seconds=15):
-        """The deliveries (to path) once there are at least count; fail after `seconds`."""
+    def wait_for(self, count, path=None, seconds=60):
+        """The deliveries (to path) once there are at least count; fail after `seconds` (generous,
+        for a loaded machine: it returns as soon as they are there)."""
         deadline = time.monotonic() + seconds
         while len(found := self.received(path)) < count:
             assert time.monotonic() < deadline, f"{len(found)} of {count} deliveries arrived in {seconds} s"
