@@ -146,10 +146,11 @@ class Limiter:
         key.limit_plan = LimitPlan(self, windows, storage_windows, simple, policies, marks)
         return key.limit_plan
 
-    def hit_windows(self, plan, environ, generation=None, key=None):
+    def hit_windows(self, plan, environ, generation=None, key=None, announce=True):
         """Count a request in every window of the plan, or in none when one is used up (the storage's
         hit_all); return the RateLimitState of the window with the fewest requests left, and every
-        window's. Each of the key's windows that reaches a usage.threshold emits it."""
+        window's. Each of the key's windows that reaches a usage.threshold emits it, unless
+        announce is False (the caller then calls announce_thresholds once the request holds its place)."""
         try:
             refused, counts = self.admit_all(plan.storage_windows, generation)
         except StorageError as error:
@@ -159,9 +160,8 @@ class Limiter:
                                  window.item.get_expiry(), plan.policies)
                   for window, (count, reset) in zip(plan.windows, counts)]
         if refused < 0:
-            for state, marks in zip(states, plan.marks):
-                if marks is not None and state.remaining in marks:
-                    thresholds.reached(key, state, marks[state.remaining])
+            if announce:
+                self.announce_thresholds(plan, states, key)
             state = environ[RATE_LIMIT_STATE] = min(states, key=lambda state: state.remaining)
             return state, states
         state = environ[RATE_LIMIT_STATE] = states[refused]
@@ -171,6 +171,13 @@ class Limiter:
         whose = "account's" if refusal is AccountRateLimitExceeded else f"{state.policy!r}"
         raise refusal(f"The {whose} allowance of {state.limit} requests is used up; retry in {retry_after} seconds.",
                       retry_after=retry_after)
+
+    @staticmethod
+    def announce_thresholds(plan, states, key):
+        """Emit usage.threshold for each of the key's windows whose count (its RateLimitState) is one."""
+        for state, marks in zip(states, plan.marks):
+            if marks is not None and state.remaining in marks:
+                thresholds.reached(key, state, marks[state.remaining])
 
     def peek(self, plan):
         """The RateLimitState of the plan's window with the fewest requests left, counting nothing."""
@@ -197,7 +204,9 @@ class Limiter:
             environ[RATE_LIMIT_STATE] = self.peek(plan)
             raise credits.exhausted(key)
         try:
-            state, states = self.hit_windows(plan, environ, generation, key)
+            # A place given back below is counted again by a later request: only a request that
+            # keeps its place announces the count it reached.
+            state, states = self.hit_windows(plan, environ, generation, key, announce=False)
         except RateLimitExceeded:
             remaining = environ[credits.CREDITS_REMAINING] = credits.balance(key)
             if remaining == 0:
@@ -211,6 +220,7 @@ class Limiter:
             state = environ[RATE_LIMIT_STATE]
             environ[RATE_LIMIT_STATE] = state._replace(remaining=min(state.limit, state.remaining + 1))
             raise
+        self.announce_thresholds(plan, states, key)
         thresholds.credits_spent(key, remaining, granted)
         return state
 

@@ -49,3 +49,20 @@ def make_autoincrement(database, table):
     database.execute_sql(f'ALTER TABLE "{new}" RENAME TO "{table}"')
     for statement in extras:
         database.execute_sql(statement)
+
+
+def skip_named_ids(database, table):
+    """Move the table's sqlite_sequence past every id that another table's foreign keys name: a row
+    deleted with the foreign keys off leaves its children naming it, and a new row given its id
+    would inherit them (a deleted account's keys, say)."""
+    named = [0]
+    for (other,) in database.execute_sql("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+        for reference in database.execute_sql(f'PRAGMA foreign_key_list("{other}")').fetchall():
+            # (id, seq, table, from, to, ...): the referring column of other, the table it names.
+            if reference[2] == table:
+                (highest,) = database.execute_sql(f'SELECT max("{reference[3]}") FROM "{other}"').fetchone()
+                named.append(highest or 0)
+    highest = max(named)
+    if database.execute_sql("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (highest, table)).rowcount == 0 \
+            and highest:
+        database.execute_sql("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, highest))

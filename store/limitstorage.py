@@ -194,6 +194,9 @@ def window_taker(storage, windows=None):
         now = time.time()
         for key, end, slack in counted:
             if storage.get(key) > 0 and now < storage.get_expiry(key) <= end + slack:
-                storage.incr(key, 1, amount=-1)
+                # The window's own end as the expiry: should two take-backs race a count of 1 below 0,
+                # limits' incr would otherwise start the window afresh with this expiry.
+                if storage.incr(key, max(1, math.ceil(end - now)), amount=-1) < 0:
+                    storage.incr(key, max(1, math.ceil(end - now)))
 
     return take_back

@@ -162,6 +162,9 @@ return replies
         args = [secrets.token_hex(8) if self.generation_key else "", generation or ""]
         for _, expiry, amount in windows:
             args += (int(expiry * 1000), amount)
+        # Each window's end from the time before the call: a reply read late then gives an end too
+        # early, never one that take_back would confuse with the next window's.
+        sent = time.time()
         try:
             replies = self.admit_script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
         except self.storage.base_exceptions as error:
@@ -170,8 +173,7 @@ return replies
         self.generation = generation.decode() if isinstance(generation, bytes) else generation
         if replies[1] < 0:
             raise KeysChanged()
-        now = time.time()
-        return replies[1] - 1, [(replies[i], now + replies[i + 1] / 1000) for i in range(2, len(replies), 2)]
+        return replies[1] - 1, [(replies[i], sent + replies[i + 1] / 1000) for i in range(2, len(replies), 2)]
 
     # Takes a request back out of each window it was counted in (take_back), where the window is
     # still that one: ARGV[i] is the most ms it may have left; a window gone (-2) or started since

@@ -105,12 +105,15 @@ NEVER_REUSED_IDS = ["users", "api_keys", "passkeys", "recovery_codes", "webhook_
 def make_ids_never_reused(database, migrator):
     """Version 10: on SQLite, the tables of NEVER_REUSED_IDS get AUTOINCREMENT ids, each made anew
     with every row and its id (PostgreSQL's sequences never give an id again). No id up to a
-    table's highest is given again; one deleted above it before this version is unknown, and can be."""
+    table's highest, nor one that another table's rows still name (rows left by a deletion made
+    with the foreign keys off, which a new row of that id would inherit), is given again; one
+    deleted above both before this version is unknown, and can be."""
     if isinstance(database, PostgresqlDatabase):
         return
     for table in NEVER_REUSED_IDS:
         if database.table_exists(table):
             ids.make_autoincrement(database, table)
+            ids.skip_named_ids(database, table)
 
 
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.

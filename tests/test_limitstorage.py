@@ -348,3 +348,47 @@ def test_redis_hit_all_gives_a_used_up_window_without_expiry_one(redis_storage):
     client.set(redis_storage.prefixed_key("stuck"), 2)
     refused, _ = limitstorage.window_admitter(redis_storage)([("stuck", 30, 2)])
     assert refused == 0 and 0 < client.ttl(redis_storage.prefixed_key("stuck")) <= 30
+
+
+def test_a_reply_read_late_never_lets_take_back_reach_the_next_window(redis_storage):
+    windows = rediswindows.redis_windows(redis_storage)
+    counted = windows.admit_script
+
+    def read_late(*args, **kwargs):
+        replies = counted(*args, **kwargs)
+        time.sleep(1.1)  # a busy worker comes back to the reply after 1.1 s of a 2 s window
+        return replies
+
+    windows.admit_script = read_late
+    _, [(_, end)] = windows.hit_all([("late", 2, 5)])
+    windows.admit_script = counted
+    deadline = time.monotonic() + 10
+    while redis_storage.get("late") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # The next window, with the places of five others: the late request's take-back is not its to make.
+    assert [windows.hit_all([("late", 2, 5)])[0] for _ in range(5)] == [-1] * 5
+    windows.take_back([("late", end, 1)])
+    assert redis_storage.get("late") == 5
+
+
+def test_two_take_backs_racing_on_other_storages_never_restart_the_window():
+    class Racing(MemoryStorage):
+        """limits' own storage (the read-then-decrement path), where another take-back runs between
+        this one's read of the count and its decrement, as two processes on Redis Cluster may."""
+
+        meanwhile = None
+
+        def get(self, key):
+            count = super().get(key)
+            if self.meanwhile is not None:
+                meanwhile, self.meanwhile = self.meanwhile, None
+                meanwhile()
+            return count
+
+    storage = Racing()
+    admit, take_back = limitstorage.window_admitter(storage), limitstorage.window_taker(storage)
+    _, [(_, end)] = admit([("raced", 60, 5)])
+    storage.meanwhile = lambda: take_back([("raced", end, 30)])
+    take_back([("raced", end, 30)])
+    assert storage.get("raced") == 0
+    assert storage.get_expiry("raced") - time.time() > 55

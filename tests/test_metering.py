@@ -1,6 +1,7 @@
 """Several windows per tier, per-key overrides, the account allowance and credits with refill,
 through Flask's test client and the CLI, on SQLite and PostgreSQL."""
 
+import collections
 import datetime
 
 import pytest
@@ -10,6 +11,7 @@ from clock import fake_time
 from metering import credits
 from models import ApiKey, SecurityEvent
 from web import accounts
+from webhooks import outbox
 
 PROTECTED = "/api/v1/protected/test"
 STATS = "/api/v1/usage/stats"
@@ -310,6 +312,19 @@ def test_a_spend_that_finds_no_credit_gives_back_the_places_its_windows_counted(
         metered.extensions["ratelimit"].count_request(found, environ)
     assert [window_count(metered, key, policy) for policy in ("multi-second", "multi-minute", "account")] == [0, 0, 0]
     assert environ[credits.CREDITS_REMAINING] == 0
+
+
+def test_a_place_given_back_announces_no_usage_threshold(metered, owner, monkeypatch):
+    key, secret = issue(owner, "free", credits_given=2)
+    assert [get(metered, secret).status_code for _ in range(2)] == [200, 200]
+    # Read before its last credit went: the third place of free=3/minute, its 100 %, is given back.
+    stale = ApiKey.get_by_id(key.id)
+    stale.has_credits, stale.credits_remaining = True, 1
+    monkeypatch.setattr(outbox, "soon", collections.deque())
+    with pytest.raises(credits.CreditsExhausted):
+        metered.extensions["ratelimit"].count_request(stale, {})
+    assert list(outbox.soon) == []
+    assert window_count(metered, key, "free") == 2
 
 
 def test_a_key_known_to_have_no_credit_is_refused_before_its_windows_until_its_refill(metered, owner):

@@ -275,6 +275,22 @@ def test_a_ninth_version_sqlite_database_keeps_every_row_and_gives_no_id_again(t
     assert tables_of(path) == upgraded and upgraded[1:] == (indexes_after, autoincrement)
 
 
+def test_an_account_deleted_with_the_foreign_keys_off_leaves_its_keys_to_no_new_account(tmp_path, make_app):
+    """The newest account of a version 9 database deleted in the sqlite3 shell (foreign keys off):
+    its keys and endpoints still name its id, and the upgrade gives that id to no one."""
+    path = load_version9(tmp_path)
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        (newest,) = connection.execute("SELECT max(id) FROM users").fetchone()
+        connection.execute("DELETE FROM users WHERE id = ?", (newest,))
+        orphans = connection.execute("SELECT count(*) FROM api_keys WHERE user_id = ?", (newest,)).fetchone()[0]
+    assert orphans
+    app = make_app({"DATABASE_URL": f"sqlite:///{path}", "RATE_LIMIT_TIERS": TEST_TIERS})
+    with app.app_context():
+        user = accounts.create_user("frank", "frank@example.com", "correct horse battery")
+        assert user.id > newest
+        assert ApiKey.select().where(ApiKey.user == user.id).count() == 0
+
+
 def test_db_upgrade_brings_a_ninth_version_sqlite_database_to_the_latest(tmp_path):
     env = service_env(tmp_path, DATABASE_URL=f"sqlite:///{load_version9(tmp_path)}")
     assert cli(env, "db", "upgrade") == f"Upgraded the database from schema version 9 to {schema.LATEST}.\n"
