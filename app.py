@@ -42,7 +42,8 @@ from models import DATABASE_ERRORS, User
 from keys import keycache
 from metering import lifecycle, usage
 from ops import health, logs, metrics
-from serving import cors, devserver, envelope, fastlane, settings, startup
+import settings
+from serving import cors, devserver, envelope, fastlane, startup
 from web import accounts, keypage, pages, webprotection
 from webhooks import delivery as webhook_delivery, pages as webhook_pages
 from webhooks.commands import webhooks_cli
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 def load_config(environ=os.environ):
-    """Return every setting of the contract's configuration table, defaults filled in (serving/settings.py
+    """Return every setting of the contract's configuration table, defaults filled in (settings.py
     parses and checks them); an unset SECRET_KEY is the one kept in instance/."""
     config = settings.load(environ)
     config["SECRET_KEY"] = config["SECRET_KEY"] or instance_secret_key()

@@ -1,5 +1,5 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists: here, in the
-master, every setting is checked (serving/settings.py), and PORT and WEB_CONCURRENCY are read."""
+master, every setting is checked (settings.py), and PORT and WEB_CONCURRENCY are read."""
 
 import gc
 import json
@@ -20,7 +20,8 @@ from werkzeug.exceptions import default_exceptions
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 from ops import logs  # noqa: E402
-from serving import lingering, settings, startup  # noqa: E402
+import settings  # noqa: E402
+from serving import lingering, startup  # noqa: E402
 
 # Before anything here reads the environment; a variable set in the real environment wins.
 startup.read_env_file()

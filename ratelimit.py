@@ -19,7 +19,7 @@ from store.rediswindows import redis_windows
 from models import ApiKey, db
 from metering import credits, usage
 from ops import metrics
-from serving import settings
+import settings
 from webhooks import thresholds
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class LimitStorageUnavailable(ServiceUnavailable):
 
 
 def limit_item(rate):
-    """Return the limits item for an (amount, period) that serving/settings.py parsed."""
+    """Return the limits item for an (amount, period) that settings.py parsed."""
     amount, period = rate
     return PERIODS[period](amount)
 

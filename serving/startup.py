@@ -11,7 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-from serving import settings
+import settings
 
 # Why gunicorn cannot run here (the ImportError's words), or None where it can; set by prepare().
 gunicorn_unavailable = None

@@ -11,7 +11,7 @@ import time
 from limits.errors import ConfigurationError
 from limits.storage import MemoryStorage, storage_from_string
 
-from serving.settings import ConfigError
+from settings import ConfigError
 from store import locks
 from store.rediswindows import redis_windows
 

@@ -12,7 +12,7 @@ import pytest
 
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
 from metering import lifecycle
-from serving import settings
+import settings
 from web import passkeys, securitylog, twofactor, webprotection
 
 PASSWORD = "correct horse battery"

@@ -24,7 +24,7 @@ from werkzeug.datastructures import MultiDict
 
 import auth
 from models import ApiKey, SecurityEvent, db, utcnow
-from serving import settings
+import settings
 from web import accounts
 from webhookreceiver import receiving
 from webhooks import addresses, delivery, endpoints, outbox, periodic, signing

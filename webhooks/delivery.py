@@ -16,7 +16,7 @@ import gevent.pool
 from peewee import SQL, Case, PostgresqlDatabase, SqliteDatabase, fn
 
 from models import db, release_connection, utcnow
-from serving import settings
+import settings
 from store.connections import greenlets_share_thread
 from store.writelock import write_transaction
 from web import securitylog

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-INSTANCE = Path(__file__).resolve().parent.parent / "instance"
+INSTANCE = Path(__file__).resolve().parent / "instance"
 
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 RATE_FORM = "a rate like 1000/hour (a whole number from 1, a slash, and second, minute, hour or day)"
