@@ -44,7 +44,8 @@ from metering import lifecycle, usage
 from ops import health, logs, metrics
 import settings
 from serving import cors, devserver, envelope, fastlane, startup
-from web import accounts, keypage, pages, webprotection
+from accounts import users
+from web import keypage, pages, webprotection
 from webhooks import delivery as webhook_delivery, pages as webhook_pages
 from webhooks.commands import webhooks_cli
 
@@ -312,7 +313,7 @@ def seed_demo(base_url):
         if User.select().where(User.username == "demo").exists():
             print(f"To make a new demo key: {DEMO_KEY_COMMAND}", flush=True)
         return
-    user = accounts.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
+    user = users.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
     _, secret = auth.issue_key(user, "Demo key", "development")
     print(
         "Created user 'demo' with a Development API key. It is shown only this once:\n\n"

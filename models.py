@@ -122,7 +122,7 @@ class Session(BaseModel):
     last_seen_at = DateTimeField(default=utcnow, index=True)
     # A new key's secret until the next page shows it, encrypted with a key only the cookie holds.
     pending_secret = TextField(null=True)
-    # The TOTP secret this session's set-up waits to confirm (web/twofactor.py), sealed, and when it was
+    # The TOTP secret this session's set-up waits to confirm (accounts/twofactor.py), sealed, and when it was
     # made: no other session sees it, and it ends with the session.
     totp_setup = TextField(null=True)
     totp_setup_at = DateTimeField(null=True)
@@ -202,7 +202,7 @@ class SecurityEvent(BaseModel):
         indexes = ((("user", "created_at"), False),)
 
 
-# Account protection (issue 29): two-factor log-in and passkeys; web/twofactor.py and web/passkeys.py own them.
+# Account protection (issue 29): two-factor log-in and passkeys; accounts/twofactor.py and web/passkeys.py own them.
 
 class TwoFactor(BaseModel):
     """An account's TOTP authenticator, made when a code confirmed it (a set-up waiting for its

@@ -13,7 +13,8 @@ import pytest
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
 from metering import lifecycle
 import settings
-from web import passkeys, securitylog, twofactor, webprotection
+from accounts import securitylog, twofactor
+from web import passkeys, webprotection
 
 PASSWORD = "correct horse battery"
 

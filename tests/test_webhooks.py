@@ -25,7 +25,7 @@ from werkzeug.datastructures import MultiDict
 import auth
 from models import ApiKey, SecurityEvent, db, utcnow
 import settings
-from web import accounts
+from accounts import users
 from webhookreceiver import receiving
 from webhooks import addresses, delivery, endpoints, outbox, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
@@ -758,7 +758,7 @@ def test_the_security_tab_refuses_with_a_sentence(app, logged_in):
 
 
 def test_another_accounts_endpoint_is_a_404(app, logged_in, receiver):
-    bob = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+    bob = users.create_user("bob", "bob@example.com", "correct horse battery")
     endpoint, _ = endpoints.add_endpoint(bob, f"{receiver.url}/bob")
     assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 404
     assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 404

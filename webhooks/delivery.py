@@ -19,7 +19,7 @@ from models import db, release_connection, utcnow
 import settings
 from store.connections import greenlets_share_thread
 from store.writelock import write_transaction
-from web import securitylog
+from accounts import securitylog
 from webhooks import addresses, deadlines, failures, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
