@@ -45,8 +45,11 @@ from ops import health, logs, metrics
 import settings
 from serving import cors, devserver, envelope, fastlane, startup
 from accounts import users
+# The key forms' routes are the web blueprint's, in a module of their own: imported before
+# pages.init_app registers the blueprint.
+import web.keyforms  # noqa: F401
 from web import keypage, pages, webprotection
-from webhooks import delivery as webhook_delivery, pages as webhook_pages
+from webhooks import delivery as webhook_delivery, models as webhook_models, pages as webhook_pages
 from webhooks.commands import webhooks_cli
 
 ROOT = Path(__file__).resolve().parent
@@ -149,7 +152,7 @@ def create_app(overrides=None):
 
     # First of every hook: nothing (the CSRF check's form parsing included) reads a body before it.
     app.before_request(refuse_large_bodies)
-    models.init_app(app)
+    models.init_app(app, webhook_models.MODELS)
     ratelimit.init_app(app)
     keycache.init_app(app)
     usage.init_app(app)

@@ -374,15 +374,15 @@ def secret_is_active(key_hash):
     return db.execute_sql(db.statements.secret_is_active, (key_hash, key_hash, now, now)).fetchone() is not None
 
 
-def init_app(app):
-    """Connect the models to DATABASE_URL, bring its schema up to date and register connection hooks."""
+def init_app(app, more_models=()):
+    """Connect the models to DATABASE_URL, bring its schema up to date (with more_models: the tables
+    of the rooms that build on these models, which app.py hands in) and register connection hooks."""
     database = open_database(app.config["DATABASE_URL"])
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
-    from webhooks.models import MODELS as WEBHOOK_MODELS  # here: they build on this module's models
     tables = [User, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent, MaintenanceLock,
-              *PROTECTION_MODELS, *WEBHOOK_MODELS]
+              *PROTECTION_MODELS, *more_models]
     app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
 

@@ -64,8 +64,6 @@ def init_app(app):
     app.config["WTF_CSRF_CHECK_DEFAULT"] = False
     csrf.init_app(app)
     app.before_request(protect_forms)
-    # The key forms' routes are this blueprint's, in a module of their own.
-    from web import keyforms  # noqa: F401
     app.register_blueprint(bp)
 
 
