@@ -12,9 +12,9 @@ from flask import current_app, request
 from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute
 from limits import RateLimitItemPerSecond
 from limits.errors import StorageError
-from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
+from werkzeug.exceptions import InternalServerError, TooManyRequests
 
-from store.limitstorage import open_storage, window_admitter, window_counter, window_taker
+from store.limitstorage import LimitStorageUnavailable, open_storage, window_admitter, window_counter, window_taker
 from store.rediswindows import redis_windows
 from models import ApiKey, db
 from metering import credits, usage
@@ -58,12 +58,6 @@ class AccountRateLimitExceeded(RateLimitExceeded):
     """The allowance that all keys of the account share is used up (HTTP 429, with Retry-After)."""
 
     error_code = "account_rate_limit_exceeded"
-
-
-class LimitStorageUnavailable(ServiceUnavailable):
-    """The limit storage cannot be reached; limits fail closed (HTTP 503)."""
-
-    description = "The rate-limit storage is unavailable; try again shortly."
 
 
 def limit_item(rate):

@@ -10,10 +10,17 @@ import time
 
 from limits.errors import ConfigurationError
 from limits.storage import MemoryStorage, storage_from_string
+from werkzeug.exceptions import ServiceUnavailable
 
 from settings import ConfigError
 from store import locks
 from store.rediswindows import redis_windows
+
+
+class LimitStorageUnavailable(ServiceUnavailable):
+    """The limit storage cannot be reached; limits fail closed (HTTP 503)."""
+
+    description = "The rate-limit storage is unavailable; try again shortly."
 
 
 class SweptMemoryStorage(MemoryStorage):
