@@ -20,7 +20,7 @@ from models import ApiKey, db
 from metering import credits, usage
 from ops import metrics
 import settings
-from webhooks import thresholds
+from metering import thresholds
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ Window.__doc__ = "One window a key is counted in: its limits item, its storage k
 LimitPlan = collections.namedtuple("LimitPlan", "limiter windows storage_windows simple policies marks")
 LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
 for the storage's hit_all: storage_windows); simple: one window and no credits, counted as before there were more;
-marks: for each window, the requests left at which it reaches a usage.threshold (webhooks/thresholds.py),
+marks: for each window, the requests left at which it reaches a usage.threshold (metering/thresholds.py),
 or None for the account's window."""
 ACCOUNT_POLICY = "account"
 OVERRIDE_POLICY = "key"

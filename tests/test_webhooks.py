@@ -270,7 +270,7 @@ def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client,
 
 
 def test_threshold_marks_for_small_and_large_allowances():
-    from webhooks import thresholds
+    from metering import thresholds
 
     assert thresholds.marks(1) == {0: 100} and thresholds.marks(5) == {1: 80, 0: 100}
     assert thresholds.marks(1000) == {200: 80, 0: 100} and thresholds.marks(7) == {1: 80, 0: 100}
