@@ -183,7 +183,7 @@ def storage_url(environ):
     # Sentinel, cluster and memcached URIs may name several hosts, each with its port.
     for host in urlsplit(url.strip()).netloc.rpartition("@")[2].split(","):
         try:
-            urlsplit(f"//{host}").port
+            _ = urlsplit(f"//{host}").port  # read for its ValueError alone
         except ValueError:
             raise ConfigError("RATELIMIT_STORAGE_URL has a port that is not a whole number from 0 to 65535.") from None
     if scheme.endswith("+sentinel") and not urlsplit(url.strip()).path.strip("/"):

@@ -62,7 +62,7 @@ class SweptMemoryStorage(MemoryStorage):
         with self.locks.lock:
             now = time.time()
             counts = []
-            for key, expiry, amount in windows:
+            for key, expiry, _ in windows:
                 if self.expirations.get(key, 0) <= now:
                     self.storage.pop(key, None)
                     self.expirations.pop(key, None)
