@@ -9,11 +9,11 @@ import auth
 import models
 import ratelimit
 from auth import require_api_key
-from serving.fastlane import without_flask
-from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
-from ratelimit import ip_rate_limited
 from metering import analytics, credits, usage
+from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from openapi import OPENAPI, VERSION
+from ratelimit import ip_rate_limited
+from serving.fastlane import without_flask
 
 REVOKE_ATTEMPTS = 3
 

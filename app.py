@@ -28,8 +28,13 @@ from pathlib import Path
 import click
 from flask import Flask, current_app, json, render_template, request
 from flask.json.provider import DefaultJSONProvider
-from werkzeug.exceptions import (BadRequest, HTTPException, InternalServerError, RequestEntityTooLarge,
-                                 ServiceUnavailable)
+from werkzeug.exceptions import (
+    BadRequest,
+    HTTPException,
+    InternalServerError,
+    RequestEntityTooLarge,
+    ServiceUnavailable,
+)
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import api
@@ -37,17 +42,18 @@ import auth
 import cli
 import models
 import ratelimit
-import sockets
-from models import DATABASE_ERRORS, User
-from keys import keycache
-from metering import lifecycle, usage
-from ops import health, logs, metrics
 import settings
-from serving import cors, devserver, envelope, fastlane, startup
-from accounts import users
+import sockets
+
 # The key forms' routes are the web blueprint's, in a module of their own: imported before
 # pages.init_app registers the blueprint.
 import web.keyforms  # noqa: F401
+from accounts import users
+from keys import keycache
+from metering import lifecycle, usage
+from models import DATABASE_ERRORS, User
+from ops import health, logs, metrics
+from serving import cors, devserver, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import delivery as webhook_delivery, models as webhook_models, pages as webhook_pages
 from webhooks.commands import webhooks_cli

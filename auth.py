@@ -12,13 +12,13 @@ from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import ratelimit
-from store.rediswindows import KeysChanged
-from models import SCOPES, ApiKey, db, display_time, find_active_key, iso_seconds, utcnow
+from accounts import securitylog, users
 from keys import allowips, keycache
 from metering import credits, usage
+from models import SCOPES, ApiKey, db, display_time, find_active_key, iso_seconds, utcnow
 from ops import metrics
 from serving import envelope
-from accounts import securitylog, users
+from store.rediswindows import KeysChanged
 from webhooks import outbox
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}

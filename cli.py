@@ -14,11 +14,11 @@ from flask.cli import AppGroup
 
 import auth
 import ratelimit
-from models import DATABASE_ERRORS, SCOPES, ApiKey, db, display_time, iso_seconds
+from accounts import securitylog, users
 from keys import keycache
 from metering import analytics, credits, lifecycle
+from models import DATABASE_ERRORS, SCOPES, ApiKey, db, display_time, iso_seconds
 from ops import logs
-from accounts import securitylog, users
 
 
 class SentenceOnServiceError:

@@ -19,8 +19,8 @@ from werkzeug.exceptions import default_exceptions
 # `python app.py` runs gunicorn from any folder: make this project's modules importable here.
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-from ops import logs  # noqa: E402
 import settings  # noqa: E402
+from ops import logs  # noqa: E402
 from serving import lingering, startup  # noqa: E402
 
 # Before anything here reads the environment; a variable set in the real environment wins.
@@ -240,8 +240,8 @@ def post_worker_init(worker):
     gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
     and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second;
     start the worker's webhook sender."""
-    from sockets import close_all_sockets
     from ops import metrics
+    from sockets import close_all_sockets
 
     gevent.spawn(metrics.fold_every_second)
     worker.wsgi.extensions["webhooks"].start()

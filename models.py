@@ -21,8 +21,8 @@ from peewee import (
     InterfaceError,
     Model,
     OperationalError,
-    TextField,
     SqliteDatabase,
+    TextField,
 )
 from playhouse.pool import MaxConnectionsExceeded
 

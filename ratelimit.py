@@ -9,18 +9,16 @@ import math
 import time
 
 from flask import current_app, request
-from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute
-from limits import RateLimitItemPerSecond
+from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, TooManyRequests
 
+import settings
+from metering import credits, thresholds, usage
+from models import ApiKey, db
+from ops import metrics
 from store.limitstorage import LimitStorageUnavailable, open_storage, window_admitter, window_counter, window_taker
 from store.rediswindows import redis_windows
-from models import ApiKey, db
-from metering import credits, usage
-from ops import metrics
-import settings
-from metering import thresholds
 
 log = logging.getLogger(__name__)
 

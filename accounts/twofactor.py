@@ -10,9 +10,9 @@ import secrets
 import pyotp
 import segno
 
-from store import sealing
-from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
 from accounts import securitylog, users
+from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
+from store import sealing
 
 ISSUER = "API-key demo service"
 # RFC 6238 with the parameters every authenticator app assumes: SHA-1, 6 digits, 30 s.

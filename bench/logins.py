@@ -24,8 +24,8 @@ LOGIN_USERS, LOGINS_EACH, STATUS_CONNECTIONS = 20, 3, 10
 def measure(workdir, options):
     env = dict(servers.service_env(workdir), TRUSTED_PROXIES="1")
     os.environ.update(env)
-    from app import create_app
     from accounts import users
+    from app import create_app
 
     with create_app().app_context():
         for n in range(LOGIN_USERS):

@@ -91,8 +91,8 @@ def seed_keys(env, count):
     os.environ.update(env)
     import auth
     import models
-    from app import create_app
     from accounts import users
+    from app import create_app
 
     app = create_app()
     with app.app_context():

@@ -10,8 +10,7 @@ import threading
 import time
 
 from accounts import twofactor, users
-from models import (ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection,
-                    utcnow)
+from models import ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection, utcnow
 from store.writelock import write_transaction
 
 log = logging.getLogger(__name__)

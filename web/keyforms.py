@@ -7,9 +7,9 @@ from flask import abort, flash, g, redirect, request, session, url_for
 
 import auth
 import ratelimit
-from models import ApiKey
-from metering import credits
 from accounts import users
+from metering import credits
+from models import ApiKey
 from web import throttles
 from web.pages import MAX_ID, bp, login_required, render_security_tab
 

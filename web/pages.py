@@ -11,11 +11,11 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 
 import ratelimit
-from models import SCOPES, ApiKey, utcnow
+from accounts import securitylog, twofactor, users
 from keys import allowips
 from metering import analytics
+from models import SCOPES, ApiKey, utcnow
 from serving import envelope
-from accounts import securitylog, twofactor, users
 from web import reference, throttles
 
 bp = Blueprint("web", __name__)

@@ -19,8 +19,8 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
-from models import Passkey, Session, User, WebAuthnChallenge, db, utcnow
 from accounts import securitylog, users
+from models import Passkey, Session, User, WebAuthnChallenge, db, utcnow
 
 RP_NAME = "API-key demo service"
 CHALLENGE_LIFE = datetime.timedelta(minutes=2)

@@ -9,8 +9,8 @@ from flask import Blueprint, abort, current_app, flash, g, redirect, render_temp
 from limits import RateLimitItemPerMinute
 
 import ratelimit
-from models import utcnow
 from accounts import twofactor, users
+from models import utcnow
 from web import pages, passkeys, throttles
 
 bp = Blueprint("protection", __name__)

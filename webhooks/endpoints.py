@@ -4,8 +4,8 @@ removing, and asking for a test event; the CLI, the Security tab and the tests c
 from flask import current_app
 from peewee import fn
 
-from models import db
 from accounts import securitylog, users
+from models import db
 from webhooks import addresses, outbox, signing
 from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
