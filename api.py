@@ -1,8 +1,6 @@
 """The REST API under /api/v1."""
 
-import json
 import math
-from pathlib import Path
 
 from flask import Blueprint, request
 from werkzeug.exceptions import ServiceUnavailable
@@ -11,15 +9,13 @@ import auth
 import models
 import ratelimit
 from auth import require_api_key
-from serving.fastlane import without_flask
-from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
-from ratelimit import ip_rate_limited
 from metering import analytics, credits, usage
+from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
+from openapi import OPENAPI, VERSION
+from ratelimit import ip_rate_limited
+from serving.fastlane import without_flask
 
 REVOKE_ATTEMPTS = 3
-OPENAPI = json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())
-# The version's one place is the API description; status reports it, `python app.py --version` prints it.
-VERSION = OPENAPI["info"]["version"]
 
 api = Blueprint("api", __name__, url_prefix="/api/v1")
 

@@ -28,8 +28,13 @@ from pathlib import Path
 import click
 from flask import Flask, current_app, json, render_template, request
 from flask.json.provider import DefaultJSONProvider
-from werkzeug.exceptions import (BadRequest, HTTPException, InternalServerError, RequestEntityTooLarge,
-                                 ServiceUnavailable)
+from werkzeug.exceptions import (
+    BadRequest,
+    HTTPException,
+    InternalServerError,
+    RequestEntityTooLarge,
+    ServiceUnavailable,
+)
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import api
@@ -37,14 +42,20 @@ import auth
 import cli
 import models
 import ratelimit
+import settings
 import sockets
-from models import DATABASE_ERRORS, User
+
+# The key forms' routes are the web blueprint's, in a module of their own: imported before
+# pages.init_app registers the blueprint.
+import web.keyforms  # noqa: F401
+from accounts import users
 from keys import keycache
 from metering import lifecycle, usage
+from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics
-from serving import cors, devserver, envelope, fastlane, settings, startup
-from web import accounts, keypage, pages, webprotection
-from webhooks import delivery as webhook_delivery, pages as webhook_pages
+from serving import cors, devserver, envelope, fastlane, startup
+from web import keypage, pages, webprotection
+from webhooks import delivery as webhook_delivery, models as webhook_models, pages as webhook_pages
 from webhooks.commands import webhooks_cli
 
 ROOT = Path(__file__).resolve().parent
@@ -54,7 +65,7 @@ log = logging.getLogger(__name__)
 
 
 def load_config(environ=os.environ):
-    """Return every setting of the contract's configuration table, defaults filled in (serving/settings.py
+    """Return every setting of the contract's configuration table, defaults filled in (settings.py
     parses and checks them); an unset SECRET_KEY is the one kept in instance/."""
     config = settings.load(environ)
     config["SECRET_KEY"] = config["SECRET_KEY"] or instance_secret_key()
@@ -147,7 +158,7 @@ def create_app(overrides=None):
 
     # First of every hook: nothing (the CSRF check's form parsing included) reads a body before it.
     app.before_request(refuse_large_bodies)
-    models.init_app(app)
+    models.init_app(app, webhook_models.MODELS)
     ratelimit.init_app(app)
     keycache.init_app(app)
     usage.init_app(app)
@@ -311,7 +322,7 @@ def seed_demo(base_url):
         if User.select().where(User.username == "demo").exists():
             print(f"To make a new demo key: {DEMO_KEY_COMMAND}", flush=True)
         return
-    user = accounts.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
+    user = users.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
     _, secret = auth.issue_key(user, "Demo key", "development")
     print(
         "Created user 'demo' with a Development API key. It is shown only this once:\n\n"

@@ -12,13 +12,13 @@ from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import ratelimit
-from store.rediswindows import KeysChanged
-from models import SCOPES, ApiKey, db, display_time, find_active_key, iso_seconds, utcnow
+from accounts import securitylog, users
 from keys import allowips, keycache
 from metering import credits, usage
+from models import SCOPES, ApiKey, db, display_time, find_active_key, iso_seconds, utcnow
 from ops import metrics
 from serving import envelope
-from web import accounts, securitylog
+from store.rediswindows import KeysChanged
 from webhooks import outbox
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
@@ -115,7 +115,7 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
     empty: any), with credits_given credits and a refill ((amount, interval); None: neither);
     return (ApiKey, secret). The secret exists only here."""
     name = name.strip()
-    accounts.refuse_control_characters(name, "A key name")
+    users.refuse_control_characters(name, "A key name")
     if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
         raise ValueError(f"A key name is 1 to {MAX_KEY_NAME_LENGTH} characters.")
     if key_type not in KEY_PREFIXES:
@@ -130,9 +130,9 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
     expires_at = utcnow() + datetime.timedelta(seconds=expires_in) if expires_in else None
     secret = generate_secret(key_type)
     with db.atomic():
-        accounts.lock_user(user)
+        users.lock_user(user)
         cap = current_app.config["MAX_KEYS_PER_USER"]
-        if accounts.active_key_count(user) >= cap:
+        if users.active_key_count(user) >= cap:
             raise KeyCapReached(f"An account may hold {cap} active keys; revoke one before creating another.")
         key = ApiKey.create(
             user=user,
@@ -151,7 +151,7 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
         outbox.emit(user.id, "key.created", outbox.key_data(
             key, key_type=key_type, scopes=scopes, expires_at=expires_at and iso_seconds(expires_at)))
         inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
-        accounts.keep_newest(ApiKey, (ApiKey.user == user.id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
+        users.keep_newest(ApiKey, (ApiKey.user == user.id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
 
 

@@ -14,11 +14,11 @@ from flask.cli import AppGroup
 
 import auth
 import ratelimit
-from models import DATABASE_ERRORS, SCOPES, ApiKey, db, display_time, iso_seconds
+from accounts import securitylog, users
 from keys import keycache
 from metering import analytics, credits, lifecycle
+from models import DATABASE_ERRORS, SCOPES, ApiKey, db, display_time, iso_seconds
 from ops import logs
-from web import accounts, securitylog
 
 
 class SentenceOnServiceError:
@@ -30,7 +30,7 @@ class SentenceOnServiceError:
             return super().invoke(ctx)
         except DATABASE_ERRORS as error:
             raise click.ClickException(f"The database cannot be used right now: {error}") from None
-        except (keycache.ChangeNotAnnounced, accounts.AccountGone) as error:
+        except (keycache.ChangeNotAnnounced, users.AccountGone) as error:
             raise click.ClickException(error.description) from None
 
 
@@ -48,9 +48,9 @@ usage_cli = CommandGroup("usage", help="Report API usage.")
 
 
 def find_user(username):
-    if accounts.CONTROL_CHARACTERS.search(username):
+    if users.CONTROL_CHARACTERS.search(username):
         raise click.ClickException("A username cannot contain control characters.")
-    user = accounts.find_user(username)
+    user = users.find_user(username)
     if user is None:
         raise click.ClickException(f"There is no user named {username!r}.")
     return user
@@ -74,7 +74,7 @@ def create_user_command(username, email, password_stdin):
         # Judged before it is asked again: a refused password is not typed twice for nothing.
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True, value_proc=allowed_password)
     try:
-        user = accounts.create_user(username, email, password)
+        user = users.create_user(username, email, password)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created user {user.username} (id {user.id}).")
@@ -83,7 +83,7 @@ def create_user_command(username, email, password_stdin):
 def allowed_password(password):
     """The password typed at the prompt, or click's UsageError with the sentence (it asks again)."""
     try:
-        accounts.check_new_password(password)
+        users.check_new_password(password)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     return password

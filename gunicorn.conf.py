@@ -1,5 +1,5 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists: here, in the
-master, every setting is checked (serving/settings.py), and PORT and WEB_CONCURRENCY are read."""
+master, every setting is checked (settings.py), and PORT and WEB_CONCURRENCY are read."""
 
 import gc
 import json
@@ -19,8 +19,9 @@ from werkzeug.exceptions import default_exceptions
 # `python app.py` runs gunicorn from any folder: make this project's modules importable here.
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
+import settings  # noqa: E402
 from ops import logs  # noqa: E402
-from serving import lingering, settings, startup  # noqa: E402
+from serving import lingering, startup  # noqa: E402
 
 # Before anything here reads the environment; a variable set in the real environment wins.
 startup.read_env_file()
@@ -239,8 +240,8 @@ def post_worker_init(worker):
     gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
     and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second;
     start the worker's webhook sender."""
-    from sockets import close_all_sockets
     from ops import metrics
+    from sockets import close_all_sockets
 
     gevent.spawn(metrics.fold_every_second)
     worker.wsgi.extensions["webhooks"].start()

@@ -21,8 +21,8 @@ from peewee import (
     InterfaceError,
     Model,
     OperationalError,
-    TextField,
     SqliteDatabase,
+    TextField,
 )
 from playhouse.pool import MaxConnectionsExceeded
 
@@ -122,7 +122,7 @@ class Session(BaseModel):
     last_seen_at = DateTimeField(default=utcnow, index=True)
     # A new key's secret until the next page shows it, encrypted with a key only the cookie holds.
     pending_secret = TextField(null=True)
-    # The TOTP secret this session's set-up waits to confirm (web/twofactor.py), sealed, and when it was
+    # The TOTP secret this session's set-up waits to confirm (accounts/twofactor.py), sealed, and when it was
     # made: no other session sees it, and it ends with the session.
     totp_setup = TextField(null=True)
     totp_setup_at = DateTimeField(null=True)
@@ -202,7 +202,7 @@ class SecurityEvent(BaseModel):
         indexes = ((("user", "created_at"), False),)
 
 
-# Account protection (issue 29): two-factor log-in and passkeys; web/twofactor.py and web/passkeys.py own them.
+# Account protection (issue 29): two-factor log-in and passkeys; accounts/twofactor.py and web/passkeys.py own them.
 
 class TwoFactor(BaseModel):
     """An account's TOTP authenticator, made when a code confirmed it (a set-up waiting for its
@@ -374,15 +374,15 @@ def secret_is_active(key_hash):
     return db.execute_sql(db.statements.secret_is_active, (key_hash, key_hash, now, now)).fetchone() is not None
 
 
-def init_app(app):
-    """Connect the models to DATABASE_URL, bring its schema up to date and register connection hooks."""
+def init_app(app, more_models=()):
+    """Connect the models to DATABASE_URL, bring its schema up to date (with more_models: the tables
+    of the rooms that build on these models, which app.py hands in) and register connection hooks."""
     database = open_database(app.config["DATABASE_URL"])
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
-    from webhooks.models import MODELS as WEBHOOK_MODELS  # here: they build on this module's models
     tables = [User, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent, MaintenanceLock,
-              *PROTECTION_MODELS, *WEBHOOK_MODELS]
+              *PROTECTION_MODELS, *more_models]
     app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index])
     app.teardown_appcontext(release_request_connection)
 

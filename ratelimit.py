@@ -9,18 +9,16 @@ import math
 import time
 
 from flask import current_app, request
-from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute
-from limits import RateLimitItemPerSecond
+from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.errors import StorageError
-from werkzeug.exceptions import InternalServerError, ServiceUnavailable, TooManyRequests
+from werkzeug.exceptions import InternalServerError, TooManyRequests
 
-from store.limitstorage import open_storage, window_admitter, window_counter, window_taker
-from store.rediswindows import redis_windows
+import settings
+from metering import credits, thresholds, usage
 from models import ApiKey, db
-from metering import credits, usage
 from ops import metrics
-from serving import settings
-from webhooks import thresholds
+from store.limitstorage import LimitStorageUnavailable, open_storage, window_admitter, window_counter, window_taker
+from store.rediswindows import redis_windows
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ Window.__doc__ = "One window a key is counted in: its limits item, its storage k
 LimitPlan = collections.namedtuple("LimitPlan", "limiter windows storage_windows simple policies marks")
 LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
 for the storage's hit_all: storage_windows); simple: one window and no credits, counted as before there were more;
-marks: for each window, the requests left at which it reaches a usage.threshold (webhooks/thresholds.py),
+marks: for each window, the requests left at which it reaches a usage.threshold (metering/thresholds.py),
 or None for the account's window."""
 ACCOUNT_POLICY = "account"
 OVERRIDE_POLICY = "key"
@@ -60,14 +58,8 @@ class AccountRateLimitExceeded(RateLimitExceeded):
     error_code = "account_rate_limit_exceeded"
 
 
-class LimitStorageUnavailable(ServiceUnavailable):
-    """The limit storage cannot be reached; limits fail closed (HTTP 503)."""
-
-    description = "The rate-limit storage is unavailable; try again shortly."
-
-
 def limit_item(rate):
-    """Return the limits item for an (amount, period) that serving/settings.py parsed."""
+    """Return the limits item for an (amount, period) that settings.py parsed."""
     amount, period = rate
     return PERIODS[period](amount)
 

@@ -56,7 +56,7 @@ class UpgradeRequired(HTTPException):
 def init_app(app):
     """Configure the socket server and register the sockets blueprint."""
     app.config.setdefault("SOCK_SERVER_OPTIONS", {"max_message_size": 65536, "ping_interval": 25,
-                                                  "send_timeout": app.config.get("WS_SEND_TIMEOUT", 30)})
+                                                  "send_timeout": app.config["WS_SEND_TIMEOUT"]})
     app.config.setdefault("TIME_SOCKETS_PER_KEY", 10)
     app.config.setdefault("REVOCATION_CHECK_SECONDS", 5)
     app.config.setdefault("ECHO_SOCKETS_PER_IP", 50)

@@ -39,10 +39,10 @@ sys.path.insert(0, os.getcwd())
 os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench", RATE_LIMIT_TIERS="free=1000000000/hour")
 import auth
 from app import create_app
-from web import accounts
+from accounts import users
 app = create_app()
 with app.app_context():
-    user = accounts.create_user("bench", "bench@example.com", "bench password")
+    user = users.create_user("bench", "bench@example.com", "bench password")
     _, secret = auth.issue_key(user, "bench", "development")
 client = app.test_client()
 headers = {"X-API-Key": secret}
@@ -72,12 +72,12 @@ if sys.argv[3]:
 else:
     import auth
     from metering import lifecycle
-    from web import accounts
+    from accounts import users
     lifecycle.FIRST_TRY_SECONDS = (1e9, 1e9)  # no prune in the middle of the count
     from app import create_app
     app = create_app()
     with app.app_context():
-        user = accounts.create_user("bench", "bench@example.com", "bench password")
+        user = users.create_user("bench", "bench@example.com", "bench password")
         _, secret = auth.issue_key(user, "bench", "development")
     environ = EnvironBuilder(path="/api/v1/protected/test", headers={"X-API-Key": secret}).get_environ()
 
@@ -116,10 +116,10 @@ sys.path.insert(0, os.getcwd())
 os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench")
 import auth
 from app import create_app
-from web import accounts
+from accounts import users
 app = create_app()
 with app.app_context():
-    user = accounts.create_user("bench", "bench@example.com", "bench password")
+    user = users.create_user("bench", "bench@example.com", "bench password")
     print(auth.issue_key(user, "bench", "development")[1])
 app.extensions["usage"].close()
 """

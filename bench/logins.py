@@ -24,12 +24,12 @@ LOGIN_USERS, LOGINS_EACH, STATUS_CONNECTIONS = 20, 3, 10
 def measure(workdir, options):
     env = dict(servers.service_env(workdir), TRUSTED_PROXIES="1")
     os.environ.update(env)
+    from accounts import users
     from app import create_app
-    from web import accounts
 
     with create_app().app_context():
         for n in range(LOGIN_USERS):
-            accounts.create_user(f"login{n}", f"login{n}@example.com", "bench login password")
+            users.create_user(f"login{n}", f"login{n}@example.com", "bench login password")
     print(f"\n`GET /api/v1/status` on {STATUS_CONNECTIONS} connections, alone and while {LOGIN_USERS} users "
           f"log in {LOGINS_EACH} times each at once; {options.login_runs} runs\n")
     print("| run | log-ins took s | status p50 / p99 ms alone | status p50 / p99 ms during log-ins | p99 ratio |")

@@ -91,12 +91,12 @@ def seed_keys(env, count):
     os.environ.update(env)
     import auth
     import models
+    from accounts import users
     from app import create_app
-    from web import accounts
 
     app = create_app()
     with app.app_context():
-        user = accounts.create_user("bench", "bench@example.com", "bench password")
+        user = users.create_user("bench", "bench@example.com", "bench password")
         secrets = [auth.generate_secret("development") for _ in range(count)]
         rows = [{"user": user.id, "name": f"bench {i}", "key_type": "development",
                  "display_prefix": secret[:12], "key_hash": auth.hash_key(secret)}

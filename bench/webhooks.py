@@ -45,11 +45,11 @@ with app.app_context(), db.atomic():
 SETUP = """
 import sys
 from app import create_app
-from web import accounts
+from accounts import users
 from webhooks import endpoints
 app = create_app()
 with app.app_context():
-    user = accounts.create_user("bench", "bench@example.com", "bench password")
+    user = users.create_user("bench", "bench@example.com", "bench password")
     for n in range(int(sys.argv[2])):
         endpoints.add_endpoint(user, f"{sys.argv[1]}/{n}", ["key.revoked"])
 """

@@ -24,7 +24,7 @@ from peewee import SqliteDatabase
 
 from models import db, find_active_key
 from store.connections import greenlets_share_thread
-from ratelimit import LimitStorageUnavailable
+from store.limitstorage import LimitStorageUnavailable
 
 log = logging.getLogger(__name__)
 

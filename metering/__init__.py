@@ -1,1 +1,2 @@
-"""Usage: counting requests per key, the analytics read from the counts, and the data life cycle."""
+"""Usage: counting requests per key, credits, the thresholds that raise usage and credit events, the analytics
+read from the counts, and the data life cycle."""

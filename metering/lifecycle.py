@@ -9,9 +9,8 @@ import random
 import threading
 import time
 
-from web import accounts, twofactor
-from models import (ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection,
-                    utcnow)
+from accounts import twofactor, users
+from models import ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection, utcnow
 from store.writelock import write_transaction
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ def prune(config, now=None, pause=0):
             # Checked again: a key cannot come back to life, but its expiry can be read before a change.
             pruned["keys"] += ApiKey.delete().where(ApiKey.id.in_(key_ids) & gone).execute()
         time.sleep(pause)
-    idle = Session.last_seen_at < accounts.idle_cutoff()
+    idle = Session.last_seen_at < users.idle_cutoff()
     pruned["sessions"] += delete_in_batches(Session, Session.token_hash, idle, pause)
     # A process's last write of usage counts matters only while it runs (metering/usage.py).
     delete_in_batches(UsageWriter, UsageWriter.writer, UsageWriter.written_at < now - datetime.timedelta(days=1),

@@ -10,13 +10,12 @@ import threading
 import time
 
 from flask import current_app, request
-
 from peewee import DatabaseError, __exception_wrapper__
 
 from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcnow
-from store.writelock import write_transaction
 from ops import metrics
 from store import locks
+from store.writelock import write_transaction
 from webhooks import outbox
 
 # The HTTP status recorded for a time socket's accepted handshake.

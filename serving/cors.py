@@ -2,7 +2,7 @@
 
 from flask import current_app, request
 
-from serving.settings import ANY_ORIGIN
+from settings import ANY_ORIGIN
 
 PREFIX = "/api/v1/"
 # A browser script may read only the response headers named here (besides a few simple ones).

@@ -11,7 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-from serving import settings
+import settings
 
 # Why gunicorn cannot run here (the ImportError's words), or None where it can; set by prepare().
 gunicorn_unavailable = None
@@ -43,7 +43,7 @@ def read_env_file():
 def prepare():
     """Run first thing in `python app.py`: decide the server, read .env, and where gunicorn cannot
     run, patch the standard library for gevent before the app and its modules are imported (as
-    gunicorn's gevent worker does before it imports the app; models.py and web/accounts.py rely on it)."""
+    gunicorn's gevent worker does before it imports the app; models.py and accounts/users.py rely on it)."""
     global gunicorn_unavailable
     # gunicorn reads WEB_CONCURRENCY as it is imported, below, and fails on a bad one with a traceback.
     try:

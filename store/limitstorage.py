@@ -10,10 +10,17 @@ import time
 
 from limits.errors import ConfigurationError
 from limits.storage import MemoryStorage, storage_from_string
+from werkzeug.exceptions import ServiceUnavailable
 
-from serving.settings import ConfigError
+from settings import ConfigError
 from store import locks
 from store.rediswindows import redis_windows
+
+
+class LimitStorageUnavailable(ServiceUnavailable):
+    """The limit storage cannot be reached; limits fail closed (HTTP 503)."""
+
+    description = "The rate-limit storage is unavailable; try again shortly."
 
 
 class SweptMemoryStorage(MemoryStorage):
@@ -55,7 +62,7 @@ class SweptMemoryStorage(MemoryStorage):
         with self.locks.lock:
             now = time.time()
             counts = []
-            for key, expiry, amount in windows:
+            for key, expiry, _ in windows:
                 if self.expirations.get(key, 0) <= now:
                     self.storage.pop(key, None)
                     self.expirations.pop(key, None)

@@ -2,10 +2,9 @@
 with `flask --app app db upgrade`) it is brought to the latest in place, in one transaction, one
 process at a time: workers that start together wait for the one that upgrades."""
 
-import logging
-
 import collections
 import contextlib
+import logging
 
 from peewee import BigIntegerField, CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate

@@ -16,7 +16,7 @@ import auth  # noqa: E402
 import services  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
 from app import close_app, create_app  # noqa: E402
-from web import accounts  # noqa: E402
+from accounts import users  # noqa: E402
 
 TEST_TIERS = "free=3/minute,pro=100/minute"
 
@@ -24,7 +24,7 @@ TEST_TIERS = "free=3/minute,pro=100/minute"
 @pytest.fixture(autouse=True)
 def cheap_password_hashing(monkeypatch):
     """scrypt at a test's cost: the default takes ~0.2 s per hash and the tests make hundreds."""
-    monkeypatch.setattr(accounts, "PASSWORD_METHOD", "scrypt:1024:8:1")
+    monkeypatch.setattr(users, "PASSWORD_METHOD", "scrypt:1024:8:1")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -131,7 +131,7 @@ def runner(app):
 
 @pytest.fixture
 def user(app):
-    return accounts.create_user("alice", "alice@example.com", "correct horse battery")
+    return users.create_user("alice", "alice@example.com", "correct horse battery")
 
 
 @pytest.fixture

@@ -20,21 +20,22 @@ from models import ApiKey, Session, User, db
 from store.connections import protect_sqlite_files
 from test_web import SECRET_PATTERN, create_key, page
 from ops import logs
-from web import accounts, throttles
+from accounts import users
+from web import throttles
 
 # The highest niceness, the lowest priority, on Linux and the BSDs.
 LOWEST_PRIORITY = 19
 
 
 def test_the_common_password_list_is_well_stocked():
-    common = accounts.common_passwords()
+    common = users.common_passwords()
     assert len(common) >= 10_000
     assert {"123456", "password", "qwerty", "iloveyou"} <= common
 
 
 def test_an_idle_session_expires_and_is_pruned_at_the_next_login(logged_in, user):
     assert logged_in.get("/settings/profile").status_code == 200
-    stale = utcnow_minus(days=accounts.SESSION_IDLE_DAYS, seconds=1)
+    stale = utcnow_minus(days=users.SESSION_IDLE_DAYS, seconds=1)
     Session.update(last_seen_at=stale).execute()
     assert logged_in.get("/settings/profile").status_code == 302
     logged_in.post("/login", data={"username": "alice", "password": "correct horse battery"})
@@ -43,7 +44,7 @@ def test_an_idle_session_expires_and_is_pruned_at_the_next_login(logged_in, user
 
 
 def test_an_active_session_is_kept_alive(logged_in):
-    almost_idle = utcnow_minus(days=accounts.SESSION_IDLE_DAYS - 1)
+    almost_idle = utcnow_minus(days=users.SESSION_IDLE_DAYS - 1)
     Session.update(last_seen_at=almost_idle).execute()
     assert logged_in.get("/settings/profile").status_code == 200
     assert Session.get().last_seen_at > utcnow_minus(minutes=1)
@@ -93,13 +94,13 @@ def test_max_keys_per_user_must_be_a_positive_whole_number(value):
 
 def test_usage_of_a_key_deleted_with_its_account_does_not_hold_up_the_others(app, user):
     _, kept = auth.issue_key(user, "kept", "development")
-    other = accounts.create_user("bob", "bob@example.com", "another long password")
+    other = users.create_user("bob", "bob@example.com", "another long password")
     _, gone = auth.issue_key(other, "gone", "development")
     usage = app.extensions["usage"]
     kept_key, gone_key = auth.authenticate(kept), auth.authenticate(gone)
     usage.add(kept_key.id, "/api/v1/protected/test", 200, True)
     usage.add(gone_key.id, "/api/v1/protected/test", 200, True)
-    accounts.delete_account(other, "another long password")
+    users.delete_account(other, "another long password")
     usage.flush()
     assert usage.pending == {}
     assert ApiKey.get_by_id(kept_key.id).total_requests == 1
@@ -107,7 +108,7 @@ def test_usage_of_a_key_deleted_with_its_account_does_not_hold_up_the_others(app
 
 
 def hash_off_the_loop():
-    """Run ~0.2 s of scrypt through accounts.off_the_loop as the server does; return the hashing
+    """Run ~0.2 s of scrypt through users.off_the_loop as the server does; return the hashing
     thread's id and niceness, and how often the event loop ran meanwhile."""
     ticks = []
 
@@ -122,31 +123,31 @@ def hash_off_the_loop():
 
     ticker = gevent.spawn(tick)
     try:
-        thread, niceness = accounts.off_the_loop(slow_hash)
+        thread, niceness = users.off_the_loop(slow_hash)
     finally:
         ticker.kill()
     return thread, niceness, len(ticks)
 
 
 def test_password_hashing_leaves_the_event_loop_free(monkeypatch):
-    monkeypatch.setattr(accounts, "greenlets_share_thread", lambda: True)
+    monkeypatch.setattr(users, "greenlets_share_thread", lambda: True)
     thread, _, ticks = hash_off_the_loop()
     assert thread != threading.get_native_id()
     assert ticks > 20
 
 
 def test_password_hashing_leaves_the_event_loop_free_at_a_lower_priority(monkeypatch):
-    monkeypatch.setattr(accounts, "greenlets_share_thread", lambda: True)
+    monkeypatch.setattr(users, "greenlets_share_thread", lambda: True)
     # Measured against the caller's own niceness, since suites run under `nice` too: the hashing
     # thread must end up below it in priority, and the caller (the event loop) keep its own.
     own = os.getpriority(os.PRIO_PROCESS, 0)
     if own >= LOWEST_PRIORITY:
         pytest.skip(f"this process already runs at niceness {own}, the lowest priority: no thread can go "
                     "below it (test_password_hashing_leaves_the_event_loop_free still runs)")
-    monkeypatch.setattr(accounts, "HASHING_NICENESS", max(accounts.HASHING_NICENESS, own + 1))
+    monkeypatch.setattr(users, "HASHING_NICENESS", max(users.HASHING_NICENESS, own + 1))
     thread, niceness, ticks = hash_off_the_loop()
     assert thread != threading.get_native_id()
-    assert niceness >= accounts.HASHING_NICENESS > own
+    assert niceness >= users.HASHING_NICENESS > own
     assert os.getpriority(os.PRIO_PROCESS, 0) == own
     assert ticks > 20
 
@@ -172,17 +173,17 @@ def test_an_existing_database_file_open_to_others_is_made_private(tmp_path):
 
 
 def test_deleting_an_account_deletes_its_sessions_keys_and_user(user, api_key):
-    accounts.start_session(user)
-    accounts.delete_account(user, "correct horse battery")
+    users.start_session(user)
+    users.delete_account(user, "correct horse battery")
     assert Session.select().count() == ApiKey.select().count() == User.select().count() == 0
 
 
 def test_a_log_in_checked_against_the_old_password_starts_no_session(user):
-    checked = accounts.user_for_login("alice", "correct horse battery")
-    accounts.change_password(User.get_by_id(user.id), "correct horse battery", "a brand new passphrase")
-    assert accounts.start_session(checked) is None
-    accounts.delete_account(User.get_by_id(user.id), "a brand new passphrase")
-    assert accounts.start_session(checked) is None
+    checked = users.user_for_login("alice", "correct horse battery")
+    users.change_password(User.get_by_id(user.id), "correct horse battery", "a brand new passphrase")
+    assert users.start_session(checked) is None
+    users.delete_account(User.get_by_id(user.id), "a brand new passphrase")
+    assert users.start_session(checked) is None
     assert Session.select().count() == 0
 
 
@@ -193,19 +194,19 @@ def test_invisible_formatting_characters_are_refused_in_names(user, name):
 
 
 def test_a_stale_request_cannot_clear_a_newer_pending_secret(user):
-    token = accounts.start_session(user)
-    accounts.keep_pending_secret(accounts.find_session(token), token, "first")
-    stale = accounts.find_session(token)
-    accounts.keep_pending_secret(accounts.find_session(token), token, "second")
-    assert accounts.take_pending_secret(stale, token) is None
-    assert accounts.take_pending_secret(accounts.find_session(token), token) == "second"
+    token = users.start_session(user)
+    users.keep_pending_secret(users.find_session(token), token, "first")
+    stale = users.find_session(token)
+    users.keep_pending_secret(users.find_session(token), token, "second")
+    assert users.take_pending_secret(stale, token) is None
+    assert users.take_pending_secret(users.find_session(token), token) == "second"
 
 
 def test_the_hashing_queue_is_bounded(monkeypatch):
-    monkeypatch.setattr(accounts, "greenlets_share_thread", lambda: True)
-    monkeypatch.setattr(accounts, "_hashes_waiting", accounts.HASHING_QUEUE_LIMIT)
-    with pytest.raises(accounts.HashingBusy):
-        accounts.off_the_loop(len, "x")
+    monkeypatch.setattr(users, "greenlets_share_thread", lambda: True)
+    monkeypatch.setattr(users, "_hashes_waiting", users.HASHING_QUEUE_LIMIT)
+    with pytest.raises(users.HashingBusy):
+        users.off_the_loop(len, "x")
 
 
 @pytest.mark.parametrize("value", ["\u00b2", "\u0661"])
@@ -226,18 +227,18 @@ def test_tracebacks_are_redacted_too():
 
 
 def test_a_request_waiting_for_the_hashing_pool_holds_no_database_connection(user, monkeypatch):
-    monkeypatch.setattr(accounts, "greenlets_share_thread", lambda: True)
+    monkeypatch.setattr(users, "greenlets_share_thread", lambda: True)
     User.get_by_id(user.id)  # the request has its connection now
-    accounts.off_the_loop(len, "x")
+    users.off_the_loop(len, "x")
     # A pooled PostgreSQL connection went back to the pool before the wait; SQLite's one stays.
     assert db.obj.is_closed() is not isinstance(db.obj, SqliteDatabase)
     assert User.get_by_id(user.id).username == "alice"  # and the request gets one back afterwards
 
 
 def test_an_account_keeps_its_newest_sessions_and_events_only(user, monkeypatch):
-    monkeypatch.setattr(accounts, "MAX_SESSIONS", 3)
-    monkeypatch.setattr(accounts.securitylog, "KEPT", 5)
-    tokens = [accounts.start_session(user) for _ in range(6)]
+    monkeypatch.setattr(users, "MAX_SESSIONS", 3)
+    monkeypatch.setattr(users.securitylog, "KEPT", 5)
+    tokens = [users.start_session(user) for _ in range(6)]
     assert Session.select().where(Session.user == user.id).count() == 3
-    assert accounts.find_session(tokens[-1]) is not None and accounts.find_session(tokens[0]) is None
-    assert len(accounts.securitylog.recent(user.id, limit=None)) == 5
+    assert users.find_session(tokens[-1]) is not None and users.find_session(tokens[0]) is None
+    assert len(users.securitylog.recent(user.id, limit=None)) == 5

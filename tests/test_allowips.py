@@ -10,7 +10,7 @@ from flask import current_app
 import auth
 from models import ApiKey
 from keys import allowips, keycache
-from web import securitylog
+from accounts import securitylog
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}

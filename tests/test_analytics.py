@@ -132,9 +132,9 @@ def test_usage_report_prints_each_day_by_outcome(app, runner, outcomes, user):
 
 
 def test_usage_report_refuses_another_accounts_key_and_bad_days(app, runner, user, pro_key):
-    from web import accounts
+    from accounts import users
 
-    bob = accounts.create_user("bob", "bob@example.com", "another long password")
+    bob = users.create_user("bob", "bob@example.com", "another long password")
     bobs, _ = auth.issue_key(bob, "bob's", "development")
     result = runner.invoke(args=["usage", "report", "alice", "--key", str(bobs.id)])
     assert result.exit_code == 1 and f"no API key with id {bobs.id}" in result.output

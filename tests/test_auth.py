@@ -6,7 +6,7 @@ import pytest
 
 import auth
 from models import ApiKey, User
-from web import accounts
+from accounts import users
 
 
 @pytest.mark.parametrize("key_type, prefix", [("development", "sk_test_"), ("production", "sk_live_")])
@@ -77,8 +77,8 @@ def test_issue_key_rejects_bad_input(user, name, key_type, tier, message):
 def test_passwords_are_hashed_with_a_kdf(user):
     stored = User.get_by_id(user.id)
     assert stored.password_hash.startswith("scrypt:")
-    assert accounts.password_matches(stored, "correct horse battery")
-    assert not accounts.password_matches(stored, "wrong")
+    assert users.password_matches(stored, "correct horse battery")
+    assert not users.password_matches(stored, "wrong")
 
 
 @pytest.mark.parametrize("username, email, password, message", [
@@ -91,10 +91,10 @@ def test_passwords_are_hashed_with_a_kdf(user):
 ])
 def test_create_user_rejects(user, username, email, password, message):
     with pytest.raises(ValueError, match=message):
-        accounts.create_user(username, email, password)
+        users.create_user(username, email, password)
     assert User.select().count() == 1
 
 
 def test_passwords_are_hashed_with_scrypt_at_full_cost(monkeypatch):
     monkeypatch.undo()
-    assert accounts.hash_password("a long password").startswith("scrypt:32768:8:1$")
+    assert users.hash_password("a long password").startswith("scrypt:32768:8:1$")

@@ -24,9 +24,9 @@ TIMEOUT = 5
 MAKE_KEYS = """
 import auth
 from app import app
-from web import accounts
+from accounts import users
 with app.app_context():
-    user = accounts.create_user("carol", "carol@example.com", "a long password 42")
+    user = users.create_user("carol", "carol@example.com", "a long password 42")
     for index in range({count}):
         print(auth.issue_key(user, f"key {{index}}", "production")[1])
 """

@@ -9,7 +9,7 @@ import auth
 import cli
 from liveserver import run_cli, service_env
 from models import ApiKey, User, db
-from web import accounts
+from accounts import users
 
 
 def test_users_create_with_password_stdin(runner):
@@ -17,7 +17,7 @@ def test_users_create_with_password_stdin(runner):
                            input="s3cret-password\nignored second line\n")
     assert result.exit_code == 0, result.output
     user = User.get(User.username == "bob")
-    assert accounts.password_matches(user, "s3cret-password")
+    assert users.password_matches(user, "s3cret-password")
 
 
 def test_users_create_prompts_for_password_on_a_terminal(runner, monkeypatch):
@@ -25,7 +25,7 @@ def test_users_create_prompts_for_password_on_a_terminal(runner, monkeypatch):
     result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
                            input="s3cret-password\ns3cret-password\n")
     assert result.exit_code == 0, result.output
-    assert accounts.password_matches(User.get(User.username == "bob"), "s3cret-password")
+    assert users.password_matches(User.get(User.username == "bob"), "s3cret-password")
 
 
 def test_users_create_refuses_a_common_password_before_asking_for_it_again(runner, monkeypatch):
@@ -36,7 +36,7 @@ def test_users_create_refuses_a_common_password_before_asking_for_it_again(runne
     refused = result.output.index("one of the most common passwords")
     assert result.output.count("Password:") == 2
     assert "Repeat for confirmation" not in result.output[:refused]
-    assert accounts.password_matches(User.get(User.username == "bob"), "s3cret-password")
+    assert users.password_matches(User.get(User.username == "bob"), "s3cret-password")
 
 
 @pytest.mark.parametrize("args, message", [

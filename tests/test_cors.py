@@ -11,7 +11,7 @@ from app import close_app, create_app, load_config
 from conftest import TEST_TIERS
 from liveserver import make_key, service_env, serving
 from serving import cors
-from web import accounts
+from accounts import users
 
 ALLOWED = "https://app.example.com"
 EXPOSED = {"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit",
@@ -91,7 +91,7 @@ def make_app(tmp_path):
         })
         apps.append(app)
         with app.app_context():
-            user = accounts.create_user(f"user{len(apps)}", f"user{len(apps)}@example.com", "correct horse battery")
+            user = users.create_user(f"user{len(apps)}", f"user{len(apps)}@example.com", "correct horse battery")
             _, key = auth.issue_key(user, "key", "development")
         return app, app.test_client(), key
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from models import db, utcnow
-from web import accounts
+from accounts import users
 from webhooks import addresses, delivery, endpoints, failures, outbox
 from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
@@ -26,7 +26,7 @@ def app(app):
 
 
 def account(name):
-    return accounts.create_user(name, f"{name}@example.com", "correct horse battery")
+    return users.create_user(name, f"{name}@example.com", "correct horse battery")
 
 
 def messages(owner, count, due, endpoint_count=1):

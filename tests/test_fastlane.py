@@ -15,7 +15,7 @@ import models
 from conftest import TEST_TIERS
 from ops import metrics
 from serving import fastlane
-from web import accounts
+from accounts import users
 
 ALLOWED, OTHER = "203.0.113.7", "198.51.100.1"
 # What differs between two answers to the same request made one after the other.
@@ -45,7 +45,7 @@ def lane_of(app):
 
 def issue(app, name="Alice dev", **options):
     with app.app_context():
-        user = models.User.get_or_none(models.User.username == "alice") or accounts.create_user(
+        user = models.User.get_or_none(models.User.username == "alice") or users.create_user(
             "alice", "alice@example.com", "correct horse battery")
         return auth.issue_key(user, name, "development", **options)
 

@@ -15,7 +15,8 @@ import auth
 import ratelimit
 from models import ApiKey, SecurityEvent, User
 from ops import logs
-from web import accounts, securitylog, throttles
+from accounts import securitylog, users
+from web import throttles
 
 
 def page(response):
@@ -138,7 +139,7 @@ def delete_after_counting(monkeypatch, app, user):
 
     def count_then_delete(key, environ, generation=None):
         state = count(key, environ, generation)
-        with accounts.db.atomic():
+        with users.db.atomic():
             ApiKey.delete().where(ApiKey.user == user.id).execute()
             User.delete().where(User.id == user.id).execute()
         return state
@@ -156,7 +157,7 @@ def test_an_account_deleted_mid_request_is_a_401_not_a_500(app, client, user, pr
 
 def test_an_account_deleted_while_its_page_creates_a_key_logs_the_browser_out(logged_in, user, monkeypatch):
     def delete_account_first(user_then):
-        with accounts.db.atomic():
+        with users.db.atomic():
             User.delete().where(User.id == user.id).execute()
 
     monkeypatch.setattr(throttles, "count_key_creation", delete_account_first)
@@ -167,10 +168,10 @@ def test_an_account_deleted_while_its_page_creates_a_key_logs_the_browser_out(lo
 
 def test_an_account_deleted_meanwhile_cannot_sign_out_everywhere_or_change_its_password(user):
     User.delete().where(User.id == user.id).execute()
-    with pytest.raises(accounts.AccountGone):
-        accounts.end_all_sessions(user)
-    with pytest.raises(accounts.AccountGone):
-        accounts.change_password(user, "correct horse battery", "another long password")
+    with pytest.raises(users.AccountGone):
+        users.end_all_sessions(user)
+    with pytest.raises(users.AccountGone):
+        users.change_password(user, "correct horse battery", "another long password")
 
 
 def test_log_messages_escape_control_characters_in_what_they_quote():

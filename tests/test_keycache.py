@@ -22,7 +22,7 @@ from clock import fake_time
 from app import close_app, create_app
 from keys import keycache
 from store import rediswindows
-from web import accounts
+from accounts import users
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def sqlite_app(tmp_path):
 
 @pytest.fixture
 def sqlite_user(sqlite_app):
-    return accounts.create_user("kim", "kim@example.com", "correct horse battery")
+    return users.create_user("kim", "kim@example.com", "correct horse battery")
 
 
 def test_each_database_and_storage_gets_its_signal(tmp_path, make_app):
@@ -217,7 +217,7 @@ def redis_app():
 
 
 def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):
-    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    user = users.create_user("lee", "lee@example.com", "correct horse battery")
     key, secret = auth.issue_key(user, "cached", "production")
     client = redis_app.test_client()
     headers = {"X-API-Key": secret}
@@ -236,7 +236,7 @@ def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):
 
 
 def test_an_announcement_that_cannot_reach_redis_is_a_sentence(redis_app, monkeypatch):
-    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    user = users.create_user("lee", "lee@example.com", "correct horse battery")
     key, _ = auth.issue_key(user, "cached", "production")
     windows = redis_app.extensions["ratelimit"].windows
     monkeypatch.setattr(windows.storage, "get_connection",
@@ -297,7 +297,7 @@ def test_a_failed_shared_read_is_tried_again_by_each_waiter(slow_reads):
 
 def test_a_revoked_key_kept_in_the_cache_is_a_401_not_a_403(redis_app):
     # The key lacks user:read; once revoked elsewhere it must be refused as revoked, not as short of a scope.
-    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    user = users.create_user("lee", "lee@example.com", "correct horse battery")
     key, secret = auth.issue_key(user, "narrow", "production", scopes=["test:read"])
     client = redis_app.test_client()
     for _ in range(2):
@@ -311,7 +311,7 @@ def test_a_revoked_key_kept_in_the_cache_is_a_401_not_a_403(redis_app):
 
 
 def test_revoking_a_revoked_key_again_announces_again(redis_app):
-    user = accounts.create_user("lee", "lee@example.com", "correct horse battery")
+    user = users.create_user("lee", "lee@example.com", "correct horse battery")
     key, _ = auth.issue_key(user, "twice", "production")
     windows = redis_app.extensions["ratelimit"].windows
     auth.revoke_key(key)

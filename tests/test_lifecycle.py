@@ -13,7 +13,7 @@ import cli
 import models
 from models import SCOPES, ApiKey, User, utcnow
 from keys import keycache
-from web import accounts, securitylog
+from accounts import securitylog, users
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -243,7 +243,7 @@ def test_a_bad_grace_gets_a_sentence(logged_in, user, grace):
 
 
 def test_another_users_key_cannot_be_rolled(logged_in):
-    other = accounts.create_user("mallory", "m@example.com", "a long enough password")
+    other = users.create_user("mallory", "m@example.com", "a long enough password")
     key, _ = auth.issue_key(other, "Theirs", "production")
     assert logged_in.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "0"}).status_code == 404
 

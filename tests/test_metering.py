@@ -10,7 +10,7 @@ import auth
 from clock import fake_time
 from metering import credits
 from models import ApiKey, SecurityEvent
-from web import accounts
+from accounts import users
 from webhooks import outbox
 
 PROTECTED = "/api/v1/protected/test"
@@ -35,7 +35,7 @@ def metered(make_app, database_url):
 
 @pytest.fixture
 def owner(metered):
-    return accounts.create_user("carol", "carol@example.com", "correct horse battery")
+    return users.create_user("carol", "carol@example.com", "correct horse battery")
 
 
 def issue(user, tier="wide", **options):
@@ -89,7 +89,7 @@ def test_the_headers_describe_the_window_with_the_fewest_requests_left(metered, 
 def test_the_account_window_is_shared_by_its_keys_and_refuses_with_its_own_code(metered, owner):
     first_key, first = issue(owner)
     second_key, second = issue(owner)
-    other = accounts.create_user("dave", "dave@example.com", "correct horse battery")
+    other = users.create_user("dave", "dave@example.com", "correct horse battery")
     _, outsider = issue(other)
     assert [get(metered, first).status_code for _ in range(7)] == [200] * 7
     assert [get(metered, second).status_code for _ in range(5)] == [200] * 5

@@ -10,7 +10,7 @@ from softauthenticator import USER_PRESENT, SoftAuthenticator
 
 from app import load_config
 from models import Passkey, db
-from web import accounts
+from accounts import users
 
 PASSWORD = "correct horse battery"
 
@@ -79,7 +79,7 @@ def test_another_accounts_passkey_cannot_be_the_second_factor(client, logged_in,
     secret = re.search(r'data-totp-secret="([A-Z2-7]+)"', page)[1]
     logged_in.post("/settings/security/2fa/enable", data={"code": pyotp.TOTP(secret).now()})
     logged_in.post("/logout")
-    mallory = accounts.create_user("mallory", "mallory@example.com", "another long password")
+    mallory = users.create_user("mallory", "mallory@example.com", "another long password")
     theirs = SoftAuthenticator()
     Passkey.create(user=mallory.id, name="Mallory's", credential_id=theirs.credential_id,
                    public_key=theirs.public_key())
@@ -129,7 +129,7 @@ def test_an_account_deleted_in_the_database_leaves_no_passkey_or_second_factor_t
     finally:
         db.execute_sql("PRAGMA foreign_keys = ON")
     db.execute_sql("UPDATE sqlite_sequence SET seq = (SELECT coalesce(max(id), 0) FROM users) WHERE name = 'users'")
-    bob = accounts.create_user("bob", "bob@example.com", "another long password")
+    bob = users.create_user("bob", "bob@example.com", "another long password")
     assert bob.id == user.id
     client = logged_in.application.test_client()
     assert log_in_with(client, authenticator).status_code == 400

@@ -17,7 +17,7 @@ import ratelimit
 import sockets
 from clock import FakeTime
 from contract import DOCUMENT
-from serving.settings import TIER_NAME_PATTERN, rate
+from settings import TIER_NAME_PATTERN, rate
 
 # The app fixture is only read from in these tests, so sharing it across examples is safe.
 uses_app = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)

@@ -24,7 +24,7 @@ from conftest import TEST_TIERS
 from liveserver import cli, service_env, start_procfile
 from models import ApiKey, Passkey, RecoveryCode, TwoFactor, User, db
 from store import connections, schema
-from web import accounts
+from accounts import users
 from webhooks import endpoints
 from webhooks.models import WebhookMarker
 
@@ -109,11 +109,11 @@ def test_a_fifth_version_database_keeps_totp_set_ups_with_their_session(database
     """Version 5 to the latest: sessions gain the set-up's columns; an authenticator turned on stays,
     and a secret never confirmed, which version 5 kept with the account for any session, is gone."""
     with make_app({"DATABASE_URL": database_url}).app_context():
-        owner = accounts.create_user("alice", "alice@example.com", "correct horse battery")
-        other = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+        owner = users.create_user("alice", "alice@example.com", "correct horse battery")
+        other = users.create_user("bob", "bob@example.com", "correct horse battery")
         TwoFactor.create(user=owner.id, sealed_secret="on", enabled_at=models.utcnow(), last_step=7)
         TwoFactor.create(user=other.id, sealed_secret="waiting")
-        token = accounts.start_session(owner)
+        token = users.start_session(owner)
         # The sessions table as version 5 made it.
         migrator = (PostgresqlMigrator if database_url.startswith("postgresql") else SqliteMigrator)(db.obj)
         migrate(migrator.drop_column("sessions", "totp_setup"), migrator.drop_column("sessions", "totp_setup_at"))
@@ -123,7 +123,7 @@ def test_a_fifth_version_database_keeps_totp_set_ups_with_their_session(database
     with app.app_context():
         assert {"totp_setup", "totp_setup_at"} <= {column.name for column in db.get_columns("sessions")}
         assert [(row.user_id, row.last_step) for row in TwoFactor.select()] == [(owner.id, 7)]
-        session = accounts.find_session(token)
+        session = users.find_session(token)
         assert session.user_id == owner.id and session.totp_setup is None
 
 
@@ -190,13 +190,13 @@ def test_no_id_is_given_to_a_second_row(database_url, make_app):
     unless the id is AUTOINCREMENT."""
     app = make_app({"DATABASE_URL": database_url, "WEBHOOK_ALLOW_PRIVATE": True})
     with app.app_context():
-        accounts.create_user("alice", "alice@example.com", "correct horse battery")
-        bob = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+        users.create_user("alice", "alice@example.com", "correct horse battery")
+        bob = users.create_user("bob", "bob@example.com", "correct horse battery")
         gone = made_for(bob)
         endpoints.remove_endpoint(gone["webhook_endpoints"])
-        accounts.delete_account(bob, "correct horse battery")
+        users.delete_account(bob, "correct horse battery")
         assert [row for row in gone.values() if type(row).get_or_none(type(row).id == row.id)] == []
-        new = made_for(accounts.create_user("carol", "carol@example.com", "correct horse battery"))
+        new = made_for(users.create_user("carol", "carol@example.com", "correct horse battery"))
     assert set(gone) == set(schema.NEVER_REUSED_IDS)
     assert {table: (gone[table].id, new[table].id) for table in gone} == {
         table: (gone[table].id, gone[table].id + 1) for table in gone}
@@ -262,10 +262,10 @@ def test_a_ninth_version_sqlite_database_keeps_every_row_and_gives_no_id_again(t
         assert db.execute_sql("PRAGMA foreign_keys").fetchone() == (1,)
         # Deleting the accounts deletes, by the foreign keys' cascades, every row that was theirs.
         for user in User.select():
-            accounts.delete_account(user, "correct horse battery")
+            users.delete_account(user, "correct horse battery")
         left = {table: db.execute_sql(f'SELECT count(*) FROM "{table}"').fetchone()[0] for table in before}
         assert {table: count for table, count in left.items() if count} == {"usage_writers": 1, "maintenance_locks": 1}
-        new = made_for(accounts.create_user("erin", "erin@example.com", "correct horse battery"))
+        new = made_for(users.create_user("erin", "erin@example.com", "correct horse battery"))
     assert {table: row.id for table, row in new.items()} == {table: highest[table] + 1 for table in highest}
     # The step finds its work done when it runs again.
     upgraded = tables_of(path)
@@ -286,7 +286,7 @@ def test_an_account_deleted_with_the_foreign_keys_off_leaves_its_keys_to_no_new_
     assert orphans
     app = make_app({"DATABASE_URL": f"sqlite:///{path}", "RATE_LIMIT_TIERS": TEST_TIERS})
     with app.app_context():
-        user = accounts.create_user("frank", "frank@example.com", "correct horse battery")
+        user = users.create_user("frank", "frank@example.com", "correct horse battery")
         assert user.id > newest
         assert ApiKey.select().where(ApiKey.user == user.id).count() == 0
 

@@ -1,4 +1,4 @@
-"""Configuration errors: serving/settings.py names the variable of every value it refuses, in one sentence
+"""Configuration errors: settings.py names the variable of every value it refuses, in one sentence
 and one exception type; every entry point (`python app.py` in both run modes, gunicorn, the flask
 command) prints that sentence on one line and exits with status 2; gunicorn's master checks before
 it forks a worker, importing nothing the workers must import after gevent's patching."""
@@ -12,7 +12,7 @@ import pytest
 import limits.storage  # noqa: F401  registers limits' storage schemes
 from limits._storage_scheme import SCHEMES
 from liveserver import ROOT, free_port, service_env, without_gunicorn
-from serving import settings
+import settings
 
 BAD_VALUES = [
     ("USAGE_HOURLY_RETENTION_DAYS", "ninety"),
@@ -87,7 +87,7 @@ def test_the_master_s_check_imports_nothing_the_workers_must_import_patched(tmp_
         [sys.executable, "-c", "import runpy, sys; runpy.run_path('gunicorn.conf.py'); print(*sorted(sys.modules))"],
         cwd=ROOT, env=service_env(tmp_path), capture_output=True, text=True, timeout=60, check=True).stdout.split()
     heavy = {"app", "models", "ratelimit", "peewee", "playhouse", "limits", "redis", "psycopg", "flask"}
-    assert "serving.settings" in loaded
+    assert "settings" in loaded
     assert not heavy & {name.split(".")[0] for name in loaded}
 
 

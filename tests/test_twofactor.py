@@ -12,8 +12,9 @@ import pytest
 
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
 from metering import lifecycle
-from serving import settings
-from web import passkeys, securitylog, twofactor, webprotection
+import settings
+from accounts import securitylog, twofactor
+from web import passkeys, webprotection
 
 PASSWORD = "correct horse battery"
 

@@ -128,10 +128,10 @@ def test_processes_flushing_the_same_keys_in_opposite_orders_never_deadlock_on_p
     url = services.postgres_url()
     app = make_app({"DATABASE_URL": url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True,
                     "RATE_LIMIT_TIERS": "free=3/minute,pro=100/minute", "MAX_KEYS_PER_USER": 100})
-    from web import accounts
+    from accounts import users
 
     with app.app_context():
-        user = accounts.create_user("alice", "alice@example.com", "correct horse battery")
+        user = users.create_user("alice", "alice@example.com", "correct horse battery")
         keys = keys_of(user, 60)
     before = deadlocks(services.session_database())
     rounds = 15
@@ -247,14 +247,14 @@ def test_a_graceful_stop_tries_again_after_the_driver_s_own_deadlock_error(app, 
 def test_an_account_deleted_while_a_flush_waits_on_its_keys_deadlocks_neither(make_app):
     import psycopg
 
-    from web import accounts
+    from accounts import users
 
     url = services.postgres_url()
     app = make_app({"DATABASE_URL": url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True,
                     "RATE_LIMIT_TIERS": "free=3/minute,pro=100/minute"})
     with app.app_context():
-        owner = accounts.create_user("ursula", "ursula@example.com", "correct horse battery")
-        other = accounts.create_user("walter", "walter@example.com", "correct horse battery")
+        owner = users.create_user("ursula", "ursula@example.com", "correct horse battery")
+        other = users.create_user("walter", "walter@example.com", "correct horse battery")
         first, = keys_of(owner, 1)
         blocking, = keys_of(other, 1)
         last, = keys_of(owner, 1)
@@ -281,7 +281,7 @@ def test_an_account_deleted_while_a_flush_waits_on_its_keys_deadlocks_neither(ma
         wait_for(lambda: waiting_on_locks(services.session_database()) >= 1)  # the flush waits on the holder
         try:
             with app.app_context():
-                accounts.delete_account(User.get(User.username == "ursula"), "correct horse battery")
+                users.delete_account(User.get(User.username == "ursula"), "correct horse battery")
         except Exception as error:  # noqa: BLE001  asserted below
             errors.append(error)
 

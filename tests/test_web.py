@@ -12,7 +12,8 @@ from limits import RateLimitItemPerMinute
 import auth
 from models import ApiKey, UsageHour, User, start_of_hour, utcnow
 from serving import envelope
-from web import accounts, pages, throttles
+from accounts import users
+from web import pages, throttles
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
@@ -341,7 +342,7 @@ def test_revoking_a_key_stops_it_on_the_very_next_request(logged_in):
 
 
 def test_another_users_key_is_404(logged_in):
-    bob = accounts.create_user("bob", "bob@example.com", "long enough")
+    bob = users.create_user("bob", "bob@example.com", "long enough")
     bobs_key, bobs_secret = auth.issue_key(bob, "Bob's key", "production")
     response = logged_in.post(f"/settings/security/keys/{bobs_key.id}/revoke", headers=HTML)
     assert response.status_code == 404
@@ -385,9 +386,9 @@ def test_the_key_page_charts_flushed_counts_by_outcome_and_endpoint(app, logged_
 
 
 def test_the_key_page_belongs_to_its_owner_alone(app, logged_in, user):
-    from web import accounts
+    from accounts import users
 
-    bob = accounts.create_user("bob", "bob@example.com", "another long password")
+    bob = users.create_user("bob", "bob@example.com", "another long password")
     bobs, _ = auth.issue_key(bob, "Bob's key", "development")
     assert logged_in.get(f"/settings/security/keys/{bobs.id}").status_code == 404
     assert logged_in.get("/settings/security/keys/999999").status_code == 404

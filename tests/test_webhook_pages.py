@@ -4,7 +4,7 @@ saying whether a test event still waits for its first attempt."""
 
 import pytest
 
-from web import accounts
+from accounts import users
 from webhookreceiver import receiving
 from webhooks import delivery, endpoints
 
@@ -56,7 +56,7 @@ def test_the_attempts_list_waits_for_the_test_events_attempt_then_shows_it(app, 
 
 
 def test_the_attempts_list_is_its_owners_alone(client, logged_in, user, hook):
-    bob = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+    bob = users.create_user("bob", "bob@example.com", "correct horse battery")
     bobs, _ = endpoints.add_endpoint(bob, "http://127.0.0.1:9/bob")
     assert logged_in.get(f"/settings/security/webhooks/{bobs.id}/attempts").status_code == 404
     assert logged_in.get("/settings/security/webhooks/999999/attempts").status_code == 404

@@ -24,8 +24,8 @@ from werkzeug.datastructures import MultiDict
 
 import auth
 from models import ApiKey, SecurityEvent, db, utcnow
-from serving import settings
-from web import accounts
+import settings
+from accounts import users
 from webhookreceiver import receiving
 from webhooks import addresses, delivery, endpoints, outbox, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
@@ -270,7 +270,7 @@ def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client,
 
 
 def test_threshold_marks_for_small_and_large_allowances():
-    from webhooks import thresholds
+    from metering import thresholds
 
     assert thresholds.marks(1) == {0: 100} and thresholds.marks(5) == {1: 80, 0: 100}
     assert thresholds.marks(1000) == {200: 80, 0: 100} and thresholds.marks(7) == {1: 80, 0: 100}
@@ -758,7 +758,7 @@ def test_the_security_tab_refuses_with_a_sentence(app, logged_in):
 
 
 def test_another_accounts_endpoint_is_a_404(app, logged_in, receiver):
-    bob = accounts.create_user("bob", "bob@example.com", "correct horse battery")
+    bob = users.create_user("bob", "bob@example.com", "correct horse battery")
     endpoint, _ = endpoints.add_endpoint(bob, f"{receiver.url}/bob")
     assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 404
     assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 404

@@ -92,19 +92,19 @@ SLOW_ACCOUNTS = """
 import sys
 from app import create_app
 from models import db
-from web import accounts
+from accounts import users
 from webhooks import endpoints, outbox
 app = create_app()
 url, slow_accounts, backlog = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with app.app_context():
     for number in range(slow_accounts):
-        user = accounts.create_user(f"slow{number}", f"slow{number}@example.com", "a long password")
+        user = users.create_user(f"slow{number}", f"slow{number}@example.com", "a long password")
         for endpoint in range(endpoints.MAX_ENDPOINTS):
             endpoints.add_endpoint(user, f"{url}/slow/{number}/{endpoint}", ["key.revoked"])
         with db.atomic():
             for n in range(backlog):
                 outbox.emit(user.id, "key.revoked", {"n": n})
-    user = accounts.create_user("fast", "fast@example.com", "a long password")
+    user = users.create_user("fast", "fast@example.com", "a long password")
     print(user.id, endpoints.add_endpoint(user, f"{url}/fast", ["key.revoked"])[1])
 """
 

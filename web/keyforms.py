@@ -7,9 +7,10 @@ from flask import abort, flash, g, redirect, request, session, url_for
 
 import auth
 import ratelimit
-from models import ApiKey
+from accounts import users
 from metering import credits
-from web import accounts, throttles
+from models import ApiKey
+from web import throttles
 from web.pages import MAX_ID, bp, login_required, render_security_tab
 
 
@@ -36,7 +37,7 @@ def create_key():
         flash(str(error), "error")
         return render_security_tab(status=400)
     # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
-    accounts.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
+    users.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
     return redirect(url_for("web.settings_security"))
 
 
@@ -64,8 +65,8 @@ def roll_key(key_id):
     except ValueError as error:
         flash(str(error), "error")
         return render_security_tab(status=400)
-    accounts.keep_pending_secret(g.session, session["sid"],
-                                 json.dumps({"name": key.name, "secret": secret, "rolled": True}))
+    users.keep_pending_secret(g.session, session["sid"],
+                              json.dumps({"name": key.name, "secret": secret, "rolled": True}))
     return redirect(url_for("web.settings_security"))
 
 

@@ -3,8 +3,8 @@ day by outcome and by endpoint as charts drawn on the server (SVG, no script), a
 
 from flask import Blueprint, render_template
 
-from models import SCOPES, utcnow
 from metering import analytics, credits
+from models import SCOPES, utcnow
 from web import keyforms, pages
 
 bp = Blueprint("keys", __name__)

@@ -11,11 +11,12 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 
 import ratelimit
-from models import SCOPES, ApiKey, utcnow
+from accounts import securitylog, twofactor, users
 from keys import allowips
 from metering import analytics
+from models import SCOPES, ApiKey, utcnow
 from serving import envelope
-from web import accounts, reference, securitylog, throttles, twofactor
+from web import reference, throttles
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -63,8 +64,6 @@ def init_app(app):
     app.config["WTF_CSRF_CHECK_DEFAULT"] = False
     csrf.init_app(app)
     app.before_request(protect_forms)
-    # The key forms' routes are this blueprint's, in a module of their own.
-    from web import keyforms  # noqa: F401
     app.register_blueprint(bp)
 
 
@@ -86,7 +85,7 @@ def protect_forms():
 def load_logged_in_user():
     # The cookie names a session row; log-out, "Sign out everywhere", a password change and a
     # deleted account delete rows, and with them every copy of the cookie.
-    g.session = accounts.find_session(session.get("sid"))
+    g.session = users.find_session(session.get("sid"))
     g.user = g.session.user if g.session else None
 
 
@@ -100,7 +99,7 @@ def add_page_headers(response):
     return response
 
 
-@bp.errorhandler(accounts.AccountGone)
+@bp.errorhandler(users.AccountGone)
 def account_gone(error):
     """The account was deleted (in another tab, say) while this request changed it."""
     session.clear()
@@ -124,11 +123,11 @@ def login_required(view):
 def log_in(user):
     """Start a fresh session for the user in this browser, ending the one it had: nothing from
     before (nor its CSRF token, nor a copy of its cookie) carries over. False when the account
-    changed under the log-in (see accounts.start_session)."""
+    changed under the log-in (see users.start_session)."""
     if g.get("session") is not None:
-        accounts.end_session(g.session)
+        users.end_session(g.session)
     session.clear()
-    token = accounts.start_session(user)
+    token = users.start_session(user)
     if token is None:
         return False
     session["sid"] = token
@@ -140,7 +139,7 @@ def local_path(target):
     redirects). Browsers drop tabs and line breaks anywhere in a URL and read a backslash as a
     slash, so `/\t/evil.example` and `/\\evil.example` lead off the site: anything with a control
     character or a backslash is refused, as is anything that names a scheme or a host."""
-    if not target or accounts.CONTROL_CHARACTERS.search(target) or "\\" in target:
+    if not target or users.CONTROL_CHARACTERS.search(target) or "\\" in target:
         return None
     if not target.startswith("/") or target.startswith("//"):
         return None
@@ -165,10 +164,10 @@ def signup():
     form = request.form
     try:
         throttles.count_signup()
-        user = accounts.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""))
+        user = users.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""))
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("signup.html", error)
-    except accounts.AccountTaken:
+    except users.AccountTaken:
         # One sentence for both, so sign-up does not confirm which email addresses have accounts.
         flash("That username or email cannot be used. Choose another, or log in.", "error")
         return render_template("signup.html"), 400
@@ -186,7 +185,7 @@ def login():
         return render_template("login.html")
     username, password = request.form.get("username", ""), request.form.get("password", "")
     try:
-        accounts.refuse_control_characters(username + password, "A username or password")
+        users.refuse_control_characters(username + password, "A username or password")
     except ValueError as error:
         flash(str(error), "error")
         return render_template("login.html"), 400
@@ -194,7 +193,7 @@ def login():
         time.sleep(throttles.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("login.html", error)
-    user = accounts.user_for_login(username, password)
+    user = users.user_for_login(username, password)
     if user is not None and twofactor.is_enabled(user):
         throttles.password_accepted(username)
         return ask_second_factor(user, request.args.get("next"))
@@ -215,7 +214,7 @@ def ask_second_factor(user, next_path):
     """After the right password of an account with 2FA on: keep that in a pending log-in (a row
     that lives a few minutes, not a flag in the cookie) and ask for the second factor."""
     if g.get("session") is not None:
-        accounts.end_session(g.session)
+        users.end_session(g.session)
     session.clear()
     session[PENDING_LOGIN] = twofactor.start_pending_login(user)
     if local_path(next_path):
@@ -231,7 +230,7 @@ def too_many_attempts(template, error):
 @bp.post("/logout")
 def logout():
     if g.session is not None:
-        accounts.end_session(g.session)
+        users.end_session(g.session)
     session.clear()
     flash("You are logged out.")
     return redirect(url_for("web.landing"))
@@ -250,14 +249,14 @@ def settings_profile():
 
 
 def render_profile_tab(status=200):
-    return render_template("settings_profile.html", active_keys=accounts.active_key_count(g.user),
-                           min_password_length=accounts.MIN_PASSWORD_LENGTH), status
+    return render_template("settings_profile.html", active_keys=users.active_key_count(g.user),
+                           min_password_length=users.MIN_PASSWORD_LENGTH), status
 
 
 @bp.post("/settings/profile/password")
 @login_required
 def change_password():
-    failure = with_password_check(accounts.change_password, request.form.get("current_password", ""),
+    failure = with_password_check(users.change_password, request.form.get("current_password", ""),
                                   request.form.get("new_password", ""))
     if failure:
         return failure
@@ -270,7 +269,7 @@ def change_password():
 @bp.post("/settings/profile/delete")
 @login_required
 def delete_account():
-    failure = with_password_check(accounts.delete_account, request.form.get("password", ""))
+    failure = with_password_check(users.delete_account, request.form.get("password", ""))
     if failure:
         return failure
     session.clear()
@@ -286,7 +285,7 @@ def refuse_wrong_password(password):
         time.sleep(throttles.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         return f"Too many wrong passwords. Try again in {error.retry_after} seconds.", 429
-    if not accounts.password_matches(g.user, password):
+    if not users.password_matches(g.user, password):
         throttles.password_refused(username)
         return "The password is not correct.", 400
     throttles.password_accepted(username)
@@ -304,7 +303,7 @@ def with_password_check(change, password, *args):
         return render_profile_tab(status=429)
     try:
         change(g.user, password, *args)
-    except accounts.WrongPassword as error:
+    except users.WrongPassword as error:
         throttles.password_refused(username)
         flash(str(error), "error")
         return render_profile_tab(status=400)
@@ -319,7 +318,7 @@ def with_password_check(change, password, *args):
 @bp.post("/settings/security/sessions/revoke")
 @login_required
 def sign_out_everywhere():
-    accounts.end_all_sessions(g.user)
+    users.end_all_sessions(g.user)
     session.clear()
     flash("You are signed out everywhere, this browser included.")
     return redirect(url_for("web.login"))
@@ -328,7 +327,7 @@ def sign_out_everywhere():
 @bp.get("/settings/security")
 @login_required
 def settings_security():
-    pending = accounts.take_pending_secret(g.session, session["sid"])
+    pending = users.take_pending_secret(g.session, session["sid"])
     return render_security_tab(new_key=json.loads(pending) if pending else None)
 
 

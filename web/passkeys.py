@@ -19,8 +19,8 @@ from webauthn.helpers.structs import (
     UserVerificationRequirement,
 )
 
+from accounts import securitylog, users
 from models import Passkey, Session, User, WebAuthnChallenge, db, utcnow
-from web import accounts, securitylog
 
 RP_NAME = "API-key demo service"
 CHALLENGE_LIFE = datetime.timedelta(minutes=2)
@@ -61,7 +61,7 @@ def keep_challenge(purpose, challenge, user=None):
     token = secrets.token_urlsafe(32)
     with db.atomic():
         WebAuthnChallenge.delete().where(WebAuthnChallenge.expires_at < utcnow()).execute()
-        WebAuthnChallenge.create(token_hash=accounts.token_hash(token), purpose=purpose,
+        WebAuthnChallenge.create(token_hash=users.token_hash(token), purpose=purpose,
                                  user=user.id if user else None, challenge=challenge,
                                  expires_at=utcnow() + CHALLENGE_LIFE)
     return token
@@ -72,7 +72,7 @@ def take_challenge(token, purpose, user=None):
     none, it expired, or another request took it."""
     if not isinstance(token, str) or not token:
         return None
-    row = WebAuthnChallenge.get_or_none(WebAuthnChallenge.token_hash == accounts.token_hash(token))
+    row = WebAuthnChallenge.get_or_none(WebAuthnChallenge.token_hash == users.token_hash(token))
     if row is None or not WebAuthnChallenge.delete().where(WebAuthnChallenge.token_hash == row.token_hash).execute():
         return None
     if row.purpose != purpose or row.expires_at < utcnow() or row.user_id != (user.id if user else None):
@@ -98,7 +98,7 @@ def descriptor(passkey):
 def register(user, token, name, credential):
     """Verify a new credential and store it under name; return the Passkey."""
     name = " ".join(name.split()) if isinstance(name, str) else ""
-    accounts.refuse_control_characters(name, "A passkey's name")
+    users.refuse_control_characters(name, "A passkey's name")
     if not 1 <= len(name) <= MAX_NAME_LENGTH:
         raise ValueError(f"Give the passkey a name of 1 to {MAX_NAME_LENGTH} characters.")
     challenge = take_challenge(token, REGISTER, user)
@@ -111,7 +111,7 @@ def register(user, token, name, credential):
     except (WebAuthnException, ValueError, TypeError, KeyError) as error:
         raise PasskeyRefused("The browser's answer was not a valid new passkey.") from error
     with db.atomic():
-        accounts.lock_user(user)
+        users.lock_user(user)
         if Passkey.select().where(Passkey.user == user.id).count() >= MAX_PASSKEYS:
             raise ValueError(f"An account has at most {MAX_PASSKEYS} passkeys; remove one first.")
         try:
@@ -184,7 +184,7 @@ def remove(user, passkey_id, keep_session):
     """Remove one of the user's passkeys and end every session of the account but keep_session
     (SECURITY.md says why); return its name, or None when the user has no passkey of that id."""
     with db.atomic():
-        accounts.lock_user(user)
+        users.lock_user(user)
         passkey = Passkey.get_or_none((Passkey.id == passkey_id) & (Passkey.user == user.id))
         if passkey is None:
             return None

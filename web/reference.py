@@ -3,7 +3,7 @@
 import collections
 import json
 
-import api
+import openapi
 
 Operation = collections.namedtuple(
     "Operation", "method path anchor summary description tag auth key_header parameters responses")
@@ -194,4 +194,4 @@ def sent_as(document, component):
                    if header.get("$ref") == ref})
 
 
-PAGE = build(api.OPENAPI)
+PAGE = build(openapi.OPENAPI)

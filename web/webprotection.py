@@ -9,13 +9,14 @@ from flask import Blueprint, abort, current_app, flash, g, redirect, render_temp
 from limits import RateLimitItemPerMinute
 
 import ratelimit
+from accounts import twofactor, users
 from models import utcnow
-from web import accounts, pages, passkeys, throttles, twofactor
+from web import pages, passkeys, throttles
 
 bp = Blueprint("protection", __name__)
 bp.before_request(pages.load_logged_in_user)
 bp.after_request(pages.add_page_headers)
-bp.register_error_handler(accounts.AccountGone, pages.account_gone)
+bp.register_error_handler(users.AccountGone, pages.account_gone)
 
 CEREMONY = "webauthn"  # the session cookie's key for the WebAuthn challenge's token
 # Adding a second factor (TOTP or a passkey) needs a log-in this recent: a stolen session cookie
@@ -143,7 +144,7 @@ def disable():
     except ratelimit.RateLimitExceeded as error:
         flash(f"Too many wrong passwords. Try again in {error.retry_after} seconds.", "error")
         return pages.render_security_tab(status=429)
-    if not accounts.password_matches(g.user, request.form.get("password", "")):
+    if not users.password_matches(g.user, request.form.get("password", "")):
         throttles.password_refused(username)
         flash("The password is not correct.", "error")
         return pages.render_security_tab(status=400)

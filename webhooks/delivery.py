@@ -15,11 +15,11 @@ import gevent.event
 import gevent.pool
 from peewee import SQL, Case, PostgresqlDatabase, SqliteDatabase, fn
 
+import settings
+from accounts import securitylog
 from models import db, release_connection, utcnow
-from serving import settings
 from store.connections import greenlets_share_thread
 from store.writelock import write_transaction
-from web import securitylog
 from webhooks import addresses, deadlines, failures, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 

@@ -4,8 +4,8 @@ removing, and asking for a test event; the CLI, the Security tab and the tests c
 from flask import current_app
 from peewee import fn
 
+from accounts import securitylog, users
 from models import db
-from web import accounts, securitylog
 from webhooks import addresses, outbox, signing
 from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
@@ -34,12 +34,12 @@ def add_endpoint(user, url, events=None):
     later releases included); return (WebhookEndpoint, its signing secret). The secret exists only
     here; the database keeps it sealed. ValueError (RefusedAddress among them) with a sentence for
     a URL or event refused, EndpointCapReached beyond MAX_ENDPOINTS."""
-    accounts.refuse_control_characters(url, "A webhook URL")
+    users.refuse_control_characters(url, "A webhook URL")
     events = parse_events(events or [])
     url = addresses.check_url(url, current_app.config["WEBHOOK_ALLOW_PRIVATE"])
     secret = signing.new_secret()
     with db.atomic():
-        accounts.lock_user(user)
+        users.lock_user(user)
         if WebhookEndpoint.select().where(WebhookEndpoint.user == user.id).count() >= MAX_ENDPOINTS:
             raise EndpointCapReached(f"An account may have {MAX_ENDPOINTS} webhook endpoints; remove one before "
                                      "adding another.")

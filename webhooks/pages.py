@@ -6,7 +6,8 @@ import json
 
 from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
 
-from web import accounts, pages
+from accounts import users
+from web import pages
 from web.pages import MAX_ID, login_required, render_security_tab
 from webhooks import endpoints, outbox
 from webhooks.models import ALL_EVENTS, WebhookEndpoint
@@ -14,7 +15,7 @@ from webhooks.models import ALL_EVENTS, WebhookEndpoint
 bp = Blueprint("webhooks", __name__)
 bp.before_request(pages.load_logged_in_user)
 bp.after_request(pages.add_page_headers)
-bp.register_error_handler(accounts.AccountGone, pages.account_gone)
+bp.register_error_handler(users.AccountGone, pages.account_gone)
 
 SECTION = "#webhooks"
 
@@ -54,8 +55,8 @@ def add_endpoint():
         flash(str(error), "error")
         return render_security_tab(status=400)
     # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
-    accounts.keep_pending_secret(g.session, session["sid"],
-                                 json.dumps({"webhook_url": endpoint.url, "webhook_secret": secret}))
+    users.keep_pending_secret(g.session, session["sid"],
+                              json.dumps({"webhook_url": endpoint.url, "webhook_secret": secret}))
     return redirect(url_for("web.settings_security") + SECTION)
 
 

@@ -9,7 +9,7 @@ import uuid
 import redis
 from werkzeug.exceptions import TooManyRequests
 
-import ratelimit
+from store.limitstorage import LimitStorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class SharedSocketSlots:
                                      args=[now, now - self.STALE_SECONDS, self.per_key, token, self.STALE_SECONDS])
         except redis.RedisError as error:
             log.error("Socket slots unavailable in Redis: %s", error)
-            raise ratelimit.LimitStorageUnavailable() from None
+            raise LimitStorageUnavailable() from None
         if not taken:
             raise TooManyConnections(f"This API key already has {self.per_key} open time sockets; close one first.")
         return token

@@ -33,8 +33,8 @@ from wsproto.events import AcceptConnection, CloseConnection, Message, Ping
 from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
-from ws.outbox import Outbox
 from ops import logs
+from ws.outbox import Outbox
 
 OUTPUT_LIMIT = 1024 * 1024
 LINGER_SECONDS = 1.0

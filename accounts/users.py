@@ -17,10 +17,10 @@ from peewee import IntegrityError, PostgresqlDatabase, SqliteDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from accounts import securitylog
+from keys import keycache
 from models import PROTECTION_MODELS, ApiKey, SecurityEvent, Session, User, db, release_connection, utcnow
 from store.connections import greenlets_share_thread
-from keys import keycache
-from web import securitylog
 
 USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
 EMAIL_PATTERN = re.compile(r"[^@\s]{1,64}@[^@\s]+\.[^@\s]+")

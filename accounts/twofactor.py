@@ -10,9 +10,9 @@ import secrets
 import pyotp
 import segno
 
-from store import sealing
+from accounts import securitylog, users
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
-from web import accounts, securitylog
+from store import sealing
 
 ISSUER = "API-key demo service"
 # RFC 6238 with the parameters every authenticator app assumes: SHA-1, 6 digits, 30 s.
@@ -144,7 +144,7 @@ def enable(user, code, session):
     """Turn 2FA on once code (normalised) confirms the secret of the session's set-up; return the
     recovery codes (shown once)."""
     with db.atomic():
-        accounts.lock_user(user)
+        users.lock_user(user)
         secret = setup_secret(session)
         if secret is None or record_for(user) is not None:
             raise ValueError(NO_SETUP)
@@ -219,11 +219,11 @@ def start_pending_login(user):
     token = secrets.token_urlsafe(32)
     with db.atomic():
         PendingLogin.delete().where(PendingLogin.expires_at < utcnow()).execute()
-        PendingLogin.create(token_hash=accounts.token_hash(token), user=user.id, password_hash=user.password_hash,
+        PendingLogin.create(token_hash=users.token_hash(token), user=user.id, password_hash=user.password_hash,
                             expires_at=utcnow() + PENDING_LOGIN_LIFE)
         # A right password is not throttled: keep what repeating it adds bounded.
-        accounts.keep_newest(PendingLogin, PendingLogin.user == user.id, PendingLogin.expires_at,
-                             PendingLogin.token_hash, PENDING_LOGINS_KEPT)
+        users.keep_newest(PendingLogin, PendingLogin.user == user.id, PendingLogin.expires_at,
+                          PendingLogin.token_hash, PENDING_LOGINS_KEPT)
     return token
 
 
@@ -232,13 +232,13 @@ def find_pending_login(token):
     if not isinstance(token, str) or not token:
         return None
     return (PendingLogin.select(PendingLogin, User).join(User)
-            .where((PendingLogin.token_hash == accounts.token_hash(token)) & (PendingLogin.expires_at >= utcnow()))
+            .where((PendingLogin.token_hash == users.token_hash(token)) & (PendingLogin.expires_at >= utcnow()))
             .first())
 
 
 def finish_pending_login(pending):
     """End the pending log-in; return its user with the password hash it was checked against (so
-    that accounts.start_session refuses it when the password changed since), or None when another
+    that users.start_session refuses it when the password changed since), or None when another
     request finished it first."""
     if not PendingLogin.delete().where(PendingLogin.token_hash == pending.token_hash).execute():
         return None

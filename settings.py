@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-INSTANCE = Path(__file__).resolve().parent.parent / "instance"
+INSTANCE = Path(__file__).resolve().parent / "instance"
 
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 RATE_FORM = "a rate like 1000/hour (a whole number from 1, a slash, and second, minute, hour or day)"
@@ -183,7 +183,7 @@ def storage_url(environ):
     # Sentinel, cluster and memcached URIs may name several hosts, each with its port.
     for host in urlsplit(url.strip()).netloc.rpartition("@")[2].split(","):
         try:
-            urlsplit(f"//{host}").port
+            _ = urlsplit(f"//{host}").port  # read for its ValueError alone
         except ValueError:
             raise ConfigError("RATELIMIT_STORAGE_URL has a port that is not a whole number from 0 to 65535.") from None
     if scheme.endswith("+sentinel") and not urlsplit(url.strip()).path.strip("/"):

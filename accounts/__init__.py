@@ -1,0 +1,1 @@
+"""The account domain: users and their sessions, two-factor log-in, the security log."""

@@ -1,0 +1,9 @@
+"""openapi.json, the OpenAPI description of the REST API, read once: the REST API serves it, the
+API reference page shows it. The standard library only."""
+
+import json
+from pathlib import Path
+
+OPENAPI = json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())
+# The version's one place is the API description; status reports it, `python app.py --version` prints it.
+VERSION = OPENAPI["info"]["version"]
