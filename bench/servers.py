@@ -91,7 +91,10 @@ def seed_keys(env, count):
     os.environ.update(env)
     import auth
     import models
-    from accounts import users
+    try:
+        from accounts import users
+    except ImportError:  # a checkout from before the accounts/ room
+        from web import accounts as users
     from app import create_app
 
     app = create_app()
