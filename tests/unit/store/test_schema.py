@@ -20,7 +20,7 @@ from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 import auth
 import models
-from conftest import TEST_TIERS
+from appconfig import TEST_TIERS
 from liveserver import cli, service_env, start_procfile
 from models import ApiKey, Passkey, RecoveryCode, TwoFactor, User, db
 from store import connections, schema
@@ -28,7 +28,7 @@ from web import accounts
 from webhooks import endpoints
 from webhooks.models import WebhookMarker
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SECRETS = json.loads((FIXTURES / "release1.json").read_text())
 
 

@@ -7,13 +7,13 @@ import re
 
 import pyotp
 import pytest
+from browsing import sign_up
 from liveserver import service_env, start_procfile
-from test_browser import CHROMIUM, CHROMIUM_ARGS, browser, require, sign_up  # noqa: F401  browser: a fixture
 
 try:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 except ImportError:
-    sync_playwright = None
+    pass
 
 pytestmark = pytest.mark.browser
 

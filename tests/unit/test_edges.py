@@ -16,10 +16,7 @@ import ratelimit
 from models import ApiKey, SecurityEvent, User
 from ops import logs
 from web import accounts, securitylog, throttles
-
-
-def page(response):
-    return response.get_data(as_text=True)
+from webforms import page
 
 
 def flashed(response):

@@ -1,7 +1,9 @@
 """PostgreSQL and Redis for the tests: the machine's servers, each test run in its own database.
 Where a server is unreachable the tests that need it skip, except under CI=true, where they fail."""
 
+import contextlib
 import os
+import sqlite3
 import socket
 import uuid
 from urllib.parse import urlsplit
@@ -19,6 +21,15 @@ POSTGRES = (ADMIN_URL.hostname or "127.0.0.1", ADMIN_URL.port or 5432)
 REDIS = (urlsplit(REDIS_URL).hostname or "127.0.0.1", urlsplit(REDIS_URL).port or 6379)
 _session_database = f"apitest_{uuid.uuid4().hex[:12]}"
 _created = False
+
+
+def rows(database_url, sql):
+    """The rows sql selects from the database at database_url (a server's, read from outside it)."""
+    if database_url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as connection:
+            return connection.execute(sql).fetchall()
+    with psycopg.connect(database_url) as connection:
+        return connection.execute(sql).fetchall()
 
 
 def unavailable(reason):

@@ -5,7 +5,6 @@ label, and an endpoint's path wraps only at a slash; at both sizes key rows, but
 totals line up."""
 
 import itertools
-import os
 import time
 from pprint import pformat
 
@@ -13,14 +12,14 @@ import pyotp
 import pytest
 import requests
 
+from browsing import AXE, create_key, require, sign_up
 from liveserver import service_env, serving
 from webhookreceiver import receiving
-from test_browser import AXE, CHROMIUM, CHROMIUM_ARGS, DOCS, browser, create_key, require, sign_up  # noqa: F401  browser: a fixture
 
 try:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 except ImportError:
-    sync_playwright = None
+    pass
 
 pytestmark = pytest.mark.browser
 
@@ -34,13 +33,6 @@ usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("dana", 
 SHOWN_IN_DOCS = "Security tab with a new key's secret"
 # How long a test event's first attempt may take to show on a loaded machine (the contract: 5 s).
 ATTEMPT_DEADLINE_MS = 30_000
-
-
-@pytest.fixture
-def screenshots(tmp_path):
-    """Where the run saves its screenshots: docs/ with UPDATE_SCREENSHOTS=1 (the Security tab right
-    after Create New API Key, at 1280 and 390 px), else a temporary folder."""
-    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
 
 
 @pytest.fixture(scope="module")

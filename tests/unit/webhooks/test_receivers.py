@@ -14,7 +14,7 @@ from werkzeug.serving import make_server
 from models import utcnow
 from webhooks import deadlines, delivery, outbox, signing
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "webhooks.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "webhooks.md"
 TEXT = DOCS.read_text(encoding="utf-8")
 BLOCKS = re.findall(r"^```python\n(.*?)^```", TEXT, re.M | re.S)
 EVENTS_TABLE = TEXT[TEXT.index("## Events"):TEXT.index("## A delivery")]

@@ -18,9 +18,9 @@ import app as service
 import auth
 from models import ApiKey, Session, User, db
 from store.connections import protect_sqlite_files
-from test_web import SECRET_PATTERN, create_key, page
 from ops import logs
 from web import accounts, throttles
+from webforms import SECRET_PATTERN, create_key, page
 
 # The highest niceness, the lowest priority, on Linux and the BSDs.
 LOWEST_PRIORITY = 19

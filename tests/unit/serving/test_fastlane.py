@@ -12,7 +12,7 @@ from peewee import OperationalError
 import api
 import auth
 import models
-from conftest import TEST_TIERS
+from appconfig import TEST_TIERS
 from ops import metrics
 from serving import fastlane
 from web import accounts

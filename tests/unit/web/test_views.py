@@ -13,30 +13,14 @@ import auth
 from models import ApiKey, UsageHour, User, start_of_hour, utcnow
 from serving import envelope
 from web import accounts, pages, throttles
+from webforms import SECRET_PATTERN, create_key, page
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
-SECRET_PATTERN = re.compile(r'id="new-secret"[^>]*>(sk_(?:live|test)_[A-Za-z0-9]+)<')
-
-
-def page(response):
-    return response.get_data(as_text=True)
-
-
 def csrf_token(client, path):
     # The app fixture keeps one app context for the whole test, so Flask-WTF's token cache in g would
     # outlive the request that put it there; in production every request has its own g.
     g.pop("csrf_token", None)
     return re.search(r'name="csrf_token" value="([^"]+)"', page(client.get(path)))[1]
-
-
-def create_key(client, name="Web key", key_type="production"):
-    """Create a key through the Security tab; return the secret the page shows once."""
-    response = client.post("/settings/security/keys", data={"name": name, "type": key_type})
-    assert response.status_code == 302
-    assert response.headers["Location"] == "/settings/security"
-    html = page(client.get("/settings/security"))
-    assert "This is the only time the secret is shown" in html and 'id="copy-secret"' in html
-    return SECRET_PATTERN.search(html)[1]
 
 
 def test_landing_page_links_everything(client):

@@ -1,47 +1,16 @@
 """CORS, opt-in with CORS_ORIGINS: the setting is checked at start; an allowed origin's scripts may
 read every /api/v1/ response (errors included) and get their preflight answered; nothing else gets
-an Access-Control-* header, nor does anyone without the setting. Flask's test client and the live
-server (the Procfile's gunicorn)."""
+an Access-Control-* header, nor does anyone without the setting; with Flask's test client (the live
+server: tests/live/test_cors.py)."""
 
 import pytest
-import requests
 
 import auth
 from app import close_app, create_app, load_config
-from conftest import TEST_TIERS
-from liveserver import make_key, service_env, serving
+from appconfig import TEST_TIERS
+from corschecks import ALLOWED, PREFLIGHT, assert_preflight_answered, assert_readable_by, cors_headers, names
 from serving import cors
 from web import accounts
-
-ALLOWED = "https://app.example.com"
-EXPOSED = {"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit",
-           "Retry-After", "X-Request-ID"}
-PREFLIGHT = {"Access-Control-Request-Method": "GET", "Access-Control-Request-Headers": "x-api-key"}
-
-
-def cors_headers(response):
-    return {name: value for name, value in response.headers.items() if name.lower().startswith("access-control-")}
-
-
-def names(value):
-    return {name.strip() for name in value.split(",")}
-
-
-def assert_readable_by(response, origin, expected=None):
-    """The response lets a script of `origin` read it and the headers it needs, without credentials."""
-    assert response.headers["Access-Control-Allow-Origin"] == (expected or origin)
-    assert "Origin" in names(response.headers["Vary"])
-    assert names(response.headers["Access-Control-Expose-Headers"]) == EXPOSED
-    assert "Access-Control-Allow-Credentials" not in response.headers
-
-
-def assert_preflight_answered(response, origin):
-    assert response.status_code == 204
-    assert (response.data if hasattr(response, "data") else response.content) == b""
-    assert_readable_by(response, origin)
-    assert "GET" in names(response.headers["Access-Control-Allow-Methods"])
-    assert "x-api-key" in {name.lower() for name in names(response.headers["Access-Control-Allow-Headers"])}
-
 
 @pytest.mark.parametrize("value, origins", [
     (None, ()),
@@ -190,56 +159,3 @@ def test_a_wildcard_lets_any_origin_read_without_credentials(make_app):
         assert response.status_code == 200
         assert_readable_by(response, origin, expected="*")
     assert_preflight_answered(client.options("/api/v1/user/me", headers={"Origin": ALLOWED, **PREFLIGHT}), "*")
-
-
-@pytest.fixture(scope="module")
-def cors_live(tmp_path_factory):
-    """(server, keys): the Procfile's gunicorn with CORS_ORIGINS set; a free and a tiny key."""
-    tmp_path = tmp_path_factory.mktemp("cors")
-    env = service_env(tmp_path, CORS_ORIGINS=f"{ALLOWED},http://localhost:3000")
-    keys = {"free": make_key(env), "tiny": make_key(env, "tiny")}
-    with serving(tmp_path, env) as server:
-        yield server, keys
-
-
-def test_live_server_with_cors_origins(cors_live):
-    server, keys = cors_live
-    base = server.base + "/api/v1"
-
-    preflight = requests.options(base + "/protected/test", headers={"Origin": ALLOWED, **PREFLIGHT}, timeout=10)
-    assert_preflight_answered(preflight, ALLOWED)
-
-    success = requests.get(base + "/protected/test", headers={"Origin": ALLOWED, "X-API-Key": keys["free"]},
-                           timeout=10)
-    assert success.status_code == 200
-    assert_readable_by(success, ALLOWED)
-    assert success.headers["X-Request-ID"] and success.headers["X-RateLimit-Limit"] == "100000"
-
-    unauthorized = requests.get(base + "/user/me", headers={"Origin": ALLOWED}, timeout=10)
-    assert unauthorized.status_code == 401
-    assert_readable_by(unauthorized, ALLOWED)
-
-    tiny = {"Origin": ALLOWED, "X-API-Key": keys["tiny"]}
-    statuses = [requests.get(base + "/usage/stats", headers=tiny, timeout=10) for _ in range(3)]
-    assert [response.status_code for response in statuses] == [200, 200, 429]
-    assert_readable_by(statuses[-1], ALLOWED)
-    assert statuses[-1].json()["error"]["code"] == "rate_limit_exceeded"
-
-    refused = requests.options(base + "/protected/test", headers={"Origin": "https://evil.example", **PREFLIGHT},
-                               timeout=10)
-    assert refused.status_code == 204
-    assert cors_headers(refused) == {}
-    assert cors_headers(requests.get(base + "/status", headers={"Origin": "https://evil.example"}, timeout=10)) == {}
-
-
-def test_live_server_without_cors_origins(live):
-    server, secret = live
-    base = server.base + "/api/v1"
-    responses = [
-        requests.options(base + "/protected/test", headers={"Origin": ALLOWED, **PREFLIGHT}, timeout=10),
-        requests.get(base + "/protected/test", headers={"Origin": ALLOWED, "X-API-Key": secret}, timeout=10),
-        requests.get(base + "/protected/test", headers={"Origin": ALLOWED}, timeout=10),
-    ]
-    assert [response.status_code for response in responses] == [204, 200, 401]
-    for response in responses:
-        assert cors_headers(response) == {}

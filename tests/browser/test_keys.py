@@ -6,57 +6,23 @@ key page. With UPDATE_SCREENSHOTS=1 the run saves the screenshots of docs/web-ap
 docs/ (test_pages.py saves the two of the Security tab with a new secret); otherwise to a temporary
 folder, so a test run leaves the checkout clean."""
 
-import os
-import re
 import time
 
 import pytest
 import requests
 
-import services
+from browsing import AXE, CREATE, create_key, require, sign_up
 from contract import DOCUMENT
-from liveserver import ROOT, service_env, start_server
+from liveserver import service_env, start_server
 
 try:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 except ImportError:
-    sync_playwright = None
+    pass
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-DOCS = ROOT / "docs"
-AXE = ROOT / "tests" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 WCAG_22_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"]
-CREATE = re.compile("Create New API Key|Create your first key")
-
-
-@pytest.fixture
-def screenshots(tmp_path):
-    """Where the run saves its screenshots."""
-    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
-
-
-def require(ready, reason):
-    """Skip when part of the browser stack is missing; under CI=true that is a failure instead."""
-    if not ready:
-        services.unavailable(reason)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require(sync_playwright is not None, "Python Playwright is not installed (pip install -r requirements-dev.txt)")
-    require(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing (apt-get install chromium)")
-    # An expect() waits for its condition and returns once it holds: 30 s instead of Playwright's
-    # 5 s, for a loaded machine (reset for the next module).
-    expect.set_options(timeout=30_000)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-    expect.set_options(timeout=None)
 
 
 @pytest.fixture(scope="module")
@@ -77,26 +43,6 @@ def page(browser, server):
     yield page
     context.close()
     assert blocked == []
-
-
-def sign_up(page, username):
-    page.goto("/")
-    page.get_by_role("link", name="Sign up").first.click()
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Email").fill(f"{username}@example.com")
-    page.get_by_label("Password").fill("a long password")
-    page.get_by_role("button", name="Create account").click()
-    expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
-
-
-def create_key(page, name):
-    """From Profile Settings: Security, Create New API Key; return the secret shown once."""
-    page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Security").click()
-    page.get_by_label("Name", exact=True).fill(name)
-    page.get_by_label("Production").check()
-    page.get_by_role("button", name=CREATE).click()
-    expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
-    return page.get_by_label("Secret key").input_value()
 
 
 # What a person waits for at most after "Copy" on a loaded machine; the page answers at once.

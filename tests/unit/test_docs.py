@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "SECURITY.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUN_COMMAND = "python -m pip install -r requirements.txt && python app.py"
 TEST_COMMAND = "python -m pip install -r requirements-dev.txt && python -m pytest"

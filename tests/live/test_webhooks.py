@@ -7,14 +7,13 @@ PostgreSQL."""
 import collections
 import contextlib
 import datetime
-import sqlite3
 import subprocess
 import sys
 import time
 
-import psycopg
 import pytest
 
+from services import rows
 from liveserver import ROOT, cli, make_key, run_cli, service_env, serving, start_server, wait_for
 from webhookreceiver import receiving
 
@@ -34,14 +33,6 @@ def add_endpoint(env, receiver, path, *options):
     secret = cli(env, "webhooks", "add", "carol", f"{receiver.url}{path}", *options).strip().splitlines()[-1]
     receiver.secrets[path] = secret
     return secret
-
-
-def rows(database_url, sql):
-    if database_url.startswith("sqlite"):
-        with contextlib.closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as connection:
-            return connection.execute(sql).fetchall()
-    with psycopg.connect(database_url) as connection:
-        return connection.execute(sql).fetchall()
 
 
 def seconds_to_arrive(env, delivery):
