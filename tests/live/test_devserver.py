@@ -3,7 +3,7 @@ imported; tests/fixtures/no_gunicorn stands in for Windows) on what only it does
 its JSON log lines and refusals, /metrics and /readyz in one process, the deadline on a request's
 head, a Ctrl-C that loses no count, and gunicorn failing where it fails on Windows (at its
 `import fcntl`: tests/fixtures/gunicorn_without_fcntl). The live suites (test_server.py,
-test_sockets.py, test_hostile.py, ...) run against it as well. Here too: the gevent internals it
+test_sockets.py, test_malformed_requests.py, ...) run against it as well. Here too: the gevent internals it
 relies on, and the settings it copies from gunicorn.conf.py and gunicorn."""
 
 import ast
@@ -21,9 +21,9 @@ import requests
 import simple_websocket
 import websocket
 from gevent import pywsgi
-from prometheus_client.parser import text_string_to_metric_families
 
 from liveserver import ROOT, Server, free_port, make_key, service_env, serving, start_server, stored_total, wait_for
+from readings import json_lines, metric
 from serving import devserver
 
 NEW_ID = re.compile(r"[0-9a-f]{32}")
@@ -70,17 +70,6 @@ def fallback(tmp_path_factory):
         server.key = server_key
         server.metrics_dir = tmp_path / "metrics"
         yield server
-
-
-def json_lines(server):
-    """Every line the server wrote, each parsed as JSON (a line that is not JSON fails the test)."""
-    parsed = []
-    for line in server.output().splitlines():
-        try:
-            parsed.append(json.loads(line))
-        except ValueError:
-            pytest.fail(f"not a JSON line: {line!r}")
-    return parsed
 
 
 def access_lines(server):
@@ -154,17 +143,6 @@ def test_refusals_are_json_with_an_id_their_log_line_carries(fallback, request_h
 def test_a_client_gone_inside_its_head_is_let_go_without_an_answer(fallback, partial_head):
     assert raw_request(fallback, partial_head, close_writing=True) == ""
     assert requests.get(fallback.base + "/api/v1/status", timeout=10).status_code == 200
-
-
-def scrape(server):
-    response = requests.get(server.base + "/metrics", timeout=10)
-    assert response.status_code == 200, response.text
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(response.text) for sample in family.samples}
-
-
-def metric(server, name, **labels):
-    return scrape(server).get((name, frozenset(labels.items())), 0.0)
 
 
 def test_metrics_and_readiness_in_one_process(fallback):

@@ -13,11 +13,11 @@ import time
 import pytest
 import requests
 import websocket
-from prometheus_client.parser import text_string_to_metric_families
 
 import services
 from liveserver import (Server, free_port, make_key, metrics_folder, procfile_command, service_env, start_procfile,
                         wait_for)
+from readings import json_lines, metric, scrape
 from tcpproxy import TcpProxy
 from ops import metrics
 
@@ -37,18 +37,6 @@ def ops(tmp_path_factory):
     server.stop()
 
 
-def scrape(server, headers=None):
-    """Return {(name, frozenset(labels)): value} from the server's /metrics."""
-    response = requests.get(server.base + "/metrics", headers=headers, timeout=10)
-    assert response.status_code == 200, response.text
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(response.text) for sample in family.samples}
-
-
-def metric(server, name, **labels):
-    return scrape(server).get((name, frozenset(labels.items())), 0.0)
-
-
 def settled(read, seconds=60):
     """read()'s value once it stays the same over a fold (every worker folds its counts into the
     metrics once a second): every worker's earlier counts are in it. A fixed sleep of one fold
@@ -61,18 +49,6 @@ def settled(read, seconds=60):
         if value == previous:
             return value
         assert time.monotonic() < deadline, "the metrics never settled"
-
-
-def json_lines(server):
-    """Every line the server wrote, each parsed as JSON (a line that is not JSON fails the test)."""
-    lines = server.output().splitlines()
-    parsed = []
-    for line in lines:
-        try:
-            parsed.append(json.loads(line))
-        except ValueError:
-            pytest.fail(f"not a JSON line: {line!r}")
-    return parsed
 
 
 def access_lines(server):

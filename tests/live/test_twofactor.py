@@ -4,14 +4,12 @@ own client address (X-Forwarded-For behind TRUSTED_PROXIES=1)."""
 
 import concurrent.futures
 import re
-import time
 
-import pyotp
 import pytest
 import services
 from liveserver import PASSWORD, Browser, service_env, serving
+from twofactorsteps import code_at
 
-STEP = 30
 secrets_seen = []
 
 
@@ -27,10 +25,6 @@ def server(request, tmp_path_factory):
         yield server
     output = server.output()
     assert not any(secret in output for secret in secrets_seen)
-
-
-def code_at(secret, offset=0):
-    return pyotp.TOTP(secret).at(time.time() + offset * STEP)
 
 
 def start_setup(browser):

@@ -10,6 +10,7 @@ from softauthenticator import USER_PRESENT, SoftAuthenticator
 
 from app import load_config
 from models import Passkey, db
+from twofactorsteps import is_logged_in
 from web import accounts
 
 PASSWORD = "correct horse battery"
@@ -26,10 +27,6 @@ def authenticator(user):
 def log_in_with(client, authenticator, path="/login/passkey", **shape):
     options = client.post(f"{path}/options").json
     return client.post(path, json={"credential": authenticator.assertion(options, **shape)})
-
-
-def is_logged_in(client):
-    return client.get("/settings/profile").status_code == 200
 
 
 def test_a_passkey_logs_in_alone(client, user, authenticator):

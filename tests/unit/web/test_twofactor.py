@@ -1,52 +1,24 @@
 """Two-factor log-in and passkeys through the app (Flask's client, SQLite and PostgreSQL): TOTP set-up,
 the log-in's second step, replay, recovery codes, the throttle, the pending log-in's life, turning
-it off; the passkey challenges and settings. tests/test_twofactor_live.py and test_passkeys_browser.py
+it off; the passkey challenges and settings. tests/live/test_twofactor.py and tests/browser/test_passkeys.py
 do the same against the real server."""
 
 import datetime
 import re
-import time
 
-import pyotp
 import pytest
 
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
 from metering import lifecycle
 from serving import settings
+from twofactorsteps import code_at, confirm, enable, is_logged_in, start_setup
 from web import passkeys, securitylog, twofactor, webprotection
 
 PASSWORD = "correct horse battery"
 
 
-def code_at(secret, offset=0):
-    """The TOTP code of the step offset steps from now."""
-    return pyotp.TOTP(secret).at(time.time() + offset * twofactor.STEP_SECONDS)
-
-
-def start_setup(client):
-    """Start the set-up in the logged-in client; return the secret its page shows."""
-    page = client.post("/settings/security/2fa/setup").get_data(as_text=True)
-    assert "<svg" in page
-    return re.search(r'data-totp-secret="([A-Z2-7]+)"', page)[1]
-
-
-def confirm(client, code):
-    return client.post("/settings/security/2fa/enable", data={"code": code})
-
-
-def enable(client):
-    """Turn 2FA on for the logged-in client; return (secret, recovery codes)."""
-    secret = start_setup(client)
-    page = confirm(client, code_at(secret)).get_data(as_text=True)
-    return secret, re.findall(r'class="recovery-code">([A-Z2-7-]+)<', page)
-
-
 def log_in(client, password=PASSWORD):
     return client.post("/login", data={"username": "alice", "password": password})
-
-
-def is_logged_in(client):
-    return client.get("/settings/profile").status_code == 200
 
 
 def test_setup_needs_one_code_and_shows_ten_recovery_codes_once(logged_in, user):
