@@ -49,8 +49,9 @@ def pytest_sessionfinish(session):
     services.drop_session_database()
 
 
-# What `-m "not slow"` leaves out: every file under live/ and browser/. A test in unit/ that asks for
-# a live server belongs in live/; its run stops at collection, naming it.
+# What `-m "not slow"` leaves out: every file under live/ and browser/ (the latter also `browser`,
+# what `-m "not browser"` leaves out). A test in unit/ that asks for a live server belongs in live/;
+# its run stops at collection, naming it.
 SLOW_FOLDERS = {"live", "browser"}
 LIVE_FIXTURES = {"live", "server", "servers", "fallback", "cluster", "run_mode"}
 
@@ -61,9 +62,12 @@ def folder_of(item):
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if folder_of(item) in SLOW_FOLDERS:
+        folder = folder_of(item)
+        if folder in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
-        elif LIVE_FIXTURES & set(item.fixturenames):
+        if folder == "browser":
+            item.add_marker(pytest.mark.browser)
+        if folder == "unit" and LIVE_FIXTURES & set(item.fixturenames):
             raise pytest.UsageError(f"{item.nodeid} starts a live server: its place is tests/live/")
 
 
@@ -93,7 +97,7 @@ def app(database_url):
         "RATE_LIMIT_TIERS": TEST_TIERS,
         "PUBLIC_RATE_LIMIT": "5/minute",
         "TESTING": True,
-        # test_web.py turns CSRF back on where it is the subject.
+        # tests/unit/web/test_views.py turns CSRF back on where it is the subject.
         "WTF_CSRF_ENABLED": False,
     })
     with app.app_context():

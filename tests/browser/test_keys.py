@@ -3,7 +3,7 @@ Playwright) against the real server in both run modes (gunicorn, and `python app
 get a key, see it once, use it, revoke it; then the playground's REST calls, clock and echo; a
 key's page with its charts at 1280 and 390 px; axe-core (WCAG 2.2 AA) on the Security tab and the
 key page. With UPDATE_SCREENSHOTS=1 the run saves the screenshots of docs/web-app-and-keys.md to
-docs/ (test_pages.py saves the two of the Security tab with a new secret); otherwise to a temporary
+docs/ (tests/browser/test_pages.py saves the two of the Security tab with a new secret); otherwise to a temporary
 folder, so a test run leaves the checkout clean."""
 
 import time
@@ -19,8 +19,6 @@ try:
     from playwright.sync_api import expect
 except ImportError:
     pass
-
-pytestmark = pytest.mark.browser
 
 WCAG_22_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"]
 

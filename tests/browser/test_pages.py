@@ -21,8 +21,6 @@ try:
 except ImportError:
     pass
 
-pytestmark = pytest.mark.browser
-
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
 AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]

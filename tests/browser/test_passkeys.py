@@ -15,8 +15,6 @@ try:
 except ImportError:
     pass
 
-pytestmark = pytest.mark.browser
-
 
 @pytest.fixture(scope="module")
 def server(browser, tmp_path_factory):

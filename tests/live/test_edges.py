@@ -1,7 +1,8 @@
-"""The third hardening pass against the Procfile's server with two workers, on SQLite (limits in
-each worker's memory) and on PostgreSQL + Redis (shared limits, keys cached by every worker):
-rolls raced, repeated and limited; a rolled-out secret revoking only itself; accounts deleted
-under a stream of requests; a forged access-log line; IPv6 clients sharing their /64's allowance."""
+"""Keys, accounts and logs at their edges, against the Procfile's server with two workers, on
+SQLite (limits in each worker's memory) and on PostgreSQL + Redis (shared limits, keys cached by
+every worker): rolls raced, repeated and limited; a rolled-out secret revoking only itself;
+accounts deleted under a stream of requests; a forged access-log line; IPv6 clients sharing their
+/64's allowance."""
 
 import concurrent.futures
 import re

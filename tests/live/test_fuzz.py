@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 from liveserver import ROOT
 
 
-# The file, which test_openapi.py shows is what the server serves.
+# The file, which tests/unit/test_openapi.py shows is what the server serves.
 schema = schemathesis.openapi.from_path(ROOT / "openapi.json")
 
 

@@ -1,7 +1,7 @@
 """Hostile clients of the echo WebSocket against the server in both run modes (the Procfile's
 gunicorn, and `python app.py`'s fallback server): floods without reading, a flood that reads a byte
 a second, 50 hostile echo sockets from one address, and what follows a frame that cannot be parsed.
-The attacks on the time socket are in test_socket_attacks_time.py; what an attack must not disturb
+The attacks on the time socket are in tests/live/test_socket_attacks_time.py; what an attack must not disturb
 is in socketattacks.py."""
 
 import threading

@@ -1,6 +1,6 @@
 """Hostile clients of the time WebSocket against the server in both run modes (the Procfile's
 gunicorn, and `python app.py`'s fallback server): ping and pong floods, and ten sockets that never
-read. The attacks on the echo socket are in test_socket_attacks.py; what an attack must not
+read. The attacks on the echo socket are in tests/live/test_socket_attacks_echo.py; what an attack must not
 disturb is in socketattacks.py."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Hostile WebSocket clients against the server in both run modes (the Procfile's gunicorn, and
-`python app.py`'s fallback server), for test_socket_attacks.py (on the echo socket) and
-test_socket_attacks_time.py (on the time socket), two files so that two workers run them: the
+`python app.py`'s fallback server), for tests/live/test_socket_attacks_echo.py (on the echo socket) and
+tests/live/test_socket_attacks_time.py (on the time socket), two files so that two workers run them: the
 server under attack, the attacks, and what each must not disturb. While each attack lasts, a
 healthy time socket of another key gets every whole second, a revoked key's socket gets 4401
 within 10 s, REST keeps answering, and the worker's memory stays within a stated bound, during

@@ -1,6 +1,6 @@
 """The text access line (gunicorn.conf.py's AccessAtoms): the line gunicorn's own atoms would give,
 escaped one line per request, whatever access_log_format names, with the fields made only as the
-line reads them. The live suites read the served line (test_server.py, test_hardening_live.py)."""
+line reads them. The live suites read the served line (tests/live/test_server.py, tests/live/test_edges.py)."""
 
 import datetime
 import runpy

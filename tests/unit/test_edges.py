@@ -1,8 +1,8 @@
-"""The third hardening pass with Flask's client, the CLI runner and the modules themselves, on SQLite
-and PostgreSQL: rolls limited and refused with a sentence on a race, a stale page or a running
+"""Keys, accounts and logs at their edges, with Flask's client, the CLI runner and the modules, on
+SQLite and PostgreSQL: rolls limited and refused with a sentence on a race, a stale page or a running
 grace period; a rolled-out secret revokes only itself; the security log bounded at every write;
 no 500 when an account is deleted mid-request; log lines that cannot be forged; `keys scan` after
-escapes; IPv6 clients limited by their /64. Live counterparts: test_hardening_live.py."""
+escapes; IPv6 clients limited by their /64. Live counterparts: tests/live/test_edges.py."""
 
 import logging
 import re

@@ -1,5 +1,5 @@
 """Health, readiness, metrics, request ids and log formats with Flask's test client (the live
-server with two workers is tests/test_operations_live.py)."""
+server with two workers is tests/live/test_operations.py)."""
 
 import bisect
 import json
