@@ -53,6 +53,8 @@ def pytest_sessionfinish(session):
 # what `-m "not browser"` leaves out). A test in unit/ that asks for a live server belongs in live/;
 # its run stops at collection, naming it.
 SLOW_FOLDERS = {"live", "browser"}
+# Which files start first: a browser test takes longest, a live one next.
+FOLDER_ORDER = {"browser": 0, "live": 1, "unit": 2}
 LIVE_FIXTURES = {"live", "server", "servers", "fallback", "cluster", "run_mode"}
 
 
@@ -73,12 +75,14 @@ def pytest_collection_modifyitems(items):
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
 def pytest_collection_modifyitems_longest_first(items):
-    """After pytest's own ordering (parameters of module fixtures grouped), the files of live/ and
-    browser/ first, each folder's files by their number of tests, most first. pytest-xdist hands out
-    whole files (--dist loadfile) in the order collected (pytest.ini's --no-loadscope-reorder keeps
-    it): the slow files start at once and the short unit files fill the workers' ends."""
+    """After pytest's own ordering (parameters of module fixtures grouped), the files of browser/,
+    then live/, then unit/, each folder's files by their number of tests, most first. pytest-xdist
+    hands out whole files (--dist loadfile) in the order collected (pytest.ini's
+    --no-loadscope-reorder keeps it): the slowest files start at once and the short unit files fill
+    the workers' ends."""
     tests_in = collections.Counter(item.path for item in items)
-    items.sort(key=lambda item: (folder_of(item) not in SLOW_FOLDERS, -tests_in[item.path], str(item.path)))
+    items.sort(key=lambda item: (FOLDER_ORDER.get(folder_of(item), len(FOLDER_ORDER)), -tests_in[item.path],
+                                 str(item.path)))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
