@@ -1,8 +1,16 @@
 """Fixtures: an app on a temporary SQLite file with in-memory limits, its clients, a user, keys, and a
-client logged in to the web application."""
+client logged in to the web application; the slow marker and the order of the files, both read from
+the folders (unit/, live/, browser/)."""
 
+import collections
 import os
+import sys
 import tempfile
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+# The shared helpers (live servers, private services, clocks, receivers) import as top-level modules.
+sys.path.insert(0, str(TESTS / "support"))
 
 # app.py builds `app = create_app()` on import: point it at throwaway state first.
 _import_dir = tempfile.mkdtemp(prefix="apiservice-import-")
@@ -14,11 +22,10 @@ from gevent._hub_local import get_hub_if_exists  # noqa: E402
 
 import auth  # noqa: E402
 import services  # noqa: E402
+from appconfig import TEST_TIERS  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
 from app import close_app, create_app  # noqa: E402
 from accounts import users  # noqa: E402
-
-TEST_TIERS = "free=3/minute,pro=100/minute"
 
 
 @pytest.fixture(autouse=True)
@@ -42,43 +49,40 @@ def pytest_sessionfinish(session):
     services.drop_session_database()
 
 
-# What `-m "not slow"` leaves out: modules whose tests start real servers, browsers or other
-# processes, and any test elsewhere that asks for a live server.
-SLOW_MODULES = {
-    "test_accounts_live", "test_allowips_live", "test_analytics_live", "test_browser", "test_chaos", "test_clients",
-    "test_devserver", "test_faults", "test_first_run", "test_fuzz", "test_hardening_live", "test_hostile",
-    "test_keycache_live", "test_lifecycle_live", "test_operations_live", "test_pages", "test_passkeys_browser",
-    "test_reload", "test_scale", "test_server", "test_settings", "test_socket_attacks", "test_socket_attacks_time",
-    "test_sockets", "test_twofactor_live", "test_webhooks_live",
-}
+# What `-m "not slow"` leaves out: every file under live/ and browser/ (the latter also `browser`,
+# what `-m "not browser"` leaves out). A test in unit/ that asks for a live server belongs in live/;
+# its run stops at collection, naming it.
+SLOW_FOLDERS = {"live", "browser"}
+# Which files start first: a browser test takes longest, a live one next.
+FOLDER_ORDER = {"browser": 0, "live": 1, "unit": 2}
 LIVE_FIXTURES = {"live", "server", "servers", "fallback", "cluster", "run_mode"}
+
+
+def folder_of(item):
+    return item.path.relative_to(TESTS).parts[0]
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.module.__name__ in SLOW_MODULES or LIVE_FIXTURES & set(item.fixturenames):
+        folder = folder_of(item)
+        if folder in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
-
-
-# The modules that take longest, longest first (from the per-file sums of a full run's
-# --durations=0). pytest-xdist hands out whole files (--dist loadfile) in the order collected
-# (pytest.ini's --no-loadscope-reorder keeps it from sorting them by their number of tests): these
-# start at once and the short files fill the workers' ends. Modules not named follow in their order.
-LONGEST_FIRST = [
-    "test_accounts_live", "test_keycache_live", "test_pages", "test_server", "test_webhooks_live",
-    "test_lifecycle_live", "test_hostile", "test_openapi", "test_socket_attacks", "test_socket_attacks_time",
-    "test_browser", "test_scale", "test_first_run", "test_sockets", "test_web", "test_reload", "test_schema",
-    "test_chaos", "test_lifecycle", "test_analytics_live", "test_settings", "test_webhooks", "test_operations_live",
-    "test_allowips_live", "test_twofactor", "test_operations", "test_hardening", "test_api", "test_hardening_live",
-    "test_clients",
-]
+        if folder == "browser":
+            item.add_marker(pytest.mark.browser)
+        if folder == "unit" and LIVE_FIXTURES & set(item.fixturenames):
+            raise pytest.UsageError(f"{item.nodeid} starts a live server: its place is tests/live/")
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
 def pytest_collection_modifyitems_longest_first(items):
-    """After pytest's own ordering (parameters of module fixtures grouped), the modules longest-first."""
-    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))
+    """After pytest's own ordering (parameters of module fixtures grouped), the files of browser/,
+    then live/, then unit/, each folder's files by their number of tests, most first. pytest-xdist
+    hands out whole files (--dist loadfile) in the order collected (pytest.ini's
+    --no-loadscope-reorder keeps it): the slowest files start at once and the short unit files fill
+    the workers' ends."""
+    tests_in = collections.Counter(item.path for item in items)
+    items.sort(key=lambda item: (FOLDER_ORDER.get(folder_of(item), len(FOLDER_ORDER)), -tests_in[item.path],
+                                 str(item.path)))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -97,7 +101,7 @@ def app(database_url):
         "RATE_LIMIT_TIERS": TEST_TIERS,
         "PUBLIC_RATE_LIMIT": "5/minute",
         "TESTING": True,
-        # test_web.py turns CSRF back on where it is the subject.
+        # tests/unit/web/test_views.py turns CSRF back on where it is the subject.
         "WTF_CSRF_ENABLED": False,
     })
     with app.app_context():

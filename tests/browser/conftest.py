@@ -1,0 +1,32 @@
+"""The browser every module of this folder drives, and where the runs save their screenshots."""
+
+import os
+
+import pytest
+
+from browsing import CHROMIUM, CHROMIUM_ARGS, DOCS, require
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:
+    sync_playwright = None
+
+
+@pytest.fixture
+def screenshots(tmp_path):
+    """Where the run saves its screenshots: docs/ with UPDATE_SCREENSHOTS=1, else a temporary folder."""
+    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require(sync_playwright is not None, "Python Playwright is not installed (pip install -r requirements-dev.txt)")
+    require(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing (apt-get install chromium)")
+    # An expect() waits for its condition and returns once it holds: 30 s instead of Playwright's
+    # 5 s, for a loaded machine (reset for the next module).
+    expect.set_options(timeout=30_000)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+    expect.set_options(timeout=None)

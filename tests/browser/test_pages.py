@@ -1,0 +1,386 @@
+"""Every page a user can reach, in headless Chromium against the real server (the Procfile's gunicorn):
+axe-core (WCAG 2.2 AA and best practice, target size included) finds nothing at 390 and 1280 px; at
+390 px nothing is wider than the phone, no checkbox or radio button sits on another line than its
+label, and an endpoint's path wraps only at a slash; at both sizes key rows, buttons, charts and
+totals line up."""
+
+import itertools
+import time
+from pprint import pformat
+
+import pyotp
+import pytest
+import requests
+
+from browsing import AXE, create_key, require, sign_up
+from liveserver import service_env, serving
+from webhookreceiver import receiving
+
+try:
+    from playwright.sync_api import expect
+except ImportError:
+    pass
+
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
+# Where an endpoint's path is shown: the landing page's list, the reference's headings and contents,
+# the playground's buttons.
+PATHS = 'td[data-label="Path"] code, article.operation h3, article.socket h3, .toc a, button.call'
+usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("dana", "erin", "finn", "gale"))
+SHOWN_IN_DOCS = "Security tab with a new key's secret"
+# How long a test event's first attempt may take to show on a loaded machine (the contract: 5 s).
+ATTEMPT_DEADLINE_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def server(browser, tmp_path_factory):
+    """The server, with server.receiver: a webhook receiver the Security tab's endpoints point at."""
+    tmp_path = tmp_path_factory.mktemp("pages")
+    with receiving() as receiver, serving(tmp_path, service_env(tmp_path, WEBHOOK_ALLOW_PRIVATE="1")) as server:
+        server.receiver = receiver
+        yield server
+
+
+@pytest.fixture
+def open_page(browser, server):
+    """open_page(viewport): a page of a fresh browser context. http://localhost is a secure context,
+    where passkeys can be added; the CSP is bypassed so that axe-core can be injected."""
+    contexts = []
+
+    def open_page(viewport):
+        contexts.append(browser.new_context(base_url=server.base.replace("127.0.0.1", "localhost"),
+                                           viewport=viewport, bypass_csp=True))
+        return contexts[-1].new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def every_page(page, server):
+    """Go to every page a user can reach, in every state worth a look; yield each one's name once it
+    is shown. A new account each time, so the walk can be made at several sizes."""
+    for path, name in [("/", "landing"), ("/docs", "API reference"), ("/login", "log-in"),
+                       ("/signup", "sign-up"), ("/no-such-page", "page not found")]:
+        page.goto(path)
+        yield name
+    username = next(usernames)
+    sign_up(page, username)
+    page.goto("/settings/profile")
+    yield "profile"
+
+    page.goto("/settings/security")
+    expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
+    yield "Security tab without keys"
+
+    page.get_by_role("button", name="Set up an authenticator app").click()
+    secret = page.locator("[data-totp-secret]").get_attribute("data-totp-secret")
+    yield "two-factor set-up"
+    page.get_by_label("Code from the app").fill(pyotp.TOTP(secret).now())
+    page.get_by_role("button", name="Turn on").click()
+    expect(page.locator(".recovery-code")).to_have_count(10)
+    yield "recovery codes"
+
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("WebAuthn.enable")
+    cdp.send("WebAuthn.addVirtualAuthenticator", {"options": {
+        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True, "hasUserVerification": True,
+        "isUserVerified": True, "automaticPresenceSimulation": True}})
+    page.goto("/settings/security")
+    page.locator("#passkey-name").fill("Laptop")
+    page.locator("#add-passkey").click()
+    expect(page.locator(".passkey")).to_have_text("Laptop")
+
+    create_key(page, "Old script")
+    page.get_by_label("Name", exact=True).fill("Nightly report")
+    page.get_by_label("Expires in").select_option("30d")
+    page.get_by_label("usage:read").uncheck()
+    page.get_by_label("Allowed IP addresses").fill("127.0.0.0/8\n::1")
+    page.get_by_label("Requests in all").fill("500")
+    page.get_by_label("Refill").fill("1000/month")
+    page.get_by_role("button", name="Create New API Key").click()
+    expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
+    yield "Security tab with a new key's secret"
+
+    row = page.locator("table.keys tbody tr", has_text="Nightly report")
+    row.get_by_text("Roll", exact=True).click()
+    row.get_by_role("button", name="Roll the secret").click()
+    key = page.get_by_label("Secret key").input_value()
+    for path in ["/api/v1/protected/test"] * 3 + ["/api/v1/user/me", "/api/v1/usage/history"]:
+        requests.get(server.base + path, headers={"X-API-Key": key}, timeout=5)
+    row = page.locator("table.keys tbody tr", has_text="Old script")
+    row.get_by_text("Revoke", exact=True).click()
+    row.get_by_role("button", name="Yes, revoke").click()
+    page.get_by_text("Revoked (1)").click()
+    page.locator("table.keys tbody tr", has_text="Nightly report").get_by_text("Roll", exact=True).click()
+    yield "Security tab with keys, a roll form open"
+
+    page.goto("/settings/security")
+    path = f"/{username}"
+    page.get_by_label("Endpoint URL").fill(server.receiver.url + path)
+    expect(page.get_by_role("radio", name="All events")).to_be_checked()
+    expect(page.get_by_role("checkbox", name="usage.threshold")).to_be_hidden()
+    page.get_by_role("radio", name="Chosen events").check()
+    page.get_by_role("checkbox", name="key.revoked", exact=True).check()
+    yield "Security tab with the webhook form's chosen events"
+    page.get_by_role("radio", name="All events").check()
+    page.get_by_role("button", name="Add endpoint").click()
+    expect(page.locator("#webhooks article.webhook .hint")).to_have_text("Events: all, including those added later")
+    server.receiver.secrets[path] = page.get_by_label("Signing secret").input_value()
+    yield "Security tab with a webhook endpoint's secret"
+    page.get_by_role("button", name="Send test event").click()
+    expect(page.get_by_label("Signing secret")).to_have_count(0)  # shown once
+    # The page's script shows the attempt once it is made (within a few seconds; more on a busy machine).
+    expect(page.locator("#webhooks tr.attempt").first).to_contain_text("HTTP 204", timeout=ATTEMPT_DEADLINE_MS)
+    [delivery] = server.receiver.received(path)
+    assert delivery.error is None and delivery.verified["type"] == "webhook.test"
+    yield "Security tab with a webhook endpoint's attempts"
+
+    page.locator("table.keys tbody tr", has_text="Nightly report").get_by_role("link", name="Nightly report").click()
+    chart = page.locator("figure", has=page.get_by_role("heading", name="Requests per hour, last 24 hours"))
+    deadline = time.monotonic() + 60  # counts reach the page within a second (or a few, on a busy machine)
+    while time.monotonic() < deadline:
+        if chart.locator("svg rect.insufficient_scope").count():
+            break
+        page.wait_for_timeout(250)
+        page.reload()
+    expect(chart.locator("svg rect.success")).to_have_count(1)
+    expect(chart.locator("svg rect.insufficient_scope")).to_have_count(1)
+    # Four counted requests spent four credits; the 403 spent none.
+    expect(page.locator("#credits")).to_contain_text("496 left; set to 1000 on the 1st of each month, next at")
+    yield "a key's page"
+
+    page.get_by_role("link", name="Try it in the playground").click()
+    yield "playground"
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="GET /api/v1/protected/test").click()
+    expect(page.locator("#rest-status")).to_have_text("200 OK")
+    yield "playground with an answer"
+
+    page.get_by_role("button", name=f"Log out {username}").click()
+    page.goto("/login")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill("a long password")
+    page.get_by_role("button", name="Log in", exact=True).click()
+    expect(page.get_by_label("Code from your authenticator app, or a recovery code")).to_be_visible()
+    yield "log-in's second step"
+
+
+def axe_violations(page):
+    """axe-core's violations on the page as it is: [(rule, impact, [target, ...]), ...]."""
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", AXE_TAGS)
+    ran = {rule["id"] for outcome in ("passes", "violations", "incomplete", "inapplicable") for rule in result[outcome]}
+    assert {"target-size", "scrollable-region-focusable", "color-contrast"} <= ran
+    return [(violation["id"], violation["impact"], [node["target"] for node in violation["nodes"]])
+            for violation in result["violations"]]
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
+def test_axe_finds_nothing_on_any_page(open_page, server, viewport):
+    require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
+    page = open_page(viewport)
+    found = {name: violations for name in every_page(page, server) if (violations := axe_violations(page))}
+    assert not found, pformat(found, width=120)
+
+
+# Elements wider than the phone, or reaching past its right edge, unless inside a box that clips them
+# (a region meant to scroll sideways, or a visually hidden one); and boxes that scroll sideways
+# without being meant to (not focusable: cut at the edge for a keyboard or a glance).
+TOO_WIDE = """() => {
+  const width = document.documentElement.clientWidth;
+  const label = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + [...e.classList].map(c => '.' + c).join('');
+  const clipped = e => {
+    for (let box = e.parentElement; box && box !== document.body; box = box.parentElement) {
+      if (getComputedStyle(box).overflowX !== 'visible' && box.getBoundingClientRect().right <= width + 0.5) return true;
+    }
+    return false;
+  };
+  const found = [];
+  if (document.documentElement.scrollWidth > width) found.push(`the page is ${document.documentElement.scrollWidth} px wide`);
+  for (const e of document.body.querySelectorAll('*')) {
+    const box = e.getBoundingClientRect();
+    if (box.width && box.right > width + 0.5 && !clipped(e)) found.push(`${label(e)} reaches ${Math.round(box.right)} px`);
+    const style = getComputedStyle(e);
+    if (/auto|scroll/.test(style.overflowX) && e.scrollWidth > e.clientWidth + 1 && e.tabIndex < 0)
+      found.push(`${label(e)} scrolls sideways (${e.scrollWidth} px in ${e.clientWidth}) but is not focusable`);
+  }
+  return found;
+}"""
+
+# Each visible checkbox and radio button whose label's first letter is not on the box's line.
+LABEL_APART = """() => {
+  const apart = [];
+  for (const input of document.querySelectorAll('input[type=checkbox], input[type=radio]')) {
+    const box = input.getBoundingClientRect();
+    if (!box.width) continue;
+    const label = input.labels[0];
+    if (!label) { apart.push(`${input.name}=${input.value} has no label`); continue; }
+    const texts = [];
+    const walker = document.createTreeWalker(label, NodeFilter.SHOW_TEXT);
+    for (let node; (node = walker.nextNode());) if (node.data.trim()) texts.push(node);
+    const after = texts.filter(node => input.compareDocumentPosition(node) & Node.DOCUMENT_POSITION_FOLLOWING);
+    const text = after[0] || texts[texts.length - 1];
+    const range = document.createRange();
+    const start = text.data.search(/\\S/);
+    range.setStart(text, start);
+    range.setEnd(text, start + 1);
+    const letter = range.getBoundingClientRect();
+    if (!(letter.top < box.bottom && letter.bottom > box.top))
+      apart.push(`“${label.textContent.trim()}”: box at y ${Math.round(box.top)}, label at y ${Math.round(letter.top)}`);
+  }
+  return apart;
+}"""
+
+# Each visible path (PATHS) that goes to a new line anywhere but beside a slash or a "?", or at a space.
+PATH_BROKEN = """selector => {
+  const broken = [];
+  for (const element of document.querySelectorAll(selector)) {
+    if (!element.getBoundingClientRect().width) continue;
+    const letters = [];
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    for (let node; (node = walker.nextNode());) {
+      for (let i = 0; i < node.length; i++) {
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const box = range.getClientRects()[0];
+        if (box && box.width) letters.push({letter: node.data[i], top: box.top, bottom: box.bottom});
+      }
+    }
+    for (let i = 1; i < letters.length; i++) {
+      const [before, after] = [letters[i - 1], letters[i]];
+      const newLine = after.top >= before.bottom - 1;
+      if (newLine && !/[\\/?\\s]/.test(before.letter) && !/[\\/?\\s]/.test(after.letter))
+        broken.push(`${letters.map(l => l.letter).join('')} breaks after “${letters.slice(0, i).map(l => l.letter).join('')}”`);
+    }
+  }
+  return broken;
+}"""
+
+# What should line up and does not: a key table row whose cells do not end on one line (a cell that is
+# not a table cell), the key page's buttons of different heights, a chart alone in a part of its row,
+# the account's totals of different widths.
+MISALIGNED = """() => {
+  const found = [];
+  const box = e => e.getBoundingClientRect();
+  for (const row of document.querySelectorAll('table.keys tbody tr')) {
+    if (getComputedStyle(row).display !== 'table-row' || !box(row).height) continue;
+    const bottoms = [...row.children].map(cell => Math.round(box(cell).bottom));
+    if (new Set(bottoms).size > 1) found.push(`a key row's cells end at ${bottoms.join(', ')} px`);
+  }
+  const buttons = [...document.querySelectorAll('.key-actions > details > summary, .key-actions > a')];
+  const heights = buttons.map(button => Math.round(box(button).height));
+  if (new Set(heights).size > 1) found.push(`the key page's buttons are ${heights.join(', ')} px high`);
+  for (const grid of document.querySelectorAll('.charts')) {
+    const right = box(grid).right;
+    const rows = new Map();
+    for (const chart of grid.children) rows.set(Math.round(box(chart).top), Math.max(rows.get(Math.round(box(chart).top)) || 0, box(chart).right));
+    for (const [top, end] of rows) if (end < right - 1) found.push(`a row of charts ends at ${Math.round(end)} of ${Math.round(right)} px`);
+  }
+  const widths = [...document.querySelectorAll('.totals > div')].map(card => Math.round(box(card).width));
+  if (new Set(widths).size > 1) found.push(`the totals' cards are ${widths.join(', ')} px wide`);
+  return found;
+}"""
+
+
+# A card's cell whose label (drawn over the cell's left side) reaches below its card: an empty cell
+# is no higher than its padding unless the style makes it a line high.
+LABEL_OUTSIDE = """() => {
+  const found = [];
+  for (const cell of document.querySelectorAll('table.cards td[data-label]')) {
+    const card = cell.closest('tr');
+    if (getComputedStyle(cell).display !== 'block' || !card.getBoundingClientRect().height) continue;
+    const label = getComputedStyle(cell, '::before');
+    const bottom = cell.getBoundingClientRect().top + parseFloat(getComputedStyle(cell).paddingTop) + parseFloat(label.height);
+    if (bottom > card.getBoundingClientRect().bottom + 0.5)
+      found.push(`the label “${cell.dataset.label}” ends ${Math.round(bottom - card.getBoundingClientRect().bottom)} px below its card`);
+  }
+  return found;
+}"""
+
+# A secret shown once in a font where l, I and 1 may look alike.
+PROPORTIONAL_SECRETS = """() => [...document.querySelectorAll('.copy-row textarea')]
+  .filter(field => !/monospace/.test(getComputedStyle(field).fontFamily))
+  .map(field => `#${field.id} is in ${getComputedStyle(field).fontFamily}`)"""
+
+
+def test_every_page_fits_a_phone_with_labels_beside_their_boxes_and_paths_whole(open_page, server, screenshots):
+    page = open_page(PHONE)
+    found = {}
+    for name in every_page(page, server):
+        page.wait_for_load_state("load")
+        if name == SHOWN_IN_DOCS:  # down to the list of keys
+            bottom = page.evaluate("document.getElementById('keys-heading').closest('section').getBoundingClientRect().bottom + scrollY")
+            page.screenshot(path=screenshots / "phone-security-tab.png", full_page=True,
+                            clip={"x": 0, "y": 0, "width": PHONE["width"], "height": bottom + 16})
+        problems = (page.evaluate(TOO_WIDE) + page.evaluate(LABEL_APART) + page.evaluate(PATH_BROKEN, PATHS)
+                    + page.evaluate(MISALIGNED) + page.evaluate(LABEL_OUTSIDE) + page.evaluate(PROPORTIONAL_SECRETS))
+        if problems:
+            found[name] = problems
+    assert not found, pformat(found, width=120)
+
+
+def test_at_1280_px_key_rows_buttons_and_charts_line_up(open_page, server, screenshots):
+    page = open_page(DESKTOP)
+    found = {}
+    for name in every_page(page, server):
+        if name == SHOWN_IN_DOCS:
+            page.screenshot(path=screenshots / "security-tab.png", full_page=True)
+        if problems := page.evaluate(MISALIGNED) + page.evaluate(PROPORTIONAL_SECRETS):
+            found[name] = problems
+    assert not found, pformat(found, width=120)
+
+
+def add_endpoint(page, server):
+    """Sign up, add an endpoint pointing at the receiver from the Security tab, and reload the tab
+    (the secret's panel gone); return the endpoint's article."""
+    username = next(usernames)
+    sign_up(page, username)
+    page.goto("/settings/security")
+    page.get_by_label("Endpoint URL").fill(f"{server.receiver.url}/{username}")
+    page.get_by_role("button", name="Add endpoint").click()
+    server.receiver.secrets[f"/{username}"] = page.get_by_label("Signing secret").input_value()
+    page.goto("/settings/security")
+    return page.locator("article.webhook")
+
+
+def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_reload(open_page, server):
+    page = open_page(DESKTOP)
+    article = add_endpoint(page, server)
+    assert article.evaluate("a => a.getBoundingClientRect().top + scrollY") > DESKTOP["height"]  # below the fold
+    loads = []
+    page.on("load", lambda loaded: loads.append(loaded.url))
+    article.get_by_role("button", name="Send test event").click()
+    page.wait_for_load_state("load")
+    endpoint_id = article.get_attribute("id")
+    assert page.url.endswith(f"/settings/security#{endpoint_id}")
+    expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
+    expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+    expect(article.get_by_role("status")).to_contain_text("A test event")
+    expect(article.locator("tr.attempt")).to_have_count(1, timeout=ATTEMPT_DEADLINE_MS)
+    expect(article.locator("tr.attempt")).to_contain_text("webhook.test")
+    expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
+    expect(article.get_by_role("status")).to_have_count(0)
+    assert len(loads) == 1, loads  # the redirect after the button, and no reload since
+    expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+
+
+def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_shows_on_reload(browser, server):
+    context = browser.new_context(base_url=server.base, viewport=DESKTOP, java_script_enabled=False)
+    try:
+        page = context.new_page()
+        article = add_endpoint(page, server)
+        article.get_by_role("button", name="Send test event").click()
+        assert page.url.endswith(f"/settings/security#{article.get_attribute('id')}")
+        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+        expect(article).to_be_focused()
+        expect(article).to_contain_text("reload the page if your browser runs no script")
+        deadline = time.monotonic() + ATTEMPT_DEADLINE_MS / 1000
+        while not article.locator("tr.attempt").count() and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+            page.reload()
+        expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
+    finally:
+        context.close()

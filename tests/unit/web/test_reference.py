@@ -1,0 +1,197 @@
+"""GET /docs: the API reference rendered from openapi.json shows every operation with its
+authentication, parameters and every documented response (status, body schema, error codes,
+headers), every schema and header, and the webhooks (each event with the data docs/webhooks.md
+gives it, the headers, how to verify a delivery); needs no script and no other host, and is
+linked from the landing page."""
+
+import base64
+import hashlib
+import hmac
+import html as markup
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from contract import DOCUMENT
+from web import pages, reference
+from webhooks import outbox, signing
+
+OPERATIONS = [(method.upper(), path, operation) for path, item in DOCUMENT["paths"].items()
+              for method, operation in item.items()]
+# What web/reference.py reads of an operation; anything else openapi.json gains must be shown too.
+RENDERED_KEYS = {"operationId", "summary", "description", "tags", "security", "parameters", "responses"}
+
+
+class Articles(HTMLParser):
+    """The text of each <article>, by its id (each tag a space), and every src and href on the page."""
+
+    def __init__(self, html):
+        super().__init__()
+        self.articles, self.links, self.open = {}, [], []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self.handle_data(" ")
+        attrs = dict(attrs)
+        self.links += [attrs[name] for name in ("src", "href") if name in attrs]
+        if tag == "article":
+            self.open.append(attrs.get("id", ""))
+            self.articles[self.open[-1]] = ""
+
+    def handle_endtag(self, tag):
+        self.handle_data(" ")
+        if tag == "article":
+            self.open.pop()
+
+    def handle_data(self, data):
+        for anchor in self.open:
+            self.articles[anchor] += data
+
+
+@pytest.fixture
+def page(client):
+    response = client.get("/docs")
+    assert response.status_code == 200
+    assert response.mimetype == "text/html"
+    return response
+
+
+def squeeze(text):
+    return re.sub(r"\s+", " ", text)
+
+
+def test_every_operation_is_shown_with_its_auth_and_every_response(page):
+    articles = Articles(page.get_data(as_text=True)).articles
+    for method, path, operation in OPERATIONS:
+        text = squeeze(articles[operation["operationId"]])
+        assert f"{method} {path}" in text
+        assert operation["summary"] in text
+        keyed = operation.get("security", DOCUMENT["security"]) == DOCUMENT["security"]
+        public = operation.get("security") == []
+        assert ("Required: an API key in the X-API-Key header." in text) is keyed
+        assert ("Authentication None." in text) is public
+        assert "Parameters None." in text
+        for status, response in operation["responses"].items():
+            described = reference.resolve(DOCUMENT, response)
+            assert f"{status} {described['description']}" in text
+            schema = described["content"]["application/json"]["schema"]
+            if "$ref" in schema:
+                name = reference.component_name(schema["$ref"])
+                assert name in text
+                for code in DOCUMENT["components"]["schemas"][name]["properties"].get("error", {}).get(
+                        "properties", {}).get("code", {}).get("enum", []):
+                    assert code in text
+
+
+def test_every_schema_and_header_has_its_place(page):
+    html = page.get_data(as_text=True)
+    for name in DOCUMENT["components"]["schemas"]:
+        assert f'id="schema-{name}"' in html
+    for name in DOCUMENT["components"]["headers"]:
+        assert f'id="header-{name}"' in html
+    for anchor in set(re.findall(r'href="#([^"]+)"', html)):
+        assert f'id="{anchor}"' in html, anchor
+
+
+def test_the_answers_outside_the_operations_are_shown(page):
+    text = squeeze(re.sub(r"<[^>]+>", " ", page.get_data(as_text=True)))
+    assert "A path the document does not list 404 not_found: no such path. NotFound error.code : not_found" in text
+    assert ("405 method_not_allowed: the path does not take this method. MethodNotAllowed error.code : "
+            "method_not_allowed Allow") in text
+
+
+def test_the_page_needs_no_script_and_no_other_host(page):
+    html = page.get_data(as_text=True)
+    assert "<script" not in html
+    assert page.headers["Content-Security-Policy"] == pages.CONTENT_SECURITY_POLICY
+    for link in Articles(html).links:
+        assert link.startswith(("/", "#")) and not link.startswith("//"), link
+
+
+WEBHOOKS_MD = (Path(__file__).resolve().parents[3] / "docs" / "webhooks.md").read_text(encoding="utf-8")
+
+
+def documented_fields():
+    """{event: the data fields docs/webhooks.md's events table names (in backticks, outside parentheses)}."""
+    table = WEBHOOKS_MD[WEBHOOKS_MD.index("## Events"):WEBHOOKS_MD.index("## A delivery")]
+    return {event: set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", said))) - {"null"}
+            for event, said in re.findall(r"^\| `([a-z_.]+)` \|[^|]*\| (.*) \|$", table, re.M)}
+
+
+def webhooks_section(page):
+    html = page.get_data(as_text=True)
+    section = html[html.index('<section aria-labelledby="webhooks">'):]
+    return section[:section.index("</section>")]
+
+
+def test_the_webhooks_section_shows_every_event_with_the_data_the_docs_give_it(page):
+    section = webhooks_section(page)
+    rows = re.findall(r'<tr id="event-([a-z_.]+)">(.*?)</tr>', section, re.S)
+    assert [event for event, _ in rows] == list(outbox.EVENTS)
+    documented = documented_fields()
+    assert list(documented) == list(outbox.EVENTS)
+    for event, row in rows:
+        assert documented[event] <= set(re.findall(r"<code>([^<]+)</code>", row)), event
+    text = squeeze(re.sub(r"<[^>]+>", " ", section))
+    for field in ("key_id", "key_name", "key_prefix"):
+        assert field in text
+    assert 'href="#webhooks"' in page.get_data(as_text=True)
+
+
+def test_the_webhooks_section_gives_the_headers_and_a_signature_the_service_makes(page):
+    section = webhooks_section(page)
+    text = squeeze(re.sub(r"<[^>]+>", " ", section))
+    for header in ("webhook-id", "webhook-timestamp", "webhook-signature", "User-Agent: api-key-demo-service-webhooks/1"):
+        assert header in text
+    assert "within 5 minutes" in text and "raw body" in text and "2xx answer within 10 seconds" in text
+    # The page's recipe, run: it makes the signature the service sends.
+    [recipe] = [markup.unescape(code) for code in re.findall(r"<pre><code>(.*?)</code></pre>", section, re.S)
+                if "hmac.new" in code]
+    secret, body = signing.new_secret(), b'{"type":"webhook.test"}'
+    made = {"base64": base64, "hashlib": hashlib, "hmac": hmac, "secret": secret, "webhook_id": "msg_x",
+            "webhook_timestamp": "1795312800", "body": body}
+    exec(recipe, made)
+    assert "v1," + made["expected"] == signing.signature(secret, "msg_x", 1795312800, body)
+
+
+def test_the_landing_page_links_to_it(client):
+    assert 'href="/docs"' in client.get("/").get_data(as_text=True)
+
+
+def test_every_part_of_an_operation_is_one_the_page_shows():
+    for _, _, operation in OPERATIONS:
+        assert set(operation) <= RENDERED_KEYS
+
+
+def test_parameters_and_optional_keys_are_shown():
+    document = {
+        "openapi": "3.1.0",
+        "info": {"title": "t", "version": "1"},
+        "security": [{"Key": []}],
+        "paths": {"/things/{id}": {
+            "parameters": [{"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}}],
+            "get": {"operationId": "thing", "security": [{}, {"Key": []}],
+                    "parameters": [{"$ref": "#/components/parameters/Limit"}],
+                    "responses": {"200": {"description": "A thing.", "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Thing"}}}}}},
+        }},
+        "components": {
+            "securitySchemes": {"Key": {"type": "apiKey", "in": "header", "name": "X-Key"}},
+            "parameters": {"Limit": {"name": "limit", "in": "query", "description": "At most this many.",
+                                     "schema": {"type": "integer", "maximum": 10}}},
+            "schemas": {"Thing": {"type": "object", "required": ["id"], "properties": {
+                "id": {"type": "integer"}, "tags": {"type": "array"}}}},
+        },
+    }
+    built = reference.build(document)
+    [(tag, _, [operation])] = built.tags
+    assert (tag, operation.method, operation.path, operation.key_header) == ("other", "GET", "/things/{id}", "X-Key")
+    assert operation.auth == "Optional: an API key in the X-Key header."
+    assert [(p.name, p.where, p.required, p.type, p.description) for p in operation.parameters] == [
+        ("id", "path", True, "integer", ""), ("limit", "query", False, "integer", "At most this many.")]
+    assert operation.responses[0].body == reference.Reference("Thing", "schema-Thing")
+    [thing] = built.schemas
+    assert [(field.name, field.type, field.required) for field in thing.fields] == [
+        ("id", "integer", True), ("tags", "array", False)]
