@@ -18,14 +18,14 @@ os.environ["DATABASE_URL"] = f"sqlite:///{_import_dir}/import.db"
 os.environ.setdefault("SECRET_KEY", "test-secret")
 
 import pytest  # noqa: E402
-from gevent._hub_local import get_hub_if_exists  # noqa: E402
-
-import auth  # noqa: E402
 import services  # noqa: E402
 from appconfig import TEST_TIERS  # noqa: E402
+from gevent._hub_local import get_hub_if_exists  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
-from app import close_app, create_app  # noqa: E402
+
+import auth  # noqa: E402
 from accounts import users  # noqa: E402
+from app import close_app, create_app  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@
 import os
 
 import pytest
-
 from browsing import CHROMIUM, CHROMIUM_ARGS, DOCS, require
 
 try:

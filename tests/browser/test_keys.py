@@ -10,7 +10,6 @@ import time
 
 import pytest
 import requests
-
 from browsing import AXE, CREATE, create_key, require, sign_up
 from contract import DOCUMENT
 from liveserver import service_env, start_server

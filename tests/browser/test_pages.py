@@ -11,7 +11,6 @@ from pprint import pformat
 import pyotp
 import pytest
 import requests
-
 from browsing import AXE, create_key, require, sign_up
 from liveserver import service_env, serving
 from webhookreceiver import receiving

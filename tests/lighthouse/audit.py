@@ -15,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "support"))
 
-from liveserver import Browser, serving, service_env  # noqa: E402
+from liveserver import Browser, service_env, serving  # noqa: E402
 
 
 def audit(url, cookie, form_factor):

@@ -16,9 +16,20 @@ import psycopg
 import pytest
 import requests
 import websocket
-
-from liveserver import PASSWORD, SECRET_PATTERN, Browser, Server, cli, free_port, run_cli, service_env, serving, usernames
-from liveserver import start_server, without_gunicorn
+from liveserver import (
+    PASSWORD,
+    SECRET_PATTERN,
+    Browser,
+    Server,
+    cli,
+    free_port,
+    run_cli,
+    service_env,
+    serving,
+    start_server,
+    usernames,
+    without_gunicorn,
+)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -10,10 +10,10 @@ import time
 
 import pytest
 import requests
-import websocket
-
 import services
+import websocket
 from liveserver import SECRET_PATTERN, Browser, cli, service_env, serving, stored_total, wait_for
+
 from metering import usage
 
 ALLOWED, OTHER = "203.0.113.7", "198.51.100.1"

@@ -12,7 +12,6 @@ import psycopg
 import pytest
 import requests
 import websocket
-
 from liveserver import cli, cli_session, service_env, serving, stored_total, wait_for
 
 PROTECTED = "/api/v1/protected/test"

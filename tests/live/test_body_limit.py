@@ -8,7 +8,6 @@ import socket
 import time
 
 import pytest
-
 from liveserver import service_env, serving
 
 

@@ -14,7 +14,6 @@ import sys
 import httpx
 import pytest
 import requests
-
 import services
 from contract import DOCUMENT
 from liveserver import BIN, ROOT, addresses, cli_session, free_port, make_key, service_env, serving

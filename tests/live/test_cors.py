@@ -4,7 +4,6 @@ no Access-Control-* header at all. The setting's rules in-process: tests/unit/se
 
 import pytest
 import requests
-
 from corschecks import ALLOWED, PREFLIGHT, assert_preflight_answered, assert_readable_by, cors_headers
 from liveserver import make_key, service_env, serving
 

@@ -21,9 +21,9 @@ import requests
 import simple_websocket
 import websocket
 from gevent import pywsgi
-
 from liveserver import ROOT, Server, free_port, make_key, service_env, serving, start_server, stored_total, wait_for
 from readings import json_lines, metric
+
 from serving import devserver
 
 NEW_ID = re.compile(r"[0-9a-f]{32}")

@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 import requests
-
 import services
 from liveserver import make_key, run_cli, service_env, start_procfile, stored_total, wait_for
 

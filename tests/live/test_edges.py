@@ -9,7 +9,6 @@ import re
 
 import pytest
 import requests
-
 import services
 from liveserver import SECRET_PATTERN, Browser, service_env, serving
 

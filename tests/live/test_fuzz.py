@@ -5,9 +5,7 @@ traceback in the server's log."""
 
 import schemathesis
 from hypothesis import HealthCheck, settings
-
 from liveserver import ROOT
-
 
 # The file, which tests/unit/test_openapi.py shows is what the server serves.
 schema = schemathesis.openapi.from_path(ROOT / "openapi.json")

@@ -10,10 +10,10 @@ import time
 import psycopg
 import pytest
 import requests
-
-import auth
 import services
 from liveserver import PASSWORD, SECRET_PATTERN, Browser, cli, cli_session, service_env, serving
+
+import auth
 
 ROUNDS = 50
 

@@ -10,7 +10,6 @@ from urllib.parse import urlparse
 import pytest
 import requests
 import websocket
-
 from liveserver import cli, cli_session, service_env, serving, stored_total, wait_for
 
 

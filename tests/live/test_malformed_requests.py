@@ -8,7 +8,6 @@ import socket
 
 import pytest
 import requests
-
 from contract import assert_conforms
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"]

@@ -10,10 +10,9 @@ import time
 
 import pytest
 import requests
-
 import services
-from services import rows
 from liveserver import cli_session, service_env, start_procfile, stored_total, wait_for
+from services import rows
 from webhookreceiver import receiving
 
 ACCOUNT_ALLOWANCE = 60

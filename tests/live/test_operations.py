@@ -12,13 +12,21 @@ import time
 
 import pytest
 import requests
-import websocket
-
 import services
-from liveserver import (Server, free_port, make_key, metrics_folder, procfile_command, service_env, start_procfile,
-                        wait_for)
+import websocket
+from liveserver import (
+    Server,
+    free_port,
+    make_key,
+    metrics_folder,
+    procfile_command,
+    service_env,
+    start_procfile,
+    wait_for,
+)
 from readings import json_lines, metric, scrape
 from tcpproxy import TcpProxy
+
 from ops import metrics
 
 TOKEN = "metrics-token-for-the-tests-0123"

@@ -6,7 +6,6 @@ import threading
 import time
 
 import requests
-
 from liveserver import ROOT, children, make_key, metrics_folder, service_env, start_procfile, wait_for
 
 SLOW_IMPORT = ROOT / "tests" / "fixtures" / "slow_app_import"

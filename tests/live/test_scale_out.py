@@ -6,9 +6,8 @@ import time
 
 import pytest
 import requests
-import websocket
-
 import services
+import websocket
 from liveserver import cli_session, make_key, service_env, start_procfile, stored_total, wait_for
 from tcpproxy import TcpProxy
 

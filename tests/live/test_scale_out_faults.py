@@ -12,7 +12,6 @@ import time
 import psycopg
 import pytest
 import requests
-
 from liveserver import ROOT, children, metrics_folder, service_env, start_procfile, wait_for
 from privateservers import PrivatePostgres, PrivateRedis
 

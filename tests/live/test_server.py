@@ -17,7 +17,6 @@ import time
 
 import pytest
 import requests
-
 from liveserver import (
     Server,
     cli,

@@ -6,12 +6,12 @@ it forks a worker, importing nothing the workers must import after gevent's patc
 import subprocess
 import sys
 
+import limits.storage  # noqa: F401  registers limits' storage schemes
 import playhouse.db_url
 import pytest
-
-import limits.storage  # noqa: F401  registers limits' storage schemes
 from limits._storage_scheme import SCHEMES
 from liveserver import ROOT, free_port, service_env, without_gunicorn
+
 import settings
 
 BAD_VALUES = [

@@ -9,9 +9,15 @@ import time
 
 import pytest
 import websocket
-
-from socketattacks import MIB, an_attack_hurts_only_its_own_sockets, flood, frame, handshake, worker_rss
-from socketattacks import target  # noqa: F401 (the module's server, a fixture)
+from socketattacks import (
+    MIB,
+    an_attack_hurts_only_its_own_sockets,
+    flood,
+    frame,
+    handshake,
+    target,  # noqa: F401 (the module's server, a fixture)
+    worker_rss,
+)
 
 
 @pytest.mark.parametrize("name", ["echo flood", "echo flood, reads a byte a second", "50 echo floods from one address"])

@@ -4,9 +4,10 @@ read. The attacks on the echo socket are in tests/live/test_socket_attacks_echo.
 disturb is in socketattacks.py."""
 
 import pytest
-
-from socketattacks import an_attack_hurts_only_its_own_sockets
-from socketattacks import target  # noqa: F401 (the module's server, a fixture)
+from socketattacks import (
+    an_attack_hurts_only_its_own_sockets,
+    target,  # noqa: F401 (the module's server, a fixture)
+)
 
 
 @pytest.mark.parametrize("name", ["ping flood", "pong flood", "ten time sockets that never read"])

@@ -12,7 +12,6 @@ import time
 import pytest
 import requests
 import websocket
-
 from liveserver import Server, cli_session, free_port, make_key, service_env, start_server, without_gunicorn
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")

@@ -15,9 +15,6 @@ import sys
 
 import pytest
 import requests
-
-from app import load_config
-from serving import startup
 from liveserver import (
     ROOT,
     Server,
@@ -27,6 +24,9 @@ from liveserver import (
     service_env,
     without_gunicorn,
 )
+
+from app import load_config
+from serving import startup
 
 # Every variable of the contract's configuration tables, and those the run modes read besides.
 SETTINGS = {

@@ -12,9 +12,8 @@ import sys
 import time
 
 import pytest
-
-from services import rows
 from liveserver import ROOT, cli, make_key, run_cli, service_env, serving, start_server, wait_for
+from services import rows
 from webhookreceiver import receiving
 
 

@@ -5,12 +5,11 @@ import json
 
 import jsonschema
 import requests
+from liveserver import ROOT
 from openapi_core import OpenAPI
 from openapi_core.contrib.requests import RequestsOpenAPIRequest, RequestsOpenAPIResponse
 from openapi_core.contrib.werkzeug import WerkzeugOpenAPIRequest, WerkzeugOpenAPIResponse
 from openapi_core.templating.paths.exceptions import OperationNotFound, PathNotFound
-
-from liveserver import ROOT
 
 DOCUMENT = json.loads((ROOT / "openapi.json").read_text())
 SPEC = OpenAPI.from_dict(DOCUMENT)

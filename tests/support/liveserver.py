@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psycopg
 import requests
-
 import services
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,8 +3,8 @@ Where a server is unreachable the tests that need it skip, except under CI=true,
 
 import contextlib
 import os
-import sqlite3
 import socket
+import sqlite3
 import uuid
 from urllib.parse import urlsplit
 

@@ -16,7 +16,6 @@ import time
 import pytest
 import requests
 import websocket
-
 from liveserver import cli_session, make_key, service_env, start_server, wait_for
 
 ATTACK_SECONDS = 12

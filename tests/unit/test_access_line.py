@@ -7,8 +7,8 @@ import runpy
 
 import pytest
 from gunicorn.glogging import Logger
-
 from liveserver import ROOT
+
 from ops import logs
 
 conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))

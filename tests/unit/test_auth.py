@@ -5,8 +5,8 @@ import re
 import pytest
 
 import auth
-from models import ApiKey, User
 from accounts import users
+from models import ApiKey, User
 
 
 @pytest.mark.parametrize("key_type, prefix", [("development", "sk_test_"), ("production", "sk_live_")])

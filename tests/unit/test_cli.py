@@ -4,12 +4,12 @@ import re
 
 import peewee
 import pytest
+from liveserver import run_cli, service_env
 
 import auth
 import cli
-from liveserver import run_cli, service_env
-from models import ApiKey, User, db
 from accounts import users
+from models import ApiKey, User, db
 
 
 def test_users_create_with_password_stdin(runner):

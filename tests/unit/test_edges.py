@@ -10,14 +10,14 @@ import re
 import pytest
 from flask import g, request
 from limits import RateLimitItemPerHour
+from webforms import page
 
 import auth
 import ratelimit
+from accounts import securitylog, users
 from models import ApiKey, SecurityEvent, User
 from ops import logs
-from accounts import securitylog, users
 from web import throttles
-from webforms import page
 
 
 def flashed(response):

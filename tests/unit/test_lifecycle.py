@@ -11,9 +11,9 @@ import pytest
 import auth
 import cli
 import models
-from models import SCOPES, ApiKey, User, utcnow
-from keys import keycache
 from accounts import securitylog, users
+from keys import keycache
+from models import SCOPES, ApiKey, User, utcnow
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 

@@ -4,7 +4,6 @@ traceback, a leaked secret or state per unknown key (the live server: tests/live
 
 
 import pytest
-
 from contract import assert_conforms
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"]

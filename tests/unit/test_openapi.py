@@ -5,13 +5,13 @@ import json
 
 import peewee
 import pytest
+from contract import DOCUMENT, assert_conforms
 from limits.errors import StorageError
 from openapi_core.validation.response.exceptions import ResponseValidationError
 
 import auth
 import models
 from api import VERSION
-from contract import DOCUMENT, assert_conforms
 from models import ApiKey
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats", "/api/v1/usage/history"]

@@ -8,15 +8,14 @@ import re
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from clock import FakeTime
+from contract import DOCUMENT
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import auth
 import models
 import ratelimit
 import sockets
-from clock import FakeTime
-from contract import DOCUMENT
 from settings import TIER_NAME_PATTERN, rate
 
 # The app fixture is only read from in these tests, so sharing it across examples is safe.

@@ -6,13 +6,13 @@ import sys
 import threading
 
 import pytest
+from clock import fake_time
 from limits import RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
+from liveserver import ROOT
 
 import ratelimit
-from clock import fake_time
-from liveserver import ROOT
-from models import ApiKey, UsageHour, db, start_of_hour, utcnow
 from metering import usage
+from models import ApiKey, UsageHour, db, start_of_hour, utcnow
 
 
 def test_parse_tiers():

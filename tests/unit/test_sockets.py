@@ -6,8 +6,8 @@ import pytest
 
 import auth
 import sockets
-from ws import slots
 from models import ApiKey
+from ws import slots
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}

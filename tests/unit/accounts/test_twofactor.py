@@ -7,12 +7,12 @@ import datetime
 import re
 
 import pytest
+from twofactorsteps import code_at, confirm, enable, is_logged_in, start_setup
 
-from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
-from metering import lifecycle
 import settings
 from accounts import securitylog, twofactor
-from twofactorsteps import code_at, confirm, enable, is_logged_in, start_setup
+from metering import lifecycle
+from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
 from web import passkeys, webprotection
 
 PASSWORD = "correct horse battery"

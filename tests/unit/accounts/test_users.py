@@ -13,15 +13,15 @@ import gevent
 import pytest
 from limits import RateLimitItemPerHour
 from peewee import SqliteDatabase
+from webforms import SECRET_PATTERN, create_key, page
 
 import app as service
 import auth
-from models import ApiKey, Session, User, db
-from store.connections import protect_sqlite_files
-from ops import logs
 from accounts import users
+from models import ApiKey, Session, User, db
+from ops import logs
+from store.connections import protect_sqlite_files
 from web import throttles
-from webforms import SECRET_PATTERN, create_key, page
 
 # The highest niceness, the lowest priority, on Linux and the BSDs.
 LOWEST_PRIORITY = 19

@@ -8,9 +8,9 @@ import pytest
 from flask import current_app
 
 import auth
-from models import ApiKey
-from keys import allowips, keycache
 from accounts import securitylog
+from keys import allowips, keycache
+from models import ApiKey
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}

@@ -9,6 +9,8 @@ from urllib.parse import urlparse
 import gevent
 import pytest
 import redis
+import services
+from clock import fake_time
 from flask import current_app
 from limits import RateLimitItemPerHour
 from limits.errors import StorageError
@@ -17,12 +19,10 @@ from limits.storage import storage_from_string
 import auth
 import models
 import ratelimit
-import services
-from clock import fake_time
+from accounts import users
 from app import close_app, create_app
 from keys import keycache
 from store import rediswindows
-from accounts import users
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 
 import auth
 from app import load_config
-from models import ApiKey, UsageDay, UsageHour, start_of_hour, utcnow
 from metering import analytics
+from models import ApiKey, UsageDay, UsageHour, start_of_hour, utcnow
 
 PROTECTED = "/api/v1/protected/test"
 ME = "/api/v1/user/me"
@@ -170,8 +170,8 @@ def test_one_process_takes_the_prune_lock_and_the_others_skip_until_it_runs_out(
 
 
 def test_prune_deletes_old_hours_and_days_and_idle_sessions_but_not_total_requests(app, client, user, pro_key):
-    from models import Session
     from metering import lifecycle
+    from models import Session
 
     key = key_of(pro_key)
     get(client, PROTECTED, pro_key)

@@ -5,12 +5,12 @@ import collections
 import datetime
 
 import pytest
+from clock import fake_time
 
 import auth
-from clock import fake_time
+from accounts import users
 from metering import credits
 from models import ApiKey, SecurityEvent
-from accounts import users
 from webhooks import outbox
 
 PROTECTED = "/api/v1/protected/test"

@@ -6,14 +6,14 @@ import threading
 
 import peewee
 import pytest
+import services
+from liveserver import wait_for
 
 import auth
-import services
+from metering import usage
 from models import ApiKey, UsageHour, User, db
-from liveserver import wait_for
 from store.connections import open_database
 from store.statements import Statements
-from metering import usage
 
 ENDPOINT = "/api/v1/protected/test"
 

@@ -4,13 +4,14 @@ an Access-Control-* header, nor does anyone without the setting; with Flask's te
 server: tests/live/test_cors.py)."""
 
 import pytest
-
-import auth
-from app import close_app, create_app, load_config
 from appconfig import TEST_TIERS
 from corschecks import ALLOWED, PREFLIGHT, assert_preflight_answered, assert_readable_by, cors_headers, names
-from serving import cors
+
+import auth
 from accounts import users
+from app import close_app, create_app, load_config
+from serving import cors
+
 
 @pytest.mark.parametrize("value, origins", [
     (None, ()),

@@ -6,16 +6,16 @@ import collections
 import re
 
 import pytest
+from appconfig import TEST_TIERS
 from limits.errors import StorageError
 from peewee import OperationalError
 
 import api
 import auth
 import models
-from appconfig import TEST_TIERS
+from accounts import users
 from ops import metrics
 from serving import fastlane
-from accounts import users
 
 ALLOWED, OTHER = "203.0.113.7", "198.51.100.1"
 # What differs between two answers to the same request made one after the other.

@@ -8,13 +8,13 @@ import time
 import gevent
 import pytest
 import redis
+import services
+from clock import fake_time
 from limits import RateLimitItemPerHour
 from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 
 import ratelimit
-import services
-from clock import fake_time
 from store import limitstorage, rediswindows
 
 

@@ -16,15 +16,15 @@ import flask
 import psycopg
 import pytest
 import requests
+from appconfig import TEST_TIERS
+from liveserver import cli, service_env, start_procfile
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 import auth
 import models
-from appconfig import TEST_TIERS
-from liveserver import cli, service_env, start_procfile
+from accounts import users
 from models import ApiKey, Passkey, RecoveryCode, TwoFactor, User, db
 from store import connections, schema
-from accounts import users
 from webhooks import endpoints
 from webhooks.models import WebhookMarker
 

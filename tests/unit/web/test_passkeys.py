@@ -7,11 +7,11 @@ import re
 import pyotp
 import pytest
 from softauthenticator import USER_PRESENT, SoftAuthenticator
+from twofactorsteps import is_logged_in
 
+from accounts import users
 from app import load_config
 from models import Passkey, db
-from accounts import users
-from twofactorsteps import is_logged_in
 
 PASSWORD = "correct horse battery"
 

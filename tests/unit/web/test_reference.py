@@ -13,8 +13,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from contract import DOCUMENT
+
 from web import pages, reference
 from webhooks import outbox, signing
 

@@ -8,13 +8,13 @@ import types
 import pytest
 from flask import g
 from limits import RateLimitItemPerMinute
+from webforms import SECRET_PATTERN, create_key, page
 
 import auth
+from accounts import users
 from models import ApiKey, UsageHour, User, start_of_hour, utcnow
 from serving import envelope
-from accounts import users
 from web import pages, throttles
-from webforms import SECRET_PATTERN, create_key, page
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 def csrf_token(client, path):

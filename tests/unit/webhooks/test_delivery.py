@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from models import db, utcnow
 from accounts import users
+from models import db, utcnow
 from webhooks import addresses, delivery, endpoints, failures, outbox
 from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 

@@ -3,9 +3,9 @@ section, and the endpoint's attempts list is served alone (for the page's script
 saying whether a test event still waits for its first attempt."""
 
 import pytest
+from webhookreceiver import receiving
 
 from accounts import users
-from webhookreceiver import receiving
 from webhooks import delivery, endpoints
 
 

@@ -20,13 +20,13 @@ import time
 import pytest
 from peewee import OperationalError
 from standardwebhooks import Webhook
+from webhookreceiver import receiving
 from werkzeug.datastructures import MultiDict
 
 import auth
-from models import ApiKey, SecurityEvent, db, utcnow
 import settings
 from accounts import users
-from webhookreceiver import receiving
+from models import ApiKey, SecurityEvent, db, utcnow
 from webhooks import addresses, delivery, endpoints, outbox, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 

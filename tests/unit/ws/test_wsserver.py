@@ -19,8 +19,8 @@ from wsproto.events import AcceptConnection, Request, TextMessage
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
 import sockets
-from ws.outbox import ENTRY_OVERHEAD, Outbox
 from ws import wsserver
+from ws.outbox import ENTRY_OVERHEAD, Outbox
 
 MIB = 1024 * 1024
 
