@@ -12,6 +12,7 @@ from auth import require_api_key
 from metering import analytics, credits, usage
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from openapi import OPENAPI, VERSION
+from ops import note as request_note
 from ratelimit import ip_rate_limited
 from serving.fastlane import without_flask
 
@@ -81,7 +82,7 @@ def usage_stats(api_key):
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
     }
     if key.has_credits:
-        stats["credits"] = credits.summary(key, request.environ[credits.CREDITS_REMAINING])
+        stats["credits"] = credits.summary(key, request_note.of(request.environ).credits_remaining)
     return stats
 
 

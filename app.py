@@ -48,14 +48,19 @@ import sockets
 # The key forms' routes are the web blueprint's, in a module of their own: imported before
 # pages.init_app registers the blueprint.
 import web.keyforms  # noqa: F401
-from accounts import users
+from accounts import securitylog, users
 from keys import keycache
-from metering import lifecycle, usage
+from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
-from ops import health, logs, metrics
+from ops import health, logs, metrics, note as request_note
 from serving import cors, devserver, envelope, fastlane, startup
 from web import keypage, pages, webprotection
-from webhooks import delivery as webhook_delivery, models as webhook_models, pages as webhook_pages
+from webhooks import (
+    delivery as webhook_delivery,
+    models as webhook_models,
+    outbox as webhook_outbox,
+    pages as webhook_pages,
+)
 from webhooks.commands import webhooks_cli
 
 ROOT = Path(__file__).resolve().parent
@@ -159,9 +164,13 @@ def create_app(overrides=None):
     # First of every hook: nothing (the CSRF check's form parsing included) reads a body before it.
     app.before_request(refuse_large_bodies)
     models.init_app(app, webhook_models.MODELS)
-    ratelimit.init_app(app)
+    # Key changes reach the security log and webhooks through keys/events.py's signal; what the hot
+    # path decides (usage and credit thresholds) waits in webhooks' queue for the usage flush.
+    securitylog.init_app(app)
+    webhook_events = webhook_outbox.init_app(app)
+    ratelimit.init_app(app, thresholds.Watcher(webhook_events.add))
     keycache.init_app(app)
-    usage.init_app(app)
+    usage.init_app(app, riders=[webhook_events])
     lifecycle.init_app(app)
     app.register_blueprint(api.api)
     cors.init_app(app)
@@ -241,10 +250,10 @@ def refuse_large_bodies():
     """Refuse a body larger than MAX_BODY_BYTES before it is read: a declared one at once, a chunked
     one once that many bytes came (they are kept for the view, in memory). Only a POST's chunked
     body is read: no other view takes one, and the server closes the connection after it."""
-    # Runs on every request: the environ without a context proxy (see serving/envelope.py).
-    environ = envelope.current_environ.get()
+    # Runs on every request: the environ without a context proxy (see ops/note.py).
+    environ = request_note.current_environ.get()
     if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-        if envelope.request_method(environ) != "POST":
+        if request_note.request_method(environ) != "POST":
             return
         limit = current_app.config["MAX_BODY_BYTES"]
         # Werkzeug would stop reading at the limit without a word, and the form would be cut short.

@@ -12,14 +12,13 @@ from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import ratelimit
-from accounts import securitylog, users
-from keys import allowips, keycache
-from metering import credits, usage
-from models import SCOPES, ApiKey, db, display_time, find_active_key, iso_seconds, utcnow
-from ops import metrics
-from serving import envelope
+from accounts import users
+from keys import allowips, events, keycache
+from keys.lookup import find_active_key
+from metering import credits
+from models import SCOPES, ApiKey, db, display_time, iso_seconds, utcnow
+from ops import metrics, note as request_note
 from store.rediswindows import KeysChanged
-from webhooks import outbox
 
 KEY_PREFIXES = {"development": "sk_test_", "production": "sk_live_"}
 KEY_ALPHABET = string.ascii_letters + string.digits
@@ -146,10 +145,11 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
             allow_ips=allow_ips,
             **credits.initial(credits_given, refill),
         )
-        securitylog.record(user.id, "key.created", f"{key.name} (id {key.id}, {key.display_prefix}...; "
-                                                   f"from {allowips.summary(allow_ips)})")
-        outbox.emit(user.id, "key.created", outbox.key_data(
-            key, key_type=key_type, scopes=scopes, expires_at=expires_at and iso_seconds(expires_at)))
+        events.key_changed.send(
+            "key.created", user_id=user.id,
+            detail=f"{key.name} (id {key.id}, {key.display_prefix}...; from {allowips.summary(allow_ips)})",
+            data=events.key_data(key, key_type=key_type, scopes=scopes,
+                                 expires_at=expires_at and iso_seconds(expires_at)))
         inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
         users.keep_newest(ApiKey, (ApiKey.user == user.id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
@@ -201,11 +201,11 @@ def roll_key(key, grace, end_previous=False, current=None):
         ).where((ApiKey.id == key.id) & (ApiKey.key_hash == key.key_hash) & ApiKey.revoked_at.is_null()).execute()
         if not rolled:
             raise RollConflict("The key was rolled or revoked meanwhile; reload and try again.")
-        securitylog.record(key.user_id, "key.rolled",
-                           f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)")
-        outbox.emit(key.user_id, "key.rolled", dict(
-            outbox.key_data(key), key_prefix=secret[:DISPLAY_PREFIX_LENGTH], previous_key_prefix=key.display_prefix,
-            previous_valid_until=until and iso_seconds(until)))
+        events.key_changed.send(
+            "key.rolled", user_id=key.user_id,
+            detail=f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)",
+            data=dict(events.key_data(key), key_prefix=secret[:DISPLAY_PREFIX_LENGTH],
+                      previous_key_prefix=key.display_prefix, previous_valid_until=until and iso_seconds(until)))
     keycache.announce_change()
     return secret
 
@@ -227,10 +227,10 @@ def revoke_key(key, leaked=False, again=False):
         with db.atomic():
             revoked = bool(ApiKey.update(revoked_at=key.revoked_at).where(which).execute())
             if revoked:
-                securitylog.record(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
-                                   f"{key.name} (id {key.id}, {key.display_prefix}...)")
-                outbox.emit(key.user_id, "key.revoked_as_leaked" if leaked else "key.revoked",
-                            outbox.key_data(key, revoked_at=iso_seconds(key.revoked_at)))
+                events.key_changed.send(
+                    "key.revoked_as_leaked" if leaked else "key.revoked", user_id=key.user_id,
+                    detail=f"{key.name} (id {key.id}, {key.display_prefix}...)",
+                    data=events.key_data(key, revoked_at=iso_seconds(key.revoked_at)))
     if revoked or again:
         keycache.announce_change()
     return revoked
@@ -244,10 +244,29 @@ def revoke_previous_secret(key):
         ended = bool(ApiKey.update(previous_key_hash=None, previous_display_prefix=None, previous_expires_at=None)
                      .where((ApiKey.id == key.id) & (ApiKey.previous_key_hash == key.presented_hash)).execute())
         if ended:
-            securitylog.record(key.user_id, "key.previous_secret_revoked", f"{key.name} (id {key.id})")
+            events.key_changed.send("key.previous_secret_revoked", user_id=key.user_id,
+                                    detail=f"{key.name} (id {key.id})")
     if ended:
         keycache.announce_change()
     return ended
+
+
+def limit_key(key, limits):
+    """Give the key its own windows (ratelimit.parse_limits' form), or with None its tier's again;
+    the servers apply it from their next request on."""
+    with db.atomic():
+        ApiKey.update(rate_limits=limits).where(ApiKey.id == key.id).execute()
+        events.key_changed.send("key.limit_changed", user_id=key.user_id,
+                                detail=f"{key.name} (id {key.id}): {limits or 'its tier ' + key.rate_limit_tier}")
+    keycache.announce_change()
+
+
+def grant_credits(key, set_to=None, add=None, refill=None, no_refill=False):
+    """Set or add to the key's credits and give or take away its refill (metering/credits.py's
+    grant); return the ApiKey as it is now. The servers read it afresh from their next request on."""
+    granted = credits.grant(key.id, set_to=set_to, add=add, refill=refill, no_refill=no_refill)
+    keycache.announce_change()
+    return granted
 
 
 def authenticate(secret, source="the X-API-Key header"):
@@ -285,11 +304,10 @@ def require_scope(key, scope):
     if scope not in key.scope_list():
         # A scope guards more than the endpoint SCOPES names for it (usage:read: stats and history).
         needed_by = SCOPES[scope]
-        # From the environ: the fast lane serves keyed requests without Flask's request (serving/fastlane.py).
-        environ = envelope.current_environ.get()
+        environ = request_note.current_environ.get()
         route = metrics.route(environ)
         if not needed_by.endswith(" " + route):
-            needed_by = f"{envelope.request_method(environ)} {route}"
+            needed_by = f"{request_note.request_method(environ)} {route}"
         raise InsufficientScope(f"This API key lacks the scope {scope!r}, which {needed_by} needs.")
 
 
@@ -298,12 +316,11 @@ def require_allowed_address(key):
     limits use: REMOTE_ADDR, from X-Forwarded-For behind TRUSTED_PROXIES)."""
     if key.allowed_networks is None:
         return
-    # From the environ: the fast lane serves keyed requests without Flask's request (serving/fastlane.py).
-    environ = envelope.current_environ.get()
+    environ = request_note.current_environ.get()
     client_address = environ.get("REMOTE_ADDR")
     if not allowips.permits(key.allowed_networks, client_address):
         # Not the owner's traffic: neither counted nor recorded in the key's usage.
-        usage.not_recorded(environ)
+        request_note.of(environ).usage_key_id = None
         address = allowips.client_ip(client_address or "") or "this address"
         raise IpNotAllowed(f"This API key may not be used from {address}: its IP allow-list does not include it.")
 
@@ -314,23 +331,24 @@ def require_access(key, scope):
     require_allowed_address(key)
 
 
-def admit(secret, scope, environ, source="the X-API-Key header"):
-    """Authenticate a secret, check its scope and allow-list, then count the request (of this WSGI
-    environ, which envelope.Envelope served) against its key's allowance; return the key. A key
-    refused by its scope or allow-list is not counted. The key may come from the worker's cache
-    (keys/keycache.py); where the count must confirm it, a stale one is read again, uncounted."""
-    # The app from the environ, not current_app: see serving/envelope.py.
-    service = environ[envelope.SERVICE_APP].extensions
+def admit(secret, scope, note, source="the X-API-Key header"):
+    """Authenticate a secret, check its scope and allow-list, then count the request (whose note is
+    this) against its key's allowance; return the key. A key refused by its scope or allow-list is
+    not counted. The key may come from the worker's cache (keys/keycache.py); where the count must
+    confirm it, a stale one is read again, uncounted."""
+    # The note's app, not current_app: a context proxy costs more than the rest of this (ops/note.py).
+    service = note.app.extensions
     keys, limiter = service["keys"], service["ratelimit"]
     secret = given_secret(secret, source)
     key_hash = hash_key(secret)
     # Its form is checked only before the database is read: a kept hash is a real key's.
     key, generation = keys.find(key_hash, lambda: well_formed(secret))
     key = found_key(key)
-    usage.admitted(key, environ)
+    # Its answer goes into the key's usage: refusals for scope and rate as well as successes.
+    note.usage_key_id = key.id
     try:
         require_access(key, scope)
-        limiter.count_request(key, environ, generation)
+        limiter.count_request(key, note, generation)
     except (KeysChanged, *REFUSALS, credits.CreditsExhausted) as refusal:
         if not isinstance(refusal, KeysChanged) and generation is None:
             raise
@@ -339,7 +357,7 @@ def admit(secret, scope, environ, source="the X-API-Key header"):
         # arrived, so the count needs no second confirmation.
         key = found_key(keys.reload(key_hash))
         require_access(key, scope)
-        limiter.count_request(key, environ)
+        limiter.count_request(key, note)
     return key
 
 
@@ -350,10 +368,12 @@ def require_api_key(scope):
     def decorate(view):
         @functools.wraps(view)
         def guarded(*args, **kwargs):
-            environ = envelope.current_environ.get()
-            return view(*args, api_key=admit(environ.get("HTTP_X_API_KEY"), scope, environ), **kwargs)
+            environ = request_note.current_environ.get()
+            note = environ[request_note.ENVIRON_KEY]
+            return view(*args, api_key=admit(environ.get("HTTP_X_API_KEY"), scope, note), **kwargs)
 
-        # Itself, not a copy that functools.wraps would give a decorator around it (serving/fastlane.py).
+        # Itself, not a copy that functools.wraps would give a decorator around it: tells a view
+        # guarded right here from one wrapped again since.
         guarded.guard = guarded
         return guarded
 

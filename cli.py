@@ -10,50 +10,19 @@ from pathlib import Path
 
 import click
 from flask import current_app
-from flask.cli import AppGroup
 
 import auth
 import ratelimit
 from accounts import securitylog, users
 from keys import keycache
 from metering import analytics, credits, lifecycle
-from models import DATABASE_ERRORS, SCOPES, ApiKey, db, display_time, iso_seconds
+from models import SCOPES, ApiKey, display_time, iso_seconds
 from ops import logs
-
-
-class SentenceOnServiceError:
-    """A command (or every command of a group) whose database cannot be reached or written, or
-    whose key change cannot be announced to the servers, ends with a sentence, not a traceback."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except DATABASE_ERRORS as error:
-            raise click.ClickException(f"The database cannot be used right now: {error}") from None
-        except (keycache.ChangeNotAnnounced, users.AccountGone) as error:
-            raise click.ClickException(error.description) from None
-
-
-class CommandGroup(SentenceOnServiceError, AppGroup):
-    pass
-
-
-class Command(SentenceOnServiceError, click.Command):
-    pass
-
+from ops.commands import Command, CommandGroup, find_user
 
 users_cli = CommandGroup("users", help="Manage users.")
 keys_cli = CommandGroup("keys", help="Manage API keys.")
 usage_cli = CommandGroup("usage", help="Report API usage.")
-
-
-def find_user(username):
-    if users.CONTROL_CHARACTERS.search(username):
-        raise click.ClickException("A username cannot contain control characters.")
-    user = users.find_user(username)
-    if user is None:
-        raise click.ClickException(f"There is no user named {username!r}.")
-    return user
 
 
 def has_terminal():
@@ -205,8 +174,8 @@ def limit_key_command(key_id, rates, back_to_tier):
         limits = None if back_to_tier else ratelimit.parse_limits(rates)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    record_key_change(key, ApiKey.update(rate_limits=limits), "key.limit_changed",
-                      f"{key.name} (id {key.id}): {limits or 'its tier ' + key.rate_limit_tier}")
+    auth.limit_key(key, limits)
+    warn_if_servers_may_not_hear()
     whose = f"its own windows, {limits}" if limits else f"its tier's windows ({key.rate_limit_tier})"
     click.echo(f"Key {key_id} ({key.name!r}) now has {whose}.")
 
@@ -236,23 +205,12 @@ def credits_command(key_id, set_to, add, refill, no_refill):
     try:
         set_to = None if set_to is None else credits.parse_credits(set_to, "--set")
         add = None if add is None else credits.parse_credits(add, "--add")
-        key = credits.grant(key.id, set_to=set_to, add=add, refill=credits.parse_refill(refill),
-                            no_refill=no_refill)
+        key = auth.grant_credits(key, set_to=set_to, add=add, refill=credits.parse_refill(refill),
+                                 no_refill=no_refill)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    record_key_change(key, None, "key.credits_changed", f"{key.name} (id {key.id}): {credits.describe(key)}")
-    click.echo(f"Key {key_id} ({key.name!r}): {credits.describe(key)}.")
-
-
-def record_key_change(key, update, event, detail):
-    """Apply a change to a key (a peewee update, or None when made already), record it in its owner's
-    security log and tell the servers: it applies from their next request on."""
-    with db.atomic():
-        if update is not None:
-            update.where(ApiKey.id == key.id).execute()
-        securitylog.record(key.user_id, event, detail)
-    keycache.announce_change()
     warn_if_servers_may_not_hear()
+    click.echo(f"Key {key_id} ({key.name!r}): {credits.describe(key)}.")
 
 
 # What looks like one of this service's secrets, wherever it stands: escapes (JSON's \n, \u0022,

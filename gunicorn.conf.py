@@ -128,7 +128,7 @@ class ServiceLogger(Logger):
             # The responses gunicorn makes for its own errors carry only the status line.
             status = int(str(resp.status).split()[0])
             self.access_log.info("%s %s %s", method, path, status, extra={
-                "request_id": environ.get(logs.REQUEST_ID_ENVIRON) or logs.current_request_id.get(),
+                "request_id": logs.request_id_of(environ),
                 "method": method,
                 "path": path,
                 "status": status,

@@ -14,9 +14,9 @@ from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, TooManyRequests
 
 import settings
-from metering import credits, thresholds, usage
+from metering import credits, thresholds
 from models import ApiKey, db
-from ops import metrics
+from ops import metrics, note as request_note
 from store.limitstorage import LimitStorageUnavailable, open_storage, window_admitter, window_counter, window_taker
 from store.rediswindows import redis_windows
 
@@ -42,8 +42,6 @@ marks: for each window, the requests left at which it reaches a usage.threshold 
 or None for the account's window."""
 ACCOUNT_POLICY = "account"
 OVERRIDE_POLICY = "key"
-# Where a request's RateLimitState waits for its response (serving/envelope.py writes the headers).
-RATE_LIMIT_STATE = "service.rate_limit"
 
 
 class RateLimitExceeded(TooManyRequests):
@@ -84,8 +82,10 @@ def limit_items(text):
 class Limiter:
     """Fixed windows that start with their first request, kept in a limits storage."""
 
-    def __init__(self, storage, tiers, public_rate, account_rate=None):
+    def __init__(self, storage, tiers, public_rate, account_rate=None, watcher=None):
         self.storage = storage
+        # What becomes of a key's usage and credit thresholds (metering/thresholds.py's Watcher).
+        self.watcher = watcher or thresholds.Watcher()
         # On Redis, the counter also carries the key generation that keys/keycache.py relies on.
         self.windows = redis_windows(storage)
         self.count_hit = window_counter(storage, self.windows)
@@ -95,8 +95,8 @@ class Limiter:
         self.public_rate = public_rate
         self.account_rate = account_rate
 
-    def count_request(self, key, environ, generation=None):
-        """Count a request (its WSGI environ) against every window of the key and its account, and
+    def count_request(self, key, note, generation=None):
+        """Count a request (its note) against every window of the key and its account, and
         spend one of its credits; raise RateLimitExceeded (AccountRateLimitExceeded) when a window is
         used up, credits.CreditsExhausted when no credit is left, counting nothing then, or
         KeysChanged when the key generation it was read under is not the current one."""
@@ -105,14 +105,14 @@ class Limiter:
             plan = self.plan_for(key)
         if plan.simple:
             window = plan.windows[0]
-            state = self.hit_window(window.item, window.key, window.policy, environ, generation)
+            state = self.hit_window(window.item, window.key, window.policy, note, generation)
             if state.remaining in plan.marks[0]:
-                thresholds.reached(key, state, plan.marks[0][state.remaining])
+                self.watcher.reached(key, state, plan.marks[0][state.remaining])
         elif key.has_credits:
-            state = self.count_with_credit(key, plan, environ, generation)
+            state = self.count_with_credit(key, plan, note, generation)
         else:
-            state, _ = self.hit_windows(plan, environ, generation, key)
-        usage.counted(environ)
+            state, _ = self.hit_windows(plan, note, generation, key)
+        note.counted = True
         return state
 
     def plan_for(self, key):
@@ -138,7 +138,7 @@ class Limiter:
         key.limit_plan = LimitPlan(self, windows, storage_windows, simple, policies, marks)
         return key.limit_plan
 
-    def hit_windows(self, plan, environ, generation=None, key=None, announce=True):
+    def hit_windows(self, plan, note, generation=None, key=None, announce=True):
         """Count a request in every window of the plan, or in none when one is used up (the storage's
         hit_all); return the RateLimitState of the window with the fewest requests left, and every
         window's. Each of the key's windows that reaches a usage.threshold emits it, unless
@@ -154,9 +154,9 @@ class Limiter:
         if refused < 0:
             if announce:
                 self.announce_thresholds(plan, states, key)
-            state = environ[RATE_LIMIT_STATE] = min(states, key=lambda state: state.remaining)
+            state = note.rate_limit = min(states, key=lambda state: state.remaining)
             return state, states
-        state = environ[RATE_LIMIT_STATE] = states[refused]
+        state = note.rate_limit = states[refused]
         metrics.rate_limited(state.policy)
         refusal = AccountRateLimitExceeded if state.policy == ACCOUNT_POLICY else RateLimitExceeded
         retry_after = max(1, seconds_until(state.reset))
@@ -164,12 +164,11 @@ class Limiter:
         raise refusal(f"The {whose} allowance of {state.limit} requests is used up; retry in {retry_after} seconds.",
                       retry_after=retry_after)
 
-    @staticmethod
-    def announce_thresholds(plan, states, key):
+    def announce_thresholds(self, plan, states, key):
         """Emit usage.threshold for each of the key's windows whose count (its RateLimitState) is one."""
         for state, marks in zip(states, plan.marks):
             if marks is not None and state.remaining in marks:
-                thresholds.reached(key, state, marks[state.remaining])
+                self.watcher.reached(key, state, marks[state.remaining])
 
     def peek(self, plan):
         """The RateLimitState of the plan's window with the fewest requests left, counting nothing."""
@@ -185,35 +184,34 @@ class Limiter:
             raise LimitStorageUnavailable() from None
         return min(states, key=lambda state: state.remaining)
 
-    def count_with_credit(self, key, plan, environ, generation):
+    def count_with_credit(self, key, plan, note, generation):
         """Count the request in its windows, then spend one of the key's credits; a request the
         windows admit but no credit is left for is taken back out of them. A key known to have no
         credit left is refused before its windows are touched; a request the windows refuse spends
         nothing, and is told credits_exhausted only when the key has none. In this order a spend is
         never undone, so a key that still holds credits is never told it has none (docs/scaling.md)."""
         if credits.has_none(key):
-            environ[credits.CREDITS_REMAINING] = 0
-            environ[RATE_LIMIT_STATE] = self.peek(plan)
+            note.credits_remaining = 0
+            note.rate_limit = self.peek(plan)
             raise credits.exhausted(key)
         try:
             # A place given back below is counted again by a later request: only a request that
             # keeps its place announces the count it reached.
-            state, states = self.hit_windows(plan, environ, generation, key, announce=False)
+            state, states = self.hit_windows(plan, note, generation, key, announce=False)
         except RateLimitExceeded:
-            remaining = environ[credits.CREDITS_REMAINING] = credits.balance(key)
+            remaining = note.credits_remaining = credits.balance(key)
             if remaining == 0:
                 credits.used_up(key)
                 raise credits.exhausted(key) from None
             raise
         try:
-            remaining, granted = credits.spend(key, environ)
+            remaining, granted = credits.spend(key, note)
         except BaseException:
             self.give_back_places(plan, states)
-            state = environ[RATE_LIMIT_STATE]
-            environ[RATE_LIMIT_STATE] = state._replace(remaining=min(state.limit, state.remaining + 1))
+            note.rate_limit = state._replace(remaining=min(state.limit, state.remaining + 1))
             raise
         self.announce_thresholds(plan, states, key)
-        thresholds.credits_spent(key, remaining, granted)
+        self.watcher.credits_spent(key, remaining, granted)
         return state
 
     def give_back_places(self, plan, states):
@@ -224,14 +222,14 @@ class Limiter:
         except StorageError as error:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
 
-    def hit(self, item, identity, policy, environ=None, generation=None):
+    def hit(self, item, identity, policy, note=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
-        With the request's WSGI environ, the state goes into its response headers (see
-        current_window). With a key generation (Redis only), raise KeysChanged, counting nothing,
-        once it is no longer current."""
-        return self.hit_window(item, item.key_for(identity), policy, environ, generation)
+        With the request's note, the state goes into its response headers (see current_window).
+        With a key generation (Redis only), raise KeysChanged, counting nothing, once it is no
+        longer current."""
+        return self.hit_window(item, item.key_for(identity), policy, note, generation)
 
-    def hit_window(self, item, window_key, policy, environ=None, generation=None):
+    def hit_window(self, item, window_key, policy, note=None, generation=None):
         """hit, for the window's storage key (item.key_for(identity))."""
         expiry = item.get_expiry()
         try:
@@ -243,8 +241,8 @@ class Limiter:
             log.error("Rate-limit storage unavailable: %s", error.storage_error)
             raise LimitStorageUnavailable() from None
         state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, expiry)
-        if environ is not None:
-            environ[RATE_LIMIT_STATE] = state
+        if note is not None:
+            note.rate_limit = state
         if count > item.amount:
             metrics.rate_limited(policy)
             retry_after = max(1, seconds_until(reset))
@@ -283,14 +281,16 @@ class Limiter:
             raise LimitStorageUnavailable() from None
 
 
-def init_app(app):
-    """Parse the tiers and the public rate, open the limit storage and register the header hook."""
+def init_app(app, watcher):
+    """Parse the tiers and the public rate and open the limit storage; watcher (metering/thresholds.py's
+    Watcher) is told of the thresholds keys reach."""
     tiers = parse_tiers(app.config["RATE_LIMIT_TIERS"])
     public = settings.public_rate(app.config["PUBLIC_RATE_LIMIT"])
     public_rate = None if public is None else limit_item(public)
     account = settings.account_rate(app.config["ACCOUNT_RATE_LIMIT"])
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
-    app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate, None if account is None else limit_item(account))
+    app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate, None if account is None else limit_item(account),
+                                          watcher)
     warn_about_unknown_tiers(tiers)
 
 
@@ -312,7 +312,8 @@ def limit_client_ip():
     if limiter.public_rate is None:
         return
     try:
-        limiter.hit(limiter.public_rate, f"ip:{client_identity(request.remote_addr)}", PUBLIC_POLICY, request.environ)
+        identity = f"ip:{client_identity(request.remote_addr)}"
+        limiter.hit(limiter.public_rate, identity, PUBLIC_POLICY, request_note.of(request.environ))
     except LimitStorageUnavailable:
         # Public endpoints stay up without the limit storage; only keyed traffic fails closed.
         pass
@@ -368,7 +369,7 @@ def seconds_until(epoch):
 
 def current_window():
     """The RateLimitState this request was counted in."""
-    return request.environ[RATE_LIMIT_STATE]
+    return request_note.of(request.environ).rate_limit
 
 
 def header_lines(state):

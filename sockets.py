@@ -20,8 +20,9 @@ from wsproto.utilities import LocalProtocolError
 import auth
 import models
 import ratelimit
+from keys import lookup
 from metering import usage
-from ops import metrics
+from ops import metrics, note as request_note
 from ws import slots, wsserver
 
 log = logging.getLogger(__name__)
@@ -108,12 +109,13 @@ def admit_socket():
     elif request.endpoint == "sockets.time_stream":
         secret = request.args.get("api_key")
         key = auth.authenticate(secret, "the api_key query parameter")
-        usage.admitted(key, request.environ)
+        note = request_note.of(request.environ)
+        note.usage_key_id = key.id
         auth.require_access(key, "time:stream")
         g.socket_secret_hash = auth.hash_key(secret.strip())
         g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
-        current_app.extensions["ratelimit"].count_request(key, request.environ)
+        current_app.extensions["ratelimit"].count_request(key, note)
         usage.record_handshake(key)
 
 
@@ -134,7 +136,7 @@ def tracked(handler):
     @functools.wraps(handler)
     def run(ws):
         models.release_connection()
-        request.environ[metrics.SOCKET_ENDPOINT] = request.url_rule.rule
+        request_note.of(request.environ).socket_route = request.url_rule.rule
         if shutting_down.is_set():
             ws.close(SHUTDOWN, "The server is shutting down.")
             return
@@ -308,6 +310,6 @@ def time_stream(ws):
 
 def secret_is_active(secret_hash):
     try:
-        return models.secret_is_active(secret_hash)
+        return lookup.secret_is_active(secret_hash)
     finally:
         models.release_connection()

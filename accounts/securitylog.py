@@ -5,16 +5,15 @@ import datetime
 
 from flask import has_request_context, request
 
+from keys import events as key_events
 from models import SecurityEvent, utcnow
 
 EVENTS = {
     "user.signup", "user.login", "user.login_failed", "user.logout", "user.password_changed",
     "user.sessions_revoked", "key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked",
     "key.previous_secret_revoked", "key.limit_changed", "key.credits_changed",
-    # Account protection (issue 29).
     "user.2fa_enabled", "user.2fa_disabled", "user.2fa_failed", "user.recovery_code_used",
     "user.passkey_added", "user.passkey_removed", "user.passkey_login",
-    # Webhooks (issue 40).
     "webhook.added", "webhook.removed", "webhook.disabled",
 }
 SHOWN = 50
@@ -32,6 +31,16 @@ def record(user_id, event, detail="", address=None):
         address = request.remote_addr if has_request_context() else "cli"
     SecurityEvent.create(user=user_id, event=event, ip=(address or "-")[:64], detail=detail[:200])
     forget_beyond_kept(user_id)
+
+
+def record_key_event(event, user_id, detail=None, **_):
+    """keys/events.py's key_changed: record the change in the owner's log, in its transaction."""
+    if detail is not None:
+        record(user_id, event, detail)
+
+
+def init_app(app):
+    key_events.key_changed.connect(record_key_event)
 
 
 def forget_beyond_kept(user_id):

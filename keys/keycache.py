@@ -22,7 +22,8 @@ from gevent.event import AsyncResult
 from limits.errors import StorageError
 from peewee import SqliteDatabase
 
-from models import db, find_active_key
+from keys.lookup import find_active_key
+from models import db
 from store.connections import greenlets_share_thread
 from store.limitstorage import LimitStorageUnavailable
 

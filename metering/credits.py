@@ -19,6 +19,7 @@ import re
 from peewee import SqliteDatabase
 from werkzeug.exceptions import TooManyRequests
 
+from keys import events
 from models import ApiKey, db, iso_ms, iso_seconds, utcnow
 from store.writelock import write_transaction
 
@@ -26,9 +27,6 @@ INTERVALS = ("day", "month")
 REFILL_PATTERN = re.compile(r"\s*([1-9][0-9]{0,11})\s*/\s*(day|month)\s*")
 CREDITS_PATTERN = re.compile(r"[0-9]{1,13}")
 MAX_CREDITS = 10**12
-# Where a request notes its key's credits after its spend, for the X-Credits-Remaining header
-# (serving/envelope.py) and usage/stats.
-CREDITS_REMAINING = "service.credits_remaining"
 
 
 class CreditsExhausted(TooManyRequests):
@@ -71,9 +69,9 @@ def next_refill_at(interval, now=None):
     return (month + datetime.timedelta(days=32)).replace(day=1)
 
 
-def spend(key, environ, now=None):
-    """Spend one of the key's credits, applying a refill that is due first; note the credits left in
-    the request's WSGI environ and return (credits left, credits granted). Raise CreditsExhausted
+def spend(key, note, now=None):
+    """Spend one of the key's credits, applying a refill that is due first; note the credits left on
+    the request's note (for X-Credits-Remaining and usage/stats) and return (credits left, credits granted). Raise CreditsExhausted
     when none is left; then, and when the spend leaves none, the kept key remembers it has none."""
     day, month = period_starts(now or utcnow())
     params = [month, day] * 4 + [key.id, month, day]
@@ -84,10 +82,10 @@ def spend(key, environ, now=None):
     else:
         row = database.execute_sql(database.statements.spend_credit, params).fetchone()
     if row is None:
-        environ[CREDITS_REMAINING] = 0
+        note.credits_remaining = 0
         used_up(key, now)
         raise exhausted(key, now)
-    environ[CREDITS_REMAINING] = row[0]
+    note.credits_remaining = row[0]
     if row[0] == 0:
         used_up(key, now)
     return row[0], row[1]
@@ -172,7 +170,8 @@ def initial(given=None, refill=None, now=None):
 
 def grant(key_id, set_to=None, add=None, refill=None, no_refill=False, now=None):
     """Set (set_to) or add to (add) a key's credits, and give it a refill ((amount, interval)) or take
-    its refill away (no_refill); return the ApiKey as it is now. A key that had no credits gets
+    its refill away (no_refill), key.credits_changed sent in the same transaction; return the ApiKey
+    as it is now. A key that had no credits gets
     them (a refill alone starts it at the refill's amount); a refill that was due is applied first,
     and the current period counts as refilled, so what is set stands until the next one."""
     now = now or utcnow()
@@ -200,7 +199,10 @@ def grant(key_id, set_to=None, add=None, refill=None, no_refill=False, now=None)
             changes.update({ApiKey.credits_refill_amount: refill[0], ApiKey.credits_refill_interval: refill[1],
                             ApiKey.credits_refilled_for: refill[1] and period_start(refill[1], now)})
         ApiKey.update(changes).where(ApiKey.id == key_id).execute()
-    return ApiKey.get_by_id(key_id)
+        key = ApiKey.get_by_id(key_id)
+        events.key_changed.send("key.credits_changed", user_id=key.user_id,
+                                detail=f"{key.name} (id {key.id}): {describe(key, now)}")
+    return key
 
 
 def describe(key, now=None, with_next=False):

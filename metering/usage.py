@@ -13,10 +13,9 @@ from flask import current_app, request
 from peewee import DatabaseError, __exception_wrapper__
 
 from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcnow
-from ops import metrics
+from ops import metrics, note as request_note
 from store import locks
 from store.writelock import write_transaction
-from webhooks import outbox
 
 # The HTTP status recorded for a time socket's accepted handshake.
 SWITCHING_PROTOCOLS = 101
@@ -50,9 +49,13 @@ class UsageCounter:
     two processes flushing the same keys wait at most for each other's one transaction and never
     deadlock."""
 
-    def __init__(self, database, interval=FLUSH_INTERVAL):
+    def __init__(self, database, interval=FLUSH_INTERVAL, riders=()):
         self.database = database
         self.interval = interval
+        # What each flush carries in its first transaction besides the counts: objects with take(),
+        # write(taken) inside the transaction and give_back(taken) when it did not commit
+        # (webhooks' deferred events, which app.py hands in).
+        self.riders = tuple(riders)
         self.pending = collections.Counter()
         # Held only to swap or add to the counts, never across a wait (store/locks.py).
         self.pending_lock = locks.short_lock()
@@ -64,8 +67,8 @@ class UsageCounter:
         self.stopped = threading.Event()
         self.flusher = None
         # This process's row in usage_writers, the number of its last transaction, and the one
-        # whose commit is in doubt after an error, with its counts and webhook events: (sequence, batch,
-        # events) or None.
+        # whose commit is in doubt after an error, with its counts and what its riders gave it:
+        # (sequence, batch, carried) or None.
         self.writer = secrets.token_hex(16)
         self.sequence = 0
         self.in_doubt = None
@@ -92,9 +95,9 @@ class UsageCounter:
                                     if pending_id == key_id and counted)
 
     def flush(self):
-        """Write what is pending (and the messages of the webhook events emitted soon), KEYS_PER_TRANSACTION
-        keys a transaction, letting the worker's other requests run between transactions; raise the database's error after keeping what
-        was not written for the next try."""
+        """Write what is pending (and what the riders hand over), KEYS_PER_TRANSACTION keys a
+        transaction, letting the worker's other requests run between transactions; raise the
+        database's error after keeping what was not written for the next try."""
         with self.flush_lock:
             self.flush_pending()
 
@@ -104,16 +107,15 @@ class UsageCounter:
         # connections the requests waiting on the lock (total()) hold.
         self.database.connect(reuse_if_open=True)
         counts = None
-        # Webhook events decided on the hot path (webhooks/outbox.py's emit_soon): their messages are
-        # written in the first transaction, and given back unless it committed.
-        events = []
+        # What the riders hand over is written in the first transaction, and given back unless it committed.
+        carried = []
         try:
             with self.write_lock:
                 self.settle_doubt()
             with self.pending_lock:
                 counts = dict(self.pending)
-            events = outbox.take_soon()
-            if not counts and not events:
+            carried = [(rider, rider.take()) for rider in self.riders]
+            if not counts and not any(taken for _, taken in carried):
                 return
             by_key = collections.defaultdict(dict)
             for entry, count in counts.items():
@@ -131,19 +133,20 @@ class UsageCounter:
                         with write_transaction(self.database):
                             if batch:
                                 self.write(batch, used_at)
-                            outbox.write_soon(events)
+                            for rider, taken in carried:
+                                rider.write(taken)
                             self.database.execute_sql(self.database.statements.mark_usage_written,
                                                       (self.writer, self.sequence, used_at))
                     except BaseException:
                         # Also a connection lost at COMMIT, which PostgreSQL may have carried out.
-                        self.in_doubt = (self.sequence, batch, events)
-                        events = []
+                        self.in_doubt = (self.sequence, batch, carried)
+                        carried = []
                         raise
                     self.written(batch)
-                    events = []
+                    carried = []
         finally:
             # Taken, but an error came before a transaction tried them.
-            outbox.give_back(events)
+            give_back_carried(carried)
             release_connection(self.database)
             if counts:
                 metrics.usage_flushed(time.perf_counter() - started)
@@ -164,12 +167,12 @@ class UsageCounter:
         if so take its counts out of pending; raise the database's error when it cannot tell."""
         if self.in_doubt is None:
             return
-        sequence, batch, events = self.in_doubt
+        sequence, batch, carried = self.in_doubt
         row = self.database.execute_sql(self.database.statements.usage_written, (self.writer,)).fetchone()
         if row is not None and row[0] >= sequence:
             self.written(batch)
         else:
-            outbox.give_back(events)
+            give_back_carried(carried)
         self.in_doubt = None
 
     def write(self, batch, used_at):
@@ -227,38 +230,23 @@ class UsageCounter:
                 time.sleep(random.uniform(0.1, 0.3))
 
 
-def init_app(app):
-    # serving/envelope.py records each request's answer with the counter.
-    app.extensions["usage"] = UsageCounter(db.obj)
+def give_back_carried(carried):
+    for rider, taken in carried:
+        rider.give_back(taken)
 
 
-# Where a request notes, for serving/envelope.py, that its answer goes into a key's usage.
-USAGE_KEY_ID = "service.usage_key_id"
-USAGE_COUNTED = "service.usage_counted"
-
-
-def admitted(key, environ):
-    """Note in a request's WSGI environ that it is made with the key (found and active), so its
-    answer is recorded: refusals for scope and rate as well as successes."""
-    environ[USAGE_KEY_ID] = key.id
-
-
-def not_recorded(environ):
-    """Take back admitted: this request is not the key's to record (refused by its IP allow-list)."""
-    environ.pop(USAGE_KEY_ID, None)
-
-
-def counted(environ):
-    """Note in a request's WSGI environ that it passed its key's allowance: it adds to total_requests."""
-    environ[USAGE_COUNTED] = True
+def init_app(app, riders=()):
+    """The app's usage counter, carrying riders (see UsageCounter); serving/envelope.py records
+    each request's answer with it."""
+    app.extensions["usage"] = UsageCounter(db.obj, riders=riders)
 
 
 def record_handshake(key):
     """Record a time socket's accepted handshake now: its response comes only when the socket ends."""
-    environ = request.environ
-    environ.pop(USAGE_KEY_ID, None)
-    current_app.extensions["usage"].add(key.id, request.url_rule.rule, SWITCHING_PROTOCOLS,
-                                        environ.pop(USAGE_COUNTED, False))
+    note = request_note.of(request.environ)
+    note.usage_key_id = None
+    current_app.extensions["usage"].add(key.id, request.url_rule.rule, SWITCHING_PROTOCOLS, note.counted)
+    note.counted = False
 
 
 def total_requests(key):
@@ -267,5 +255,5 @@ def total_requests(key):
     total = current_app.extensions["usage"].total(key.id)
     if total is None:
         return None
-    environ = request.environ
-    return total + (1 if environ.get(USAGE_COUNTED) and environ.get(USAGE_KEY_ID) == key.id else 0)
+    note = request_note.of(request.environ)
+    return total + (1 if note.counted and note.usage_key_id == key.id else 0)

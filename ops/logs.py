@@ -9,6 +9,8 @@ import re
 
 from pythonjsonlogger.json import JsonFormatter
 
+from ops import note as request_note
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 # A key with its prefix in any case, an api_key value, and any run of 32 or more letters and
@@ -23,7 +25,6 @@ CONTROL_OR_BACKSLASH = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 REQUEST_ID_HEADER = "X-Request-ID"
-REQUEST_ID_ENVIRON = "service.request_id"
 # Set for each request by envelope.Envelope; gevent gives every connection's greenlet its own context.
 current_request_id = contextvars.ContextVar("request_id", default=None)
 
@@ -46,6 +47,12 @@ def escape_controls(text):
 def escaped(match):
     character = match[0]
     return "\\\\" if character == "\\" else f"\\x{ord(character):02x}"
+
+
+def request_id_of(environ):
+    """The id the envelope gave a request (its note's), else the current one: gunicorn's own answer's."""
+    note = request_note.of(environ)
+    return note.request_id if note is not None else current_request_id.get()
 
 
 def request_id_for(header):

@@ -18,6 +18,8 @@ from flask import Blueprint, abort, current_app, request
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
+from ops import note as request_note
+
 MULTIPROCESS_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
 if MULTIPROCESS_DIR:
     # prometheus_client opens its files there as soon as a metric exists.
@@ -48,9 +50,6 @@ def init_app(app):
     app.register_blueprint(bp)
 
 
-SOCKET_ENDPOINT = "metrics.socket_endpoint"
-# The route of a request served without Flask (serving/fastlane.py), which has no matched rule.
-ROUTE = "service.route"
 
 
 class Tally:
@@ -121,19 +120,26 @@ tally = Tally()
 
 def count(environ, status, seconds):
     """Count a response (seconds None: a WebSocket, whose lifetime is no latency) by its route."""
-    endpoint = route(environ) or environ.get(SOCKET_ENDPOINT, UNMATCHED)
+    endpoint = route(environ) or socket_route(environ) or UNMATCHED
     method = environ["REQUEST_METHOD"]
     tally.count((endpoint, method if method in METHODS else "OTHER", status), seconds)
 
 
 def route(environ):
     """The rule a request was routed by (/api/v1/user/me), or None when no route matched."""
-    lane_route = environ.get(ROUTE)
-    if lane_route is not None:
-        return lane_route
+    note = request_note.of(environ)
+    # A request the fast lane served has no matched rule: the lane notes its route.
+    if note is not None and note.route is not None:
+        return note.route
     # Flask's request (and with it the matched rule) is in the environ until its response is sent.
     rule = getattr(environ.get("werkzeug.request"), "url_rule", None)
     return rule.rule if rule is not None else None
+
+
+def socket_route(environ):
+    """The rule of a WebSocket (it ends outside Flask's request), or None."""
+    note = request_note.of(environ)
+    return note.socket_route if note is not None else None
 
 
 # Each (endpoint, method, status)'s children, found once: labels() costs as much as inc().

@@ -5,36 +5,21 @@ that key's usage.
 
 One middleware rather than two middlewares and four Flask hooks: each hook costs a call through
 Flask and a context lookup per request, which was a sixth of a keyed request's own time. Views and
-guards note what the envelope needs in the WSGI environ (ratelimit.RATE_LIMIT_STATE,
-usage.USAGE_KEY_ID, usage.USAGE_COUNTED; the fast lane its route, metrics.ROUTE); nothing else
-writes these headers.
+guards write what the envelope needs on the request's note (ops/note.py), which the envelope makes;
+nothing else writes these headers."""
 
-The envelope also holds the request it serves where the hot path reads it without Flask's context
-proxies (request, g, current_app: ~9,000 instructions a read, against ~100 for a ContextVar):
-current_environ, whose SERVICE_APP entry is the app."""
-
-import contextvars
 import time
 
 import ratelimit
-from metering import credits, usage
-from ops import logs, metrics
+from ops import logs, metrics, note as request_note
 
 API_PREFIX = "/api/"
 API_PATH = API_PREFIX.lstrip("/")
-SERVICE_APP = "service.app"
-# Set for each request while the app runs; gevent gives every connection's greenlet its own context.
-current_environ = contextvars.ContextVar("environ")
 # X-API-Key is not Authorization, so HTTP caches may store keyed responses unless told not to.
 API_HEADERS = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"))
 # Over HTTPS, tell browsers to come back only over HTTPS.
 HSTS = ("Strict-Transport-Security", "max-age=31536000")
 SECURE_SCHEMES = frozenset({"https", "wss"})
-
-
-def request_method(environ):
-    """The method as Werkzeug gives it (request.method), by which Flask routes: "post" is a POST."""
-    return environ.get("REQUEST_METHOD", "GET").upper()
 
 
 class Envelope:
@@ -45,8 +30,8 @@ class Envelope:
 
     def __call__(self, environ, start_response):
         started = time.perf_counter()
-        environ[SERVICE_APP] = self.app
-        request_id = environ[logs.REQUEST_ID_ENVIRON] = logs.request_id_for(environ.get("HTTP_X_REQUEST_ID"))
+        request_id = logs.request_id_for(environ.get("HTTP_X_REQUEST_ID"))
+        note = environ[request_note.ENVIRON_KEY] = request_note.Note(self.app, request_id)
         logs.current_request_id.set(request_id)
 
         def start_enveloped(status, headers, exc_info=None):
@@ -58,23 +43,21 @@ class Envelope:
             # ProxyFix, inside this middleware, has set the scheme the client used by now.
             if environ["wsgi.url_scheme"] in SECURE_SCHEMES:
                 headers.append(HSTS)
-            state = environ.get(ratelimit.RATE_LIMIT_STATE)
+            state = note.rate_limit
             if state is not None:
                 headers.extend(ratelimit.header_lines(state))
-                credits_left = environ.get(credits.CREDITS_REMAINING)
-                if credits_left is not None:
-                    headers.append(("X-Credits-Remaining", str(credits_left)))
-            key_id = environ.get(usage.USAGE_KEY_ID)
+                if note.credits_remaining is not None:
+                    headers.append(("X-Credits-Remaining", str(note.credits_remaining)))
+            key_id = note.usage_key_id
             # A 401 here means the key was revoked or deleted meanwhile: no longer an active key's.
             if key_id is not None and code != 401:
                 # A request that passed the limit but failed (503: the database went away) was
                 # not served: it stays in the history, not in total_requests.
-                self.usage_counter.add(key_id, metrics.route(environ), code,
-                                       code < 500 and environ.get(usage.USAGE_COUNTED, False))
+                self.usage_counter.add(key_id, metrics.route(environ), code, code < 500 and note.counted)
             metrics.count(environ, code, time.perf_counter() - started)
             return start_response(status, headers, exc_info)
 
-        serving = current_environ.set(environ)
+        serving = request_note.current_environ.set(environ)
         try:
             return self.wsgi_app(environ, start_enveloped)
         except StopIteration:
@@ -83,4 +66,4 @@ class Envelope:
             metrics.count(environ, 101, None)
             raise
         finally:
-            current_environ.reset(serving)
+            request_note.current_environ.reset(serving)

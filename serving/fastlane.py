@@ -25,7 +25,7 @@ import functools
 from flask import signals
 
 import models
-from ops import metrics
+from ops import note as request_note
 
 # What CONTENT_LENGTH holds for a request without a body: absent (servers), or 0 (Werkzeug's test client).
 NO_BODY = frozenset({None, "", "0"})
@@ -73,7 +73,7 @@ class Lane:
                 or "HTTP_TRANSFER_ENCODING" in environ or "HTTP_ORIGIN" in environ or "HTTP_UPGRADE" in environ
                 or environ["wsgi.url_scheme"] in WEBSOCKET_SCHEMES or not routable_host(environ.get("HTTP_HOST"))):
             return self.wsgi_app(environ, start_response)
-        environ[metrics.ROUTE] = environ["PATH_INFO"]
+        request_note.of(environ).route = environ["PATH_INFO"]
         try:
             self.app.extensions["lifecycle"].start()
             answer = view()

@@ -15,6 +15,7 @@ from accounts import securitylog, twofactor, users
 from keys import allowips
 from metering import analytics
 from models import SCOPES, ApiKey, utcnow
+from ops import note as request_note
 from serving import envelope
 from web import reference, throttles
 
@@ -74,8 +75,8 @@ def protect_forms():
     """Check the CSRF token of every request that may change something, outside the API: it
     authenticates by key, never by the browser's cookie, so it has no token to ask for."""
     # A request no view matches runs none: it gets its 404 or 405, as with flask-wtf's own check.
-    # The method from the environ: this runs on every request (see serving/envelope.py).
-    method = envelope.request_method(envelope.current_environ.get())
+    # The method from the environ: this runs on every request (see ops/note.py).
+    method = request_note.request_method(request_note.current_environ.get())
     if (method in FORM_METHODS and request.endpoint is not None and current_app.config["WTF_CSRF_ENABLED"]
             and not request.path.startswith(envelope.API_PREFIX)):
         csrf.protect()

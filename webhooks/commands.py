@@ -3,11 +3,11 @@
 import click
 from flask import current_app
 
-import cli
+from ops.commands import CommandGroup, find_user
 from webhooks import delivery, endpoints
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
 
-webhooks_cli = cli.CommandGroup("webhooks", help="Manage webhook endpoints.")
+webhooks_cli = CommandGroup("webhooks", help="Manage webhook endpoints.")
 # What becomes of a test event that failed, by its message's state after the attempt (None: gone).
 AFTER_A_FAILURE = {
     PENDING: "It is tried again on the retry schedule.",
@@ -30,7 +30,7 @@ def find_endpoint(endpoint_id):
               help="The events to send (default, or *: every event, those of later releases included).")
 def add_command(username, url, events):
     """Add a webhook endpoint; its signing secret is printed alone on the last line."""
-    user = cli.find_user(username)
+    user = find_user(username)
     try:
         endpoint, secret = endpoints.add_endpoint(user, url, events.split(","))
     except ValueError as error:
@@ -44,7 +44,7 @@ def add_command(username, url, events):
 @click.argument("username")
 def list_command(username):
     """One line per endpoint: ENDPOINT_ID, URL, events, state."""
-    for endpoint in endpoints.owned(cli.find_user(username)):
+    for endpoint in endpoints.owned(find_user(username)):
         click.echo(f"{endpoint.id}\t{endpoint.url}\t{endpoint.events}\t{endpoints.state(endpoint)}")
 
 

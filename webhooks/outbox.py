@@ -1,6 +1,7 @@
 """The outbox: each event becomes one message per endpoint subscribed to it, written in the
 transaction of the change that caused it, so a change is never committed without its messages
-(nor a message without its change). webhooks/delivery.py sends them."""
+(nor a message without its change): a key change's through keys/events.py's signal, a hot-path
+event's through the usage flush that carries it. webhooks/delivery.py sends them."""
 
 import collections
 import json
@@ -8,6 +9,7 @@ import logging
 import secrets
 import time
 
+from keys import events as key_events
 from models import iso_ms, utcnow
 from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage, subscribes
 
@@ -19,35 +21,88 @@ EVENTS = ("key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked", "
 # whatever that endpoint is subscribed to, so a box for it would change nothing.
 SUBSCRIBABLE = EVENTS[:-1]
 
-# Events decided on the hot path (emit_soon) as (user_id, event, data, when), waiting for
-# metering/usage.py's next flush to write them in the transaction of its counts. A deque: appending
-# and taking need no lock, between greenlets or real threads. While flushes fail (the database
-# down) it keeps the newest SOON_KEPT, so a long outage cannot use up the worker's memory.
-SOON_KEPT = 10_000
-soon = collections.deque(maxlen=SOON_KEPT)
+# Deferred events kept while usage flushes fail (the database down): the newest, so that a long
+# outage cannot use up the worker's memory.
+DEFERRED_KEPT = 10_000
 DROPS_LOGGED_EVERY = 60
 
 
 class Drops:
     """The events dropped from a full queue, logged at most once every DROPS_LOGGED_EVERY seconds."""
 
-    def __init__(self):
+    def __init__(self, kept):
+        self.kept = kept
         self.count = 0
         self.logged_at = None
 
     def log_now_and_then(self):
         if self.count and (self.logged_at is None or time.monotonic() - self.logged_at >= DROPS_LOGGED_EVERY):
             log.warning("%d webhook events were dropped: %d were already waiting for a usage flush that "
-                        "could not write them.", self.count, SOON_KEPT)
+                        "could not write them.", self.count, self.kept)
             self.count, self.logged_at = 0, time.monotonic()
 
 
-drops = Drops()
+class DeferredEvents:
+    """Events decided on the hot path (metering/thresholds.py's Watcher), where no transaction is
+    open, as (user_id, event, data, when): adding one never blocks and never touches the database.
+    The app's usage counter carries them (metering/usage.py's riders): its next flush, within a
+    second, writes their messages in the transaction of its counts, and gives them back when that
+    transaction does not commit. A deque: adding and taking need no lock, between greenlets or real
+    threads; beyond DEFERRED_KEPT waiting, the oldest is dropped."""
+
+    def __init__(self, kept=DEFERRED_KEPT):
+        self.waiting = collections.deque(maxlen=kept)
+        self.drops = Drops(kept)
+
+    def add(self, user_id, event, data):
+        if len(self.waiting) == self.waiting.maxlen:
+            self.drops.count += 1
+        self.waiting.append((user_id, event, data, utcnow()))
+
+    def take(self):
+        """The events added so far, taken out of the queue."""
+        self.drops.log_now_and_then()
+        taken = []
+        while self.waiting:
+            taken.append(self.waiting.popleft())
+        return taken
+
+    def give_back(self, events):
+        """Return taken events whose transaction did not commit, first in line for the next flush;
+        the oldest are dropped beyond what the queue keeps."""
+        kept = events[max(len(events) - (self.waiting.maxlen - len(self.waiting)), 0):]
+        self.drops.count += len(events) - len(kept)
+        self.waiting.extendleft(reversed(kept))
+
+    @staticmethod
+    def write(events):
+        """Write the messages of taken events, inside the caller's transaction: one query finds the
+        endpoints of all their users (most have none, and their events end here)."""
+        if not events:
+            return
+        endpoints = collections.defaultdict(list)
+        rows = (WebhookEndpoint.select(WebhookEndpoint.user, WebhookEndpoint.id, WebhookEndpoint.events)
+                .where(WebhookEndpoint.user.in_(list({user_id for user_id, *_ in events}))
+                       & WebhookEndpoint.disabled_at.is_null()).tuples())
+        for user_id, endpoint_id, names in rows:
+            endpoints[user_id].append((endpoint_id, names))
+        for user_id, event, data, when in events:
+            if subscribed_ids := [endpoint_id for endpoint_id, names in endpoints[user_id] if subscribes(names, event)]:
+                write_messages(subscribed_ids, event, data, when)
 
 
-def key_data(key, **more):
-    """The data every key event starts with: the key as `keys list` names it, never its secret."""
-    return {"key_id": key.id, "key_name": key.name, "key_prefix": key.display_prefix, **more}
+def init_app(app):
+    """Subscribe to key changes, and make the app's queue of deferred events (which app.py hands to
+    the limiter's threshold watcher and to the usage counter); return the queue."""
+    key_events.key_changed.connect(emit_key_event)
+    deferred = app.extensions["webhook_events"] = DeferredEvents()
+    return deferred
+
+
+def emit_key_event(event, user_id, data=None, **_):
+    """keys/events.py's key_changed: the messages of a key event webhooks send, in its transaction."""
+    if event in EVENTS:
+        emit(user_id, event, data)
 
 
 def emit(user_id, event, data, now=None):
@@ -58,48 +113,6 @@ def emit(user_id, event, data, now=None):
     if endpoints:
         write_messages(endpoints, event, data, now or utcnow())
     return len(endpoints)
-
-
-def emit_soon(user_id, event, data):
-    """Record an event decided where no transaction is open (the hot path): it never blocks and never
-    touches the database here; the usage flush writes its messages within a second, in the
-    transaction of its counts. Beyond SOON_KEPT waiting, the oldest is dropped."""
-    if len(soon) == SOON_KEPT:
-        drops.count += 1
-    soon.append((user_id, event, data, utcnow()))
-
-
-def take_soon():
-    """The events emit_soon recorded so far, taken out of the queue (give_back returns them)."""
-    drops.log_now_and_then()
-    taken = []
-    while soon:
-        taken.append(soon.popleft())
-    return taken
-
-
-def give_back(events):
-    """Return events whose transaction did not commit, first in line for the next flush; the oldest
-    are dropped beyond SOON_KEPT."""
-    kept = events[max(len(events) - (SOON_KEPT - len(soon)), 0):]
-    drops.count += len(events) - len(kept)
-    soon.extendleft(reversed(kept))
-
-
-def write_soon(events):
-    """Write the messages of events taken with take_soon, inside the caller's transaction: one query
-    finds the endpoints of all their users (most have none, and their events end here)."""
-    if not events:
-        return
-    endpoints = collections.defaultdict(list)
-    rows = (WebhookEndpoint.select(WebhookEndpoint.user, WebhookEndpoint.id, WebhookEndpoint.events)
-            .where(WebhookEndpoint.user.in_(list({user_id for user_id, *_ in events}))
-                   & WebhookEndpoint.disabled_at.is_null()).tuples())
-    for user_id, endpoint_id, names in rows:
-        endpoints[user_id].append((endpoint_id, names))
-    for user_id, event, data, when in events:
-        if subscribed_ids := [endpoint_id for endpoint_id, names in endpoints[user_id] if subscribes(names, event)]:
-            write_messages(subscribed_ids, event, data, when)
 
 
 def subscribed(user_id, event):

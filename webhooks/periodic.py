@@ -10,9 +10,9 @@ import time
 import gevent
 from peewee import IntegrityError
 
+from keys import events as key_events
 from models import ApiKey, db, iso_seconds, release_connection, utcnow
 from store.writelock import write_transaction
-from webhooks import outbox
 from webhooks.models import PENDING, WebhookMarker, WebhookMessage
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ def send_once(event, condition, now):
         try:
             with write_transaction(db.obj):
                 WebhookMarker.create(api_key=key.id, event=event)
-                outbox.emit(key.user_id, event, outbox.key_data(key, expires_at=iso_seconds(key.expires_at)))
+                key_events.key_changed.send(event, user_id=key.user_id,
+                                            data=key_events.key_data(key, expires_at=iso_seconds(key.expires_at)))
             sent += 1
         except IntegrityError:
             pass  # another process sent it

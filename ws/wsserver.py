@@ -33,7 +33,7 @@ from wsproto.events import AcceptConnection, CloseConnection, Message, Ping
 from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
-from ops import logs
+from ops import logs, note as request_note
 from ws.outbox import Outbox
 
 OUTPUT_LIMIT = 1024 * 1024
@@ -137,8 +137,8 @@ class Server(simple_websocket.Server):
         self.raw = self.sock
         self.raw.settimeout(None)
         self.sock = self.outbox = Outbox(self.raw, OUTPUT_LIMIT, self.send_timeout, self.give_up)
-        request_id = self.environ.get(logs.REQUEST_ID_ENVIRON)
-        if request_id is None:
+        note = request_note.of(self.environ)
+        if note is None:
             super().handshake()
             return
         # The library's _handle_events answers with wsproto's AcceptConnection and no headers of
@@ -147,7 +147,7 @@ class Server(simple_websocket.Server):
 
         def send_with_request_id(event):
             if isinstance(event, AcceptConnection):
-                event.extra_headers.append((logs.REQUEST_ID_HEADER.encode(), request_id.encode()))
+                event.extra_headers.append((logs.REQUEST_ID_HEADER.encode(), note.request_id.encode()))
             return send(event)
 
         self.ws.send = send_with_request_id

@@ -10,7 +10,7 @@ from flask.json.provider import DefaultJSONProvider
 import auth
 from api import VERSION
 from models import ApiKey
-from serving import envelope
+from ops import note as request_note
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 SECOND_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
@@ -298,7 +298,7 @@ def test_the_request_the_envelope_serves_is_held_only_while_it_is_served(client,
     assert client.get("/api/v1/protected/test", headers={"X-API-Key": api_key}).status_code == 200
     # Held for the guard while the app ran; forgotten after, so no later code reads a stale one.
     with pytest.raises(LookupError):
-        envelope.current_environ.get()
+        request_note.current_environ.get()
 
 
 @pytest.mark.parametrize("debug", [False, True])

@@ -10,9 +10,8 @@ import pytest
 
 import auth
 import cli
-import models
 from accounts import securitylog, users
-from keys import keycache
+from keys import keycache, lookup
 from models import SCOPES, ApiKey, User, utcnow
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -70,7 +69,7 @@ def test_an_expired_key_fails_like_any_invalid_key_and_is_not_counted(client, us
     assert response.json["error"] == {"code": "invalid_api_key",
                                       "message": "The API key is malformed, unknown or revoked."}
     assert get(client, "/api/v1/user/me", other).json["api_key_count"] == 1
-    assert models.secret_is_active(auth.hash_key(secret)) is False
+    assert lookup.secret_is_active(auth.hash_key(secret)) is False
 
 
 @pytest.mark.parametrize("text, seconds", [("30d", 2592000), ("24h", 86400), ("90m", 5400), ("2s", 2),

@@ -13,6 +13,7 @@ from liveserver import ROOT
 import ratelimit
 from metering import usage
 from models import ApiKey, UsageHour, db, start_of_hour, utcnow
+from ops.note import Note
 
 
 def test_parse_tiers():
@@ -251,7 +252,7 @@ def test_a_keys_window_is_limits_own_key_made_once_per_kept_key(app, user, pro_k
     limiter = app.extensions["ratelimit"]
     key = ApiKey.get_by_id(key_id(pro_key))
     item, = limiter.tiers[key.rate_limit_tier]
-    assert limiter.count_request(key, {}).remaining == item.amount - 1
+    assert limiter.count_request(key, Note(app, None)).remaining == item.amount - 1
     # The same name as limits gives it, so windows already in Redis keep their counts.
     assert key.limit_plan.windows == [ratelimit.Window(item, item.key_for(f"key:{key.id}"), key.rate_limit_tier)]
     assert key.limit_plan.simple
@@ -260,13 +261,13 @@ def test_a_keys_window_is_limits_own_key_made_once_per_kept_key(app, user, pro_k
         raise AssertionError("the window key was made again")
 
     monkeypatch.setattr(type(item), "key_for", made_again)
-    assert limiter.count_request(key, {}).remaining == item.amount - 2
+    assert limiter.count_request(key, Note(app, None)).remaining == item.amount - 2
     monkeypatch.undo()
     # A key moved to another tier (read again, so a new object) counts in that tier's window.
     key.rate_limit_tier = "free"
     key.limit_plan = None
     other, = limiter.tiers["free"]
-    assert limiter.count_request(key, {}).limit == other.amount
+    assert limiter.count_request(key, Note(app, None)).limit == other.amount
     assert key.limit_plan.windows[0][:2] == (other, other.key_for(f"key:{key.id}"))
 
 

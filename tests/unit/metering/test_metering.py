@@ -1,7 +1,6 @@
 """Several windows per tier, per-key overrides, the account allowance and credits with refill,
 through Flask's test client and the CLI, on SQLite and PostgreSQL."""
 
-import collections
 import datetime
 
 import pytest
@@ -11,7 +10,7 @@ import auth
 from accounts import users
 from metering import credits
 from models import ApiKey, SecurityEvent
-from webhooks import outbox
+from ops.note import Note
 
 PROTECTED = "/api/v1/protected/test"
 STATS = "/api/v1/usage/stats"
@@ -228,7 +227,7 @@ def test_bad_credit_commands_are_refused_with_a_sentence(metered, owner, args, m
 
 def spend_at(key, moment):
     try:
-        return credits.spend(key, {}, now=moment)[0]
+        return credits.spend(key, Note(None, None), now=moment)[0]
     except credits.CreditsExhausted as refusal:
         return refusal.retry_after
 
@@ -307,11 +306,11 @@ def test_a_spend_that_finds_no_credit_gives_back_the_places_its_windows_counted(
     found = ApiKey.get_by_id(key.id)
     found.has_credits = True
     ApiKey.update(credits_remaining=0).where(ApiKey.id == key.id).execute()
-    environ = {}
+    note = Note(metered, None)
     with pytest.raises(credits.CreditsExhausted):
-        metered.extensions["ratelimit"].count_request(found, environ)
+        metered.extensions["ratelimit"].count_request(found, note)
     assert [window_count(metered, key, policy) for policy in ("multi-second", "multi-minute", "account")] == [0, 0, 0]
-    assert environ[credits.CREDITS_REMAINING] == 0
+    assert note.credits_remaining == 0
 
 
 def test_a_place_given_back_announces_no_usage_threshold(metered, owner, monkeypatch):
@@ -320,10 +319,11 @@ def test_a_place_given_back_announces_no_usage_threshold(metered, owner, monkeyp
     # Read before its last credit went: the third place of free=3/minute, its 100 %, is given back.
     stale = ApiKey.get_by_id(key.id)
     stale.has_credits, stale.credits_remaining = True, 1
-    monkeypatch.setattr(outbox, "soon", collections.deque())
+    deferred = metered.extensions["webhook_events"]
+    deferred.take()
     with pytest.raises(credits.CreditsExhausted):
-        metered.extensions["ratelimit"].count_request(stale, {})
-    assert list(outbox.soon) == []
+        metered.extensions["ratelimit"].count_request(stale, Note(metered, None))
+    assert deferred.take() == []
     assert window_count(metered, key, "free") == 2
 
 
@@ -332,7 +332,7 @@ def test_a_key_known_to_have_no_credit_is_refused_before_its_windows_until_its_r
     key, _ = issue(owner, "multi", credits_given=1, refill=(5, "day"))
     ApiKey.update(credits_refilled_for=datetime.datetime(2026, 11, 25)).where(ApiKey.id == key.id).execute()
     found = ApiKey.get_by_id(key.id)
-    assert credits.spend(found, {}, now=day) == (0, 1)
+    assert credits.spend(found, Note(None, None), now=day) == (0, 1)
     # The kept key remembers it has none: no window is counted for it ...
     assert credits.has_none(found, now=day)
     # ... until the next day's refill is due.
@@ -350,10 +350,10 @@ def test_a_window_refusal_of_a_key_without_credit_says_its_credits_are_exhausted
     # are what it waits for.
     stale = ApiKey.get_by_id(key.id)
     stale.has_credits, stale.credits_remaining = True, 1
-    environ = {}
+    note = Note(metered, None)
     with pytest.raises(credits.CreditsExhausted):
-        metered.extensions["ratelimit"].count_request(stale, environ)
-    assert environ[credits.CREDITS_REMAINING] == 0 and credits.has_none(stale)
+        metered.extensions["ratelimit"].count_request(stale, note)
+    assert note.credits_remaining == 0 and credits.has_none(stale)
 
 
 def test_a_request_the_windows_refuse_keeps_its_credit(metered, owner):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
+from keys import events as key_events
 from models import utcnow
 from webhooks import deadlines, delivery, outbox, signing
 
@@ -28,7 +29,7 @@ def documented_data():
     for event, said in re.findall(r"^\| `([a-z_.]+)` \|[^|]*\| (.*) \|$", EVENTS_TABLE, re.M):
         names = [name for name in re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", said)) if name != "null"]
         fields = {name: f"sample {name}" for name in names}
-        data[event] = fields if "(no key)" in said else outbox.key_data(SAMPLE_KEY, **fields)
+        data[event] = fields if "(no key)" in said else key_events.key_data(SAMPLE_KEY, **fields)
     return data
 
 

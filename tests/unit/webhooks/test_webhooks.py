@@ -26,6 +26,7 @@ from werkzeug.datastructures import MultiDict
 import auth
 import settings
 from accounts import users
+from keys import events as key_events
 from models import ApiKey, SecurityEvent, db, utcnow
 from webhooks import addresses, delivery, endpoints, outbox, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
@@ -51,12 +52,6 @@ def app(make_app, database_url):
     })
     with app.app_context():
         yield app
-
-
-@pytest.fixture(autouse=True)
-def no_events_left_over():
-    """emit_soon's queue is the process's: a test starts without another's events."""
-    outbox.soon.clear()
 
 
 @pytest.fixture
@@ -177,7 +172,7 @@ def test_an_endpoint_of_every_event_gets_the_events_of_later_releases(app, user,
     assert WebhookEndpoint.get_by_id(named.id).events == ",".join(outbox.EVENTS)
     later = "key.renamed"
     assert later not in outbox.EVENTS and outbox.subscribed(user.id, later) == [everything.id]
-    outbox.write_soon([(user.id, later, {"key_id": 7}, utcnow())])
+    outbox.DeferredEvents.write([(user.id, later, {"key_id": 7}, utcnow())])
     assert [(message.endpoint_id, message.event) for message in WebhookMessage.select()] == [(everything.id, later)]
     deliver(app)
     assert [delivery.verified["type"] for delivery in receiver.wait_for(1)] == [later]
@@ -211,13 +206,14 @@ def test_expiring_and_expired_are_sent_once_each(app, user, hook, receiver):
                                           "expires_at": event.verified["data"]["expires_at"]}
 
 
-def test_events_emitted_soon_are_written_once_by_the_usage_flush_with_its_counts(app, user, hook, monkeypatch):
+def test_deferred_events_are_written_once_by_the_usage_flush_with_its_counts(app, user, hook, monkeypatch):
     key, _ = auth.issue_key(user, "Busy", "production")
     WebhookMessage.delete().execute()
     counter = app.extensions["usage"]
     counter.interval = 3600  # no flush but this test's
     counter.add(key.id, "/api/v1/protected/test", 200, True)
-    outbox.emit_soon(user.id, "usage.threshold", outbox.key_data(key, percent=80))
+    deferred = app.extensions["webhook_events"]
+    deferred.add(user.id, "usage.threshold", key_events.key_data(key, percent=80))
     assert WebhookMessage.select().count() == 0
     written = counter.write
 
@@ -233,7 +229,7 @@ def test_events_emitted_soon_are_written_once_by_the_usage_flush_with_its_counts
     counter.flush()
     [message] = WebhookMessage.select()
     assert message.event == "usage.threshold" and ApiKey.get_by_id(key.id).total_requests == 1
-    assert outbox.soon == collections.deque()
+    assert deferred.waiting == collections.deque()
 
 
 @pytest.mark.parametrize("limits", [None, "5/minute+100/hour"])
@@ -291,28 +287,35 @@ def test_events_of_users_without_endpoints_cost_the_flush_one_query(app, user, h
     events = [(user_id, "usage.threshold", {"percent": 80}, utcnow()) for user_id in range(1000, 1050)]
     events.append((user.id, "usage.threshold", {"percent": 80}, utcnow()))
     with caplog.at_level(logging.DEBUG, logger="peewee"):
-        outbox.write_soon(events)
+        outbox.DeferredEvents.write(events)
     selects = [record for record in caplog.records if record.name == "peewee" and "SELECT" in record.getMessage()]
     assert len(selects) == 1
     assert [message.event for message in WebhookMessage.select()] == ["usage.threshold"]
 
 
-def test_events_waiting_for_a_flush_are_capped_and_the_drops_logged_once_a_minute(monkeypatch, caplog):
-    monkeypatch.setattr(outbox, "soon", collections.deque(maxlen=5))
-    monkeypatch.setattr(outbox, "SOON_KEPT", 5, raising=False)
-    monkeypatch.setattr(outbox, "drops", getattr(outbox, "Drops", object)(), raising=False)
+def test_events_waiting_for_a_flush_are_capped_and_the_drops_logged_once_a_minute(caplog):
+    deferred = outbox.DeferredEvents(kept=5)
     for n in range(7):
-        outbox.emit_soon(n, "usage.threshold", {})
+        deferred.add(n, "usage.threshold", {})
     with caplog.at_level(logging.WARNING, logger="webhooks.outbox"):
-        taken = outbox.take_soon()
+        taken = deferred.take()
         assert [user_id for user_id, *_ in taken] == [2, 3, 4, 5, 6]
-        outbox.emit_soon(7, "usage.threshold", {})
-        outbox.give_back(taken)  # the flush failed: the oldest beyond the cap go
-        assert [user_id for user_id, *_ in outbox.soon] == [3, 4, 5, 6, 7]
-        outbox.take_soon()
+        deferred.add(7, "usage.threshold", {})
+        deferred.give_back(taken)  # the flush failed: the oldest beyond the cap go
+        assert [user_id for user_id, *_ in deferred.waiting] == [3, 4, 5, 6, 7]
+        deferred.take()
     assert [record.getMessage() for record in caplog.records] == [
         "2 webhook events were dropped: 5 were already waiting for a usage flush that could not write them."]
-    assert outbox.drops.count == 1
+    assert deferred.drops.count == 1
+
+
+def test_each_app_keeps_its_own_deferred_events(make_app, database_url):
+    """Two apps in one process (tests, or a CLI beside a server) never write each other's events."""
+    config = {"DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True}
+    first, second = make_app(config), make_app(config)
+    first.extensions["webhook_events"].add(1, "usage.threshold", {})
+    assert second.extensions["webhook_events"].take() == []
+    assert [user_id for user_id, *_ in first.extensions["webhook_events"].take()] == [1]
 
 
 # Retries
