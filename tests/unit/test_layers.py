@@ -1,0 +1,54 @@
+"""The import contracts of .importlinter: kept by the checkout, and broken by an import that runs up
+or by two files of a room that import each other."""
+
+import copy
+import subprocess
+import sys
+
+import layering
+import pytest
+from importlinter.api import read_configuration
+
+CONTRACTS = {options["id"]: options for options in
+             read_configuration(str(layering.ROOT / ".importlinter"))["contracts_options"]}
+CONTRACT_TYPES = {"layers": layering.CheckoutLayersContract, "files": layering.CheckoutAcyclicSiblingsContract}
+
+
+def contract(contract_id):
+    options = {name: value for name, value in CONTRACTS[contract_id].items() if name not in ("id", "name", "type")}
+    return CONTRACT_TYPES[contract_id](name=CONTRACTS[contract_id]["name"], session_options={},
+                                       contract_options=options)
+
+
+def test_the_checkout_keeps_both_contracts_as_lint_imports_runs_them():
+    run = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                          "lint_imports_command()"], cwd=layering.ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Contracts: 2 kept, 0 broken." in run.stdout
+
+
+def test_the_graph_has_every_import_including_those_inside_functions():
+    graph = layering.checkout_graph()
+    # gunicorn.conf.py imports sockets inside post_worker_init, once the worker has forked.
+    assert "sockets" in graph.find_modules_directly_imported_by("gunicorn_conf")
+    # `from webhooks import delivery as ..., models as ...` imports each module it names.
+    assert {"webhooks.delivery", "webhooks.models", "webhooks.outbox"} <= graph.find_modules_directly_imported_by("app")
+    assert not {"tests", "bench"} & {module.split(".")[0] for module in graph.modules}
+
+
+@pytest.mark.parametrize("contract_id, importer, imported", [
+    ("layers", "models", "auth"),
+    ("layers", "metering.usage", "webhooks.outbox"),
+    ("layers", "ops.note", "serving.envelope"),
+    ("files", "web.reference", "web.pages"),
+    ("files", "store.statements", "store.schema"),
+])
+def test_an_import_against_the_rule_breaks_its_contract(monkeypatch, contract_id, importer, imported):
+    assert contract(contract_id).check(None, verbose=False).kept
+    graph = copy.deepcopy(layering.checkout_graph())
+    graph.add_import(importer=importer, imported=imported, line_number=1, line_contents=f"import {imported}")
+    if contract_id == "files":
+        # Back the other way too, where the room does not import so already: a circle of two files.
+        graph.add_import(importer=imported, imported=importer, line_number=1, line_contents=f"import {importer}")
+    monkeypatch.setattr(layering, "checkout_graph", lambda: graph)
+    assert not contract(contract_id).check(None, verbose=False).kept
