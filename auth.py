@@ -331,11 +331,14 @@ def require_access(key, scope):
     require_allowed_address(key)
 
 
-def admit(secret, scope, note, source="the X-API-Key header"):
+def admit(secret, scope, note, source="the X-API-Key header", hold=None):
     """Authenticate a secret, check its scope and allow-list, then count the request (whose note is
     this) against its key's allowance; return the key. A key refused by its scope or allow-list is
-    not counted. The key may come from the worker's cache (keys/keycache.py); where the count must
-    confirm it, a stale one is read again, uncounted."""
+    not counted. hold(key), where given, runs once, after those checks and before the count: what
+    it takes (a time socket's slot) is taken only for a key that may be used, and a refusal it
+    raises counts nothing. The key may come from the worker's cache (keys/keycache.py); where the
+    count must confirm it, a stale one is read again, uncounted. The REST API and the time socket
+    are admitted alike."""
     # The note's app, not current_app: a context proxy costs more than the rest of this (ops/note.py).
     service = note.app.extensions
     keys, limiter = service["keys"], service["ratelimit"]
@@ -346,8 +349,12 @@ def admit(secret, scope, note, source="the X-API-Key header"):
     key = found_key(key)
     # Its answer goes into the key's usage: refusals for scope and rate as well as successes.
     note.usage_key_id = key.id
+    held = hold is None
     try:
         require_access(key, scope)
+        if not held:
+            hold(key)
+            held = True
         limiter.count_request(key, note, generation)
     except (KeysChanged, *REFUSALS, credits.CreditsExhausted) as refusal:
         if not isinstance(refusal, KeysChanged) and generation is None:
@@ -357,6 +364,8 @@ def admit(secret, scope, note, source="the X-API-Key header"):
         # arrived, so the count needs no second confirmation.
         key = found_key(keys.reload(key_hash))
         require_access(key, scope)
+        if not held:
+            hold(key)
         limiter.count_request(key, note)
     return key
 

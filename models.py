@@ -201,7 +201,7 @@ class SecurityEvent(BaseModel):
         indexes = ((("user", "created_at"), False),)
 
 
-# Account protection (issue 29): two-factor log-in and passkeys; accounts/twofactor.py and web/passkeys.py own them.
+# Account protection: two-factor log-in and passkeys; accounts/twofactor.py and web/passkeys.py own them.
 
 class TwoFactor(BaseModel):
     """An account's TOTP authenticator, made when a code confirmed it (a set-up waiting for its

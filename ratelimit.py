@@ -37,7 +37,7 @@ Window = collections.namedtuple("Window", "item key policy")
 Window.__doc__ = "One window a key is counted in: its limits item, its storage key, its policy name."
 LimitPlan = collections.namedtuple("LimitPlan", "limiter windows storage_windows simple policies marks")
 LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
-for the storage's hit_all: storage_windows); simple: one window and no credits, counted as before there were more;
+for the storage's hit_all: storage_windows); simple: one window and no credits, counted in one storage call (hit_window);
 marks: for each window, the requests left at which it reaches a usage.threshold (metering/thresholds.py),
 or None for the account's window."""
 ACCOUNT_POLICY = "account"

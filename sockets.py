@@ -108,15 +108,17 @@ def admit_socket():
         g.echo_slot = current_app.extensions["echo_slots"].take(ratelimit.client_identity(request.remote_addr))
     elif request.endpoint == "sockets.time_stream":
         secret = request.args.get("api_key")
-        key = auth.authenticate(secret, "the api_key query parameter")
-        note = request_note.of(request.environ)
-        note.usage_key_id = key.id
-        auth.require_access(key, "time:stream")
+        key = auth.admit(secret, "time:stream", request_note.of(request.environ), "the api_key query parameter",
+                         hold=take_socket_slot)
         g.socket_secret_hash = auth.hash_key(secret.strip())
-        g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
         g.api_key = key
-        current_app.extensions["ratelimit"].count_request(key, note)
         usage.record_handshake(key)
+
+
+def take_socket_slot(key):
+    """One of the key's TIME_SOCKETS_PER_KEY places, given back when the socket ends (or its
+    handshake is refused)."""
+    g.socket_slot = (key.id, current_app.extensions["socket_slots"].take(key.id))
 
 
 @bp.teardown_request

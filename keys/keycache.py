@@ -8,7 +8,7 @@ or deleted key still fails from the very next request, on every process.
   replaces after it commits. The script that counts the request reads it in the same round trip
   and counts nothing when the key was read under another generation (limitstorage.RedisWindows).
 - PostgreSQL with limits in memory: nothing cheap tells one process of another's change, so
-  every request reads its key from the database, as before.
+  every request reads its key from the database.
 
 A kept key is also read again after MAX_AGE seconds, which bounds what a change made outside the
 service (an UPDATE by hand, a CLI run without RATELIMIT_STORAGE_URL) can leave stale."""

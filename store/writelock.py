@@ -18,7 +18,7 @@ BUSY_TIMEOUT_MS = SQLITE_PRAGMAS["busy_timeout"]
 @contextlib.contextmanager
 def write_transaction(database):
     """database.atomic(), its write lock taken at the start; on SQLite under gevent, without
-    blocking the worker while another process holds it (for at most busy_timeout, as before)."""
+    blocking the worker while another process holds it (for at most busy_timeout)."""
     if not isinstance(database, SqliteDatabase) or not greenlets_share_thread():
         with database.atomic():
             yield

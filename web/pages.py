@@ -206,7 +206,7 @@ def login():
     return redirect(local_path(request.args.get("next")) or url_for("web.settings_profile"))
 
 
-# Two-factor log-in (issue 29): web/webprotection.py serves the second step.
+# Two-factor log-in: web/webprotection.py serves the second step.
 PENDING_LOGIN = "pending_login"  # the session cookie's key for the pending log-in's token
 LOGIN_NEXT = "login_next"
 
@@ -343,7 +343,7 @@ def render_security_tab(status=200, new_key=None):
                            graces=GRACES, events=securitylog.recent(g.user.id)), status
 
 
-# A key's IP allow-list in a few words on the Security tab (issue 29).
+# A key's IP allow-list in a few words on the Security tab.
 bp.add_app_template_filter(allowips.summary, "allow_ips_summary")
 
 
