@@ -52,7 +52,7 @@ from accounts import users
 from keys import keycache
 from metering import lifecycle, usage
 from models import DATABASE_ERRORS, User
-from ops import health, logs, metrics
+from ops import health, logs, metrics, services
 from serving import cors, devserver, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import delivery as webhook_delivery, models as webhook_models, pages as webhook_pages
@@ -158,6 +158,8 @@ def create_app(overrides=None):
 
     # First of every hook: nothing (the CSRF check's form parsing included) reads a body before it.
     app.before_request(refuse_large_bodies)
+    # Before every room: their init_app register their background services.
+    services.init_app(app)
     models.init_app(app, webhook_models.MODELS)
     ratelimit.init_app(app)
     keycache.init_app(app)
@@ -211,12 +213,10 @@ class CheckedClientAddress:
 
 
 def close_app(app):
-    """Stop what the app runs in the background (the pruner, the usage flusher after writing what is
-    pending, the memory storage's sweep, the webhook sender): no thread outlives it."""
-    app.extensions["webhooks"].close()
-    app.extensions["lifecycle"].close()
-    app.extensions["usage"].close()
-    app.extensions["ratelimit"].close()
+    """Stop what the app runs in the background (ops/services.py: the webhook sender, the time
+    sockets' ticker, the pruner, the usage flusher after writing what is pending, the memory
+    storage's sweep): no thread outlives it."""
+    services.stop(app)
 
 
 def configure_logging(log_format):

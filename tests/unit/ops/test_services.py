@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from app import close_app
 from ops import services
 
 
@@ -92,3 +93,28 @@ def test_a_name_is_registered_once():
     made.register("usage", StartsItself([]))
     with pytest.raises(ValueError, match="usage"):
         made.register("usage", StartsItself([]))
+
+
+@pytest.fixture
+def sqlite_app(make_app, tmp_path):
+    return make_app({"DATABASE_URL": f"sqlite:///{tmp_path}/services.db", "RATELIMIT_STORAGE_URL": "memory://"})
+
+
+def test_create_app_registers_every_background_service_in_order(sqlite_app):
+    """Stopped in reverse: the webhook sender first, the limit storage last."""
+    registered = sqlite_app.extensions["services"].services
+    assert list(registered) == ["ratelimit", "usage", "lifecycle", "ticker", "webhooks"]
+    assert [registered[name] for name in registered] == [sqlite_app.extensions[name] for name in registered]
+
+
+def test_services_start_only_when_asked_and_stop_with_the_app(sqlite_app):
+    """In-process (no server) nothing runs in the background; a started app's threads end with close_app."""
+    app = sqlite_app
+    assert app.extensions["usage"].flusher is None and app.extensions["lifecycle"].thread is None
+    services.start(app)
+    flusher, pruner = app.extensions["usage"].flusher, app.extensions["lifecycle"].thread
+    assert flusher.is_alive() and pruner.is_alive()
+    close_app(app)
+    flusher.join(timeout=5)
+    pruner.join(timeout=5)
+    assert not flusher.is_alive() and not pruner.is_alive()
