@@ -52,7 +52,7 @@ from accounts import securitylog, users
 from keys import keycache
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
-from ops import health, logs, metrics, note as request_note
+from ops import health, logs, metrics, note as request_note, services
 from serving import cors, devserver, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import (
@@ -163,6 +163,8 @@ def create_app(overrides=None):
 
     # First of every hook: nothing (the CSRF check's form parsing included) reads a body before it.
     app.before_request(refuse_large_bodies)
+    # Before every room: their init_app register their background services.
+    services.init_app(app)
     models.init_app(app, webhook_models.MODELS)
     # Key changes reach the security log and webhooks through keys/events.py's signal; what the hot
     # path decides (usage and credit thresholds) waits in webhooks' queue for the usage flush.
@@ -220,12 +222,10 @@ class CheckedClientAddress:
 
 
 def close_app(app):
-    """Stop what the app runs in the background (the pruner, the usage flusher after writing what is
-    pending, the memory storage's sweep, the webhook sender): no thread outlives it."""
-    app.extensions["webhooks"].close()
-    app.extensions["lifecycle"].close()
-    app.extensions["usage"].close()
-    app.extensions["ratelimit"].close()
+    """Stop what the app runs in the background (ops/services.py: the webhook sender, the time
+    sockets' ticker, the pruner, the usage flusher after writing what is pending, the memory
+    storage's sweep): no thread outlives it."""
+    services.stop(app)
 
 
 def configure_logging(log_format):

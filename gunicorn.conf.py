@@ -20,7 +20,7 @@ from werkzeug.exceptions import default_exceptions
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 import settings  # noqa: E402
-from ops import logs  # noqa: E402
+from ops import logs, services  # noqa: E402
 from serving import lingering, startup  # noqa: E402
 
 # Before anything here reads the environment; a variable set in the real environment wins.
@@ -239,12 +239,12 @@ def post_worker_init(worker):
     """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
     gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
     and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second;
-    start the worker's webhook sender."""
+    start the worker's background services (ops/services.py)."""
     from ops import metrics
     from sockets import close_all_sockets
 
     gevent.spawn(metrics.fold_every_second)
-    worker.wsgi.extensions["webhooks"].start()
+    services.start(worker.wsgi)
     # A greenlet runs once the worker's servers listen, so the old worker stops after this one serves.
     gevent.spawn(retire_replaced_workers, worker)
 
@@ -299,17 +299,15 @@ def post_request(worker, req, environ, resp):
 
 
 def worker_exit(server, worker):
-    """Write the usage counts still held in memory before the worker goes, fold its last request
-    counts into /metrics, and stop its pruning and its webhook sender (an attempt it cuts is due
-    again at once, for the next worker)."""
+    """Fold the worker's last request counts into /metrics, and stop its background services
+    (ops/services.py): the usage counts still held in memory are written before the worker goes,
+    and an attempt the webhook sender cuts is due again at once, for the next worker."""
     from ops import metrics
 
     metrics.tally.fold()
     app = getattr(worker, "wsgi", None)
     if app is not None:
-        app.extensions["webhooks"].close()
-        app.extensions["lifecycle"].close()
-        app.extensions["usage"].close()
+        services.stop(app)
 
 
 def child_exit(server, worker):

@@ -16,7 +16,7 @@ from werkzeug.exceptions import InternalServerError, TooManyRequests
 import settings
 from metering import credits, thresholds
 from models import ApiKey, db
-from ops import metrics, note as request_note
+from ops import metrics, note as request_note, services
 from store.limitstorage import LimitStorageUnavailable, open_storage, window_admitter, window_counter, window_taker
 from store.rediswindows import redis_windows
 
@@ -289,8 +289,10 @@ def init_app(app, watcher):
     public_rate = None if public is None else limit_item(public)
     account = settings.account_rate(app.config["ACCOUNT_RATE_LIMIT"])
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
-    app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate, None if account is None else limit_item(account),
-                                          watcher)
+    limiter = app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate,
+                                                    None if account is None else limit_item(account), watcher)
+    # No start: the memory storage schedules its own sweeps (store/limitstorage.py); only its close is ours.
+    services.register(app, "ratelimit", limiter)
     warn_about_unknown_tiers(tiers)
 
 

@@ -22,7 +22,7 @@ import models
 import ratelimit
 from keys import lookup
 from metering import usage
-from ops import metrics, note as request_note
+from ops import metrics, note as request_note, services
 from ws import slots, wsserver
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,8 @@ def init_app(app):
     per_ip = app.config["ECHO_SOCKETS_PER_IP"]
     app.extensions["echo_slots"] = slots.SocketSlots(
         per_ip, f"This IP address already has {per_ip} open echo sockets; close one first.")
-    app.extensions["ticker"] = Ticker(time_slots, app.config["REVOCATION_CHECK_SECONDS"])
+    ticker = app.extensions["ticker"] = Ticker(time_slots, app.config["REVOCATION_CHECK_SECONDS"])
+    services.register(app, "ticker", ticker)
     app.register_blueprint(bp)
     app.register_error_handler(WebsocketMismatch, refuse_plain_http)
 
@@ -217,7 +218,7 @@ class Ticker:
     """One greenlet per worker sends each whole second's time_update to every open time socket:
     one timer and one message build a second instead of one per socket. Two more greenlets close
     the sockets of revoked keys and renew the shared socket slots, so neither waits on the other
-    or on a slow client."""
+    or on a slow client. They start with the first time socket and stop with the app's services."""
 
     def __init__(self, socket_slots, check_every):
         self.slots = socket_slots
@@ -225,12 +226,16 @@ class Ticker:
         self.sockets = {}
         self.secrets = {}
         self.threads = None
+        self.stopped = threading.Event()
 
     def add(self, ws, slot, secret_hash):
         """Start sending ticks to ws, which holds slot (key id, token) and was opened with the
         secret of this hash."""
         self.sockets[ws] = slot
         self.secrets[ws] = secret_hash
+        # Started here rather than with the app's services: a worker that serves no time socket
+        # wakes no greenlet every second, and a socket opened where services never start (an
+        # in-process test) still gets its ticks.
         if self.threads is None:
             # The checks run half a second after the tick: at 10,000 sockets they take long
             # enough (a query per key, a pipeline per socket) to make the tick late.
@@ -246,20 +251,24 @@ class Ticker:
         self.sockets.pop(ws, None)
         self.secrets.pop(ws, None)
 
-    @staticmethod
-    def every(seconds, job, offset=0.0):
-        """Run job(second) offset seconds after each whole second divisible by seconds, for ever."""
+    def every(self, seconds, job, offset=0.0):
+        """Run job(second) offset seconds after each whole second divisible by seconds, until close()."""
         second = math.floor(time.time())
         while True:
             # The next second comes from the clock, not from adding to the last one, so runs
             # never drift; a late run skips ahead rather than bursting.
             second = max(second + 1, math.floor(time.time()) + 1)
             second += -second % seconds
-            time.sleep(max(0.0, second + offset - time.time()))
+            if self.stopped.wait(max(0.0, second + offset - time.time())):
+                return
             try:
                 job(second)
             except Exception:
                 log.exception("%s failed at %s.", job.__name__, second)
+
+    def close(self):
+        """Stop the ticks and the checks; the sockets themselves are closed by close_all_sockets."""
+        self.stopped.set()
 
     def tick(self, second):
         frame = wsserver.text_frame(time_update(second))

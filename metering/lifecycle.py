@@ -11,6 +11,7 @@ import time
 
 from accounts import twofactor, users
 from models import ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection, utcnow
+from ops import services
 from store.writelock import write_transaction
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ KEY_BATCH = 20
 PAUSE_SECONDS = 0.02
 # Seconds between background prunes of the whole service; each worker tries, one wins the lock.
 INTERVAL_SECONDS = 3600
-# The first try comes this many seconds (at random, so workers spread out) after a worker's first request.
+# The first try comes this many seconds (at random, so workers spread out) after a process starts serving.
 FIRST_TRY_SECONDS = (2, 10)
 LOCK_NAME = "prune"
 
@@ -91,8 +92,8 @@ def take_lock(seconds, now=None):
 
 
 class Pruner:
-    """The background prune of one process, started by its first request (so in every run mode:
-    gunicorn's workers and the one-process server alike)."""
+    """The background prune of one process, started with the app's services once it serves (so in
+    every run mode: gunicorn's workers and the one-process server alike)."""
 
     def __init__(self, app, interval=INTERVAL_SECONDS, first_try=FIRST_TRY_SECONDS):
         self.app = app
@@ -127,5 +128,4 @@ class Pruner:
 
 def init_app(app):
     pruner = app.extensions["lifecycle"] = Pruner(app)
-    # A bound method: the check on every request costs a call and an attribute read.
-    app.before_request(pruner.start)
+    services.register(app, "lifecycle", pruner)

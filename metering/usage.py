@@ -13,7 +13,7 @@ from flask import current_app, request
 from peewee import DatabaseError, __exception_wrapper__
 
 from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcnow
-from ops import metrics, note as request_note
+from ops import metrics, note as request_note, services
 from store import locks
 from store.writelock import write_transaction
 
@@ -39,8 +39,8 @@ def pause_between_transactions():
 
 class UsageCounter:
     """Counts requests per key, endpoint, status and whether they were counted against the key's
-    allowance, in memory, and adds them to the database at most FLUSH_INTERVAL later, so no
-    request pays for a write.
+    allowance, in memory, and (once started with the app's services) adds them to the database at
+    most FLUSH_INTERVAL later, so no request pays for a write.
 
     A count leaves `pending` only once the transaction that wrote it has committed: a failed,
     interrupted or killed flush loses nothing it had not written, and writes nothing twice, even
@@ -77,6 +77,10 @@ class UsageCounter:
         """Record one request of the key; counted: it passed the key's allowance (total_requests)."""
         with self.pending_lock:
             self.pending[key_id, endpoint, status, counted] += 1
+
+    def start(self):
+        """Write what is pending every interval from now on, in a thread of its own; until then (a
+        process that serves no one: a command, an in-process test) it is written by flush() or close()."""
         if self.flusher is None:
             self.flusher = threading.Thread(target=self.flush_periodically, daemon=True)
             self.flusher.start()
@@ -238,7 +242,8 @@ def give_back_carried(carried):
 def init_app(app, riders=()):
     """The app's usage counter, carrying riders (see UsageCounter); serving/envelope.py records
     each request's answer with it."""
-    app.extensions["usage"] = UsageCounter(db.obj, riders=riders)
+    counter = app.extensions["usage"] = UsageCounter(db.obj, riders=riders)
+    services.register(app, "usage", counter)
 
 
 def record_handshake(key):

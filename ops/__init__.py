@@ -1,1 +1,1 @@
-"""Operations: health checks, Prometheus metrics and logs."""
+"""Operations: health checks, Prometheus metrics, logs, and the start and stop of background services."""

@@ -38,7 +38,7 @@ from gevent.pool import Pool
 from werkzeug.exceptions import default_exceptions
 
 import sockets
-from ops import logs, metrics
+from ops import logs, metrics, services
 from serving import lingering, startup
 
 log = logging.getLogger(__name__)
@@ -347,9 +347,8 @@ def serve(app, host, port, reason):
         log.warning(warning)
     # As gunicorn.conf.py's post_worker_init: what is loaded by now lives as long as the process.
     gc.freeze()
-    app.extensions["webhooks"].start()
+    services.start(app)
     stop.wait()
     server.stop_gracefully()
-    app.extensions["webhooks"].close()
-    app.extensions["usage"].close()
+    services.stop(app)
     log.info("Stopped; usage counts written.")

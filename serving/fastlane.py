@@ -32,13 +32,12 @@ NO_BODY = frozenset({None, "", "0"})
 # The schemes for which Werkzeug's routing matches WebSocket rules only (MapAdapter.websocket): a
 # plain view's path then gets Flask's 426, uncounted.
 WEBSOCKET_SCHEMES = frozenset({"ws", "wss"})
-# Hooks that do nothing for a bodiless GET of the API, as (module, qualified name): the body limit,
-# the CSRF checks (only for form methods; flask-wtf's own is off, as web/pages.py checks forms itself)
-# and the pruner's start, which the lane makes itself.
+# Hooks that do nothing for a bodiless GET of the API, as (module, qualified name): the body limit
+# and the CSRF checks (only for form methods; flask-wtf's own is off, as web/pages.py checks forms
+# itself).
 NO_OPS_FOR_A_PLAIN_GET = frozenset({
     ("app", "refuse_large_bodies"),
     ("web.pages", "protect_forms"),
-    ("metering.lifecycle", "Pruner.start"),
     ("flask_wtf.csrf", "CSRFProtect.init_app.<locals>.csrf_protect"),
 })
 SIGNALS = (signals.request_started, signals.request_finished, signals.request_tearing_down,
@@ -75,7 +74,6 @@ class Lane:
             return self.wsgi_app(environ, start_response)
         request_note.of(environ).route = environ["PATH_INFO"]
         try:
-            self.app.extensions["lifecycle"].start()
             answer = view()
             if type(answer) is not dict:
                 raise TypeError(f"{environ['PATH_INFO']}: a view declared without_flask returned {type(answer)}")

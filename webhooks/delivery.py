@@ -18,6 +18,7 @@ from peewee import SQL, Case, PostgresqlDatabase, SqliteDatabase, fn
 import settings
 from accounts import securitylog
 from models import db, release_connection, utcnow
+from ops import services
 from store.connections import greenlets_share_thread
 from store.writelock import write_transaction
 from webhooks import addresses, deadlines, failures, periodic, signing
@@ -270,8 +271,8 @@ def deliver_due(app, limit=CONCURRENCY, only=None):
 class Sender:
     """A process's sender: a greenlet that polls the outbox every POLL_SECONDS (an indexed look at
     the due messages), claims what is due and sends each message in a greenlet of its own, never in
-    a request's way. Started once the process serves (gunicorn.conf.py's post_worker_init, and
-    serving/devserver.py); close() stops it."""
+    a request's way. Started and stopped with the app's services (ops/services.py), once the process
+    serves."""
 
     def __init__(self, app, schedule, interval=POLL_SECONDS, concurrency=CONCURRENCY):
         self.app = app
@@ -364,6 +365,7 @@ def release_claims(claims, now=None):
 
 
 def init_app(app):
-    """Parse the retry schedule; the sender is made here and started where the process serves."""
+    """Parse the retry schedule; the sender is made here and started with the app's services."""
     schedule = settings.retry_schedule(app.config["WEBHOOK_RETRY_SCHEDULE"])
-    app.extensions["webhooks"] = Sender(app, schedule)
+    sender = app.extensions["webhooks"] = Sender(app, schedule)
+    services.register(app, "webhooks", sender)

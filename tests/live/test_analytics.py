@@ -129,6 +129,6 @@ def test_the_server_prunes_by_itself(env, commands, tmp_path_factory):
     sql(env, "UPDATE maintenance_locks SET until = %s", datetime.datetime(2000, 1, 1))
     with serving(tmp_path_factory.mktemp("analytics-prune-log"), env) as server:
         live, _ = create(commands, "live key")
-        assert get(server, PROTECTED, live) == 200  # a worker's first request starts its pruner
+        assert get(server, PROTECTED, live) == 200  # the worker's pruner started with its services
         wait_for(lambda: sql(env, "SELECT count(*) FROM api_keys WHERE id = %s", doomed_id) == [(0,)])
         assert get(server, PROTECTED, live) == 200

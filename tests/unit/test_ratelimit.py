@@ -221,6 +221,7 @@ def test_a_failed_slice_keeps_its_counts_and_those_after_it_and_nothing_is_count
 
 def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro_key):
     counter = usage.UsageCounter(db.obj, interval=0.01)
+    counter.start()
     kid = key_id(pro_key)
 
     def add_many():
@@ -238,6 +239,7 @@ def test_usage_counter_is_exact_under_concurrent_adds_and_flushes(app, user, pro
 
 def test_periodic_flush_writes_without_requests(app, user, pro_key):
     counter = usage.UsageCounter(db.obj, interval=0.01)
+    counter.start()
     kid = key_id(pro_key)
     counter.add(kid, ENDPOINT, 200, True)
     for _ in range(500):

@@ -120,6 +120,17 @@ def test_one_failing_socket_costs_only_itself_its_tick():
     assert broken.closed_with == sockets.INTERNAL_ERROR and gone.closed_with is None
 
 
+def test_the_ticker_starts_with_its_first_socket_and_its_threads_end_with_close():
+    ticker = sockets.Ticker(slots.SocketSlots(10), 5)
+    assert ticker.threads is None
+    ticker.add(FakeSocket(), (1, 1), "secret hash")
+    assert [thread.is_alive() for thread in ticker.threads] == [True, True, True]
+    ticker.close()
+    for thread in ticker.threads:
+        thread.join(timeout=5)
+    assert [thread.is_alive() for thread in ticker.threads] == [False, False, False]
+
+
 def test_a_handshake_without_a_key_is_400_and_another_version_426_naming_13(client):
     without_key = {name: value for name, value in UPGRADE.items() if name != "Sec-WebSocket-Key"}
     response = client.get("/api/v1/ws/echo", headers=without_key)
