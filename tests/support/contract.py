@@ -42,3 +42,15 @@ def assert_component_response(response, body, name, status):
     # The components travel along so that the schema's "#/components/..." references resolve.
     schema = {**described["content"]["application/json"]["schema"], "components": DOCUMENT["components"]}
     jsonschema.validate(body, schema, cls=jsonschema.Draft202012Validator)
+
+
+def assert_error(response, status, code):
+    """Fail unless the response is the contract's error: the status, JSON {"error": {"code",
+    "message"}} with this code and a sentence, as openapi.json describes it; return the body."""
+    assert response.status_code == status
+    assert response.headers["Content-Type"].split(";")[0] == "application/json"
+    body = assert_conforms(response)
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body

@@ -5,6 +5,7 @@ import re
 import time
 
 import pytest
+from contract import assert_error
 from flask.json.provider import DefaultJSONProvider
 
 import auth
@@ -19,17 +20,6 @@ PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"]
 
 def parse_ms(text):
     return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
-
-
-def assert_error(response, status, code):
-    assert response.status_code == status
-    assert response.mimetype == "application/json"
-    body = response.get_json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"code", "message"}
-    assert body["error"]["code"] == code
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return body
 
 
 def test_demo_year(client):
@@ -117,8 +107,9 @@ def test_total_requests_survive_a_flush_and_exclude_rejections(app, client, api_
     headers = {"X-API-Key": api_key}
     for _ in range(3):
         assert client.get("/api/v1/protected/test", headers=headers).status_code == 200
-    assert client.get("/api/v1/protected/test", headers=headers).status_code == 429
-    assert client.get("/api/v1/protected/test", headers={"X-API-Key": api_key[:-1] + "_"}).status_code == 401
+    assert_error(client.get("/api/v1/protected/test", headers=headers), 429, "rate_limit_exceeded")
+    assert_error(client.get("/api/v1/protected/test", headers={"X-API-Key": api_key[:-1] + "_"}), 401,
+                 "invalid_api_key")
     app.extensions["usage"].flush()
     stored = ApiKey.get(ApiKey.key_hash == auth.hash_key(api_key))
     assert stored.total_requests == 3
@@ -182,7 +173,7 @@ def test_limits_are_per_key(client, user, api_key):
     _, other = auth.issue_key(user, "other", "development")
     for _ in range(3):
         client.get("/api/v1/protected/test", headers={"X-API-Key": api_key})
-    assert client.get("/api/v1/protected/test", headers={"X-API-Key": api_key}).status_code == 429
+    assert_error(client.get("/api/v1/protected/test", headers={"X-API-Key": api_key}), 429, "rate_limit_exceeded")
     assert client.get("/api/v1/protected/test", headers={"X-API-Key": other}).status_code == 200
 
 
@@ -207,7 +198,7 @@ def test_public_limit_can_be_turned_off(tmp_path, make_app):
 def test_forwarded_for_is_ignored_without_trusted_proxies(client):
     for i in range(5):
         client.get("/api/v1/demo/year", headers={"X-Forwarded-For": f"10.1.1.{i}"})
-    assert client.get("/api/v1/demo/year", headers={"X-Forwarded-For": "10.9.9.9"}).status_code == 429
+    assert_error(client.get("/api/v1/demo/year", headers={"X-Forwarded-For": "10.9.9.9"}), 429, "rate_limit_exceeded")
 
 
 def test_forwarded_for_is_honoured_with_one_trusted_proxy(tmp_path, make_app):
@@ -216,7 +207,7 @@ def test_forwarded_for_is_honoured_with_one_trusted_proxy(tmp_path, make_app):
     client = app.test_client()
     for _ in range(2):
         client.get("/api/v1/demo/year", headers={"X-Forwarded-For": "10.1.1.1"})
-    assert client.get("/api/v1/demo/year", headers={"X-Forwarded-For": "10.1.1.1"}).status_code == 429
+    assert_error(client.get("/api/v1/demo/year", headers={"X-Forwarded-For": "10.1.1.1"}), 429, "rate_limit_exceeded")
     assert client.get("/api/v1/demo/year", headers={"X-Forwarded-For": "10.1.1.2"}).status_code == 200
 
 
