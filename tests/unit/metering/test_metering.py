@@ -5,9 +5,10 @@ import datetime
 
 import pytest
 from clock import fake_time
+from peewee import OperationalError
 
 import auth
-from accounts import users
+from accounts import securitylog, users
 from metering import credits
 from models import ApiKey, SecurityEvent
 from ops.note import Note
@@ -195,6 +196,21 @@ def test_credits_through_the_cli_set_add_and_refill(metered, owner):
     assert "Retry-After" not in get(metered, secret).headers
     assert [event.event for event in SecurityEvent.select().where(SecurityEvent.event == "key.credits_changed")] == [
         "key.credits_changed"] * 2
+
+
+@pytest.mark.parametrize("command", [["credits", "--set", "7"], ["limit", "5/second"]])
+def test_a_key_change_whose_security_event_fails_is_not_made(metered, owner, monkeypatch, command):
+    """keys credits and keys limit: the change and its security event commit together or not at all."""
+    key, _ = issue(owner, credits_given=3)
+
+    def refuse(*args, **kwargs):
+        raise OperationalError("disk I/O error")
+
+    monkeypatch.setattr(securitylog, "record", refuse)
+    result = metered.test_cli_runner().invoke(args=["keys", command[0], str(key.id), *command[1:]])
+    assert result.exit_code == 1 and "The database cannot be used right now: disk I/O error" in result.output
+    stored = ApiKey.get_by_id(key.id)
+    assert (stored.credits_remaining, stored.rate_limits) == (3, None)
 
 
 def test_the_cli_shows_the_credits_of_a_key_without_a_refill_or_without_credits(metered, owner):
