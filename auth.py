@@ -335,10 +335,10 @@ def admit(secret, scope, note, source="the X-API-Key header", hold=None):
     """Authenticate a secret, check its scope and allow-list, then count the request (whose note is
     this) against its key's allowance; return the key. A key refused by its scope or allow-list is
     not counted. hold(key), where given, runs once, after those checks and before the count: what
-    it takes (a time socket's slot) is taken only for a key that may be used, and a refusal it
-    raises counts nothing. The key may come from the worker's cache (keys/keycache.py); where the
-    count must confirm it, a stale one is read again, uncounted. The REST API and the time socket
-    are admitted alike."""
+    it takes (a time socket's slot) is taken only for a key read from the database, never a kept
+    one the count has not confirmed yet, and a refusal it raises counts nothing. Otherwise the key
+    may come from the worker's cache (keys/keycache.py); where the count must confirm it, a stale
+    one is read again, uncounted. The REST API and the time socket are admitted alike."""
     # The note's app, not current_app: a context proxy costs more than the rest of this (ops/note.py).
     service = note.app.extensions
     keys, limiter = service["keys"], service["ratelimit"]
@@ -347,25 +347,25 @@ def admit(secret, scope, note, source="the X-API-Key header", hold=None):
     # Its form is checked only before the database is read: a kept hash is a real key's.
     key, generation = keys.find(key_hash, lambda: well_formed(secret))
     key = found_key(key)
+    if hold is not None and generation is not None:
+        # A kept key may be revoked by now, and hold's refusal (too many sockets) would answer for
+        # it before the count could tell: read it (a handshake's cost, not a REST request's).
+        key, generation = found_key(keys.reload(key_hash)), None
     # Its answer goes into the key's usage: refusals for scope and rate as well as successes.
     note.usage_key_id = key.id
-    held = hold is None
     try:
         require_access(key, scope)
-        if not held:
+        if hold is not None:
             hold(key)
-            held = True
         limiter.count_request(key, note, generation)
     except (KeysChanged, *REFUSALS, credits.CreditsExhausted) as refusal:
         if not isinstance(refusal, KeysChanged) and generation is None:
             raise
         # A kept key not yet confirmed is read again before it is refused (a revoked key is a 401,
         # not a 403) or counted. This read comes after any change announced before the request
-        # arrived, so the count needs no second confirmation.
+        # arrived, so the count needs no second confirmation. (A key with hold was read above.)
         key = found_key(keys.reload(key_hash))
         require_access(key, scope)
-        if not held:
-            hold(key)
         limiter.count_request(key, note)
     return key
 

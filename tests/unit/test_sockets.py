@@ -3,10 +3,13 @@
 import json
 
 import pytest
+import services
 
 import auth
 import sockets
-from models import ApiKey
+from accounts import users
+from models import ApiKey, utcnow
+from store.rediswindows import RedisWindows
 from ws import slots
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
@@ -41,6 +44,26 @@ def test_revoked_key_is_refused(client, api_key):
 def test_refused_handshake_is_not_counted(app, client, api_key):
     client.get(f"/api/v1/ws/time?api_key={api_key}x", headers=UPGRADE)
     assert app.extensions["usage"].pending == {}
+
+
+def test_a_kept_key_revoked_elsewhere_is_refused_as_revoked_even_with_its_sockets_all_open(make_app):
+    """On Redis a worker keeps keys until the key generation moves; the handshake's slot is taken only
+    for a key read afresh, so a revoked one is a 401, never "too many sockets", and not recorded."""
+    app = make_app({"DATABASE_URL": services.postgres_url(), "RATELIMIT_STORAGE_URL": services.redis_url(),
+                    "RATE_LIMIT_TIERS": "free=100/minute", "TESTING": True, "TIME_SOCKETS_PER_KEY": 1})
+    client = app.test_client()
+    with app.app_context():
+        user = users.create_user("lee", "lee@example.com", "correct horse battery")
+        key, secret = auth.issue_key(user, "k", "production")
+        assert client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code == 200
+        slot = app.extensions["socket_slots"].take(key.id)
+        # Revoked by another process: the row changes and the generation moves, as auth.revoke_key does there.
+        ApiKey.update(revoked_at=utcnow()).where(ApiKey.id == key.id).execute()
+        RedisWindows(app.extensions["ratelimit"].storage).announce_key_change()
+        response = client.get(f"/api/v1/ws/time?api_key={secret}", headers=UPGRADE)
+        assert (response.status_code, error_code(response)) == (401, "invalid_api_key")
+        app.extensions["socket_slots"].give_back(key.id, slot)
+        assert [entry[1] for entry in app.extensions["usage"].pending] == ["/api/v1/protected/test"]
 
 
 def test_socket_slots_cap_and_release():
