@@ -1,0 +1,65 @@
+"""keys/events.py: every key change sends key_changed once, inside its transaction, and the security
+log and webhooks' outbox are its subscribers."""
+
+import pytest
+from peewee import OperationalError
+
+import auth
+from accounts import securitylog
+from keys import events
+from models import ApiKey, SecurityEvent, db
+from webhooks import outbox
+
+
+@pytest.fixture
+def sent():
+    """(event, user_id, detail, data, in a transaction) for each key_changed sent while the test runs."""
+    received = []
+
+    def listen(event, user_id, detail=None, data=None):
+        received.append((event, user_id, detail, data, db.obj.in_transaction()))
+
+    with events.key_changed.connected_to(listen):
+        yield received
+
+
+def test_each_key_action_sends_one_signal_inside_its_transaction(app, user, sent):
+    key, _ = auth.issue_key(user, "Laptop", "production")
+    auth.roll_key(key, grace=60)
+    key = ApiKey.get_by_id(key.id)
+    auth.limit_key(key, "5/second")
+    auth.grant_credits(key, set_to=10)
+    key = ApiKey.get_by_id(key.id)
+    key.presented_hash = key.previous_key_hash
+    auth.revoke_previous_secret(key)
+    auth.revoke_key(key)
+    assert [(event, user_id, in_transaction) for event, user_id, _, _, in_transaction in sent] == [
+        ("key.created", user.id, True), ("key.rolled", user.id, True), ("key.limit_changed", user.id, True),
+        ("key.credits_changed", user.id, True), ("key.previous_secret_revoked", user.id, True),
+        ("key.revoked", user.id, True)]
+    # What the security log records is the signal's detail, event for event.
+    logged = [(row.event, row.detail) for row in SecurityEvent.select().where(SecurityEvent.event.startswith("key."))
+              .order_by(SecurityEvent.id)]
+    assert logged == [(event, detail) for event, _, detail, _, _ in sent]
+    # The webhook events carry the key, never its secret.
+    assert {event: data["key_id"] for event, _, _, data, _ in sent if data} == {
+        "key.created": key.id, "key.rolled": key.id, "key.revoked": key.id}
+
+
+def test_a_subscriber_that_fails_rolls_the_change_back(app, user, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OperationalError("disk full")
+
+    monkeypatch.setattr(outbox, "emit", refuse)
+    with pytest.raises(OperationalError):
+        auth.issue_key(user, "Laptop", "production")
+    assert ApiKey.select().count() == 0
+    assert not SecurityEvent.select().where(SecurityEvent.event.startswith("key.")).exists()
+
+
+def test_the_subscribers_are_connected_once_however_many_apps_are_made(make_app, database_url):
+    for _ in range(3):
+        make_app({"DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True})
+    assert {receiver.__qualname__ for receiver in (ref() for ref in events.key_changed.receivers.values())} == {
+        securitylog.record_key_event.__qualname__, outbox.emit_key_event.__qualname__}
+    assert len(events.key_changed.receivers) == 2
