@@ -16,7 +16,8 @@ from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
 from importlinter.contracts.layers import LayersContract
 
 ROOT = Path(__file__).resolve().parents[2]
-NOT_THE_SERVICE = {"tests", "bench", "node_modules", "instance", "data", "docs", "static", "templates"}
+# Packages of the checkout that are not the service.
+NOT_THE_SERVICE = {"tests", "bench"}
 
 
 def module_name(path):
@@ -27,10 +28,12 @@ def module_name(path):
 
 
 def service_files():
-    for path in sorted(ROOT.rglob("*.py")):
-        relative = path.relative_to(ROOT).parts
-        if not (relative[0] in NOT_THE_SERVICE or relative[0].startswith(".")):
-            yield path
+    """The root's modules and its packages' (folders with __init__.py): never a virtualenv or
+    node_modules that happens to sit in the checkout."""
+    yield from sorted(ROOT.glob("*.py"))
+    for package in sorted(ROOT.glob("*/__init__.py")):
+        if package.parent.name not in NOT_THE_SERVICE:
+            yield from sorted(package.parent.rglob("*.py"))
 
 
 def imported_modules(node, modules):
