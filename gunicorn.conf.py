@@ -10,10 +10,12 @@ import signal
 import sys
 import tempfile
 import traceback
+from importlib import metadata
 
 import gevent
 from gunicorn import util
 from gunicorn.glogging import Logger
+from gunicorn.http import message
 from werkzeug.exceptions import default_exceptions
 
 # `python app.py` runs gunicorn from any folder: make this project's modules importable here.
@@ -179,6 +181,18 @@ def on_starting(server):
     warning = startup.secret_key_warning(os.environ, server.cfg.workers)
     if warning:
         server.log.warning(warning)
+    server.log.info(http_parser_in_use(server.cfg))
+
+
+def http_parser_in_use(cfg):
+    """Say which parser reads requests: gunicorn's C parser (gunicorn_h1c, pinned in
+    requirements.txt) when it is installed and no setting turns it off, else gunicorn's own Python
+    one, which costs each request several times as much (docs/performance.md) and falls back silently."""
+    # gunicorn decides per request with this function, from the same settings.
+    if message._check_fast_parser(cfg):
+        return f"Parsing requests with gunicorn's C parser (gunicorn_h1c {metadata.version('gunicorn_h1c')})"
+    return ("Parsing requests with gunicorn's Python parser: gunicorn_h1c is not installed, or "
+            "http_parser, permit_obsolete_folding or strip_header_spaces turns the C parser off")
 
 
 def prepare_metrics_dir():
