@@ -22,6 +22,7 @@ api = Blueprint("api", __name__, url_prefix="/api/v1")
 
 
 @api.get("/demo/year")
+@without_flask
 @ip_rate_limited
 def demo_year():
     now = models.utcnow()
@@ -29,10 +30,11 @@ def demo_year():
 
 
 @api.get("/status")
+@without_flask
 @ip_rate_limited
 def status():
     try:
-        authenticated = bool(auth.authenticate(request.headers.get("X-API-Key")))
+        authenticated = bool(auth.authenticate(request_note.current_environ.get().get("HTTP_X_API_KEY")))
     except auth.ApiKeyError:
         authenticated = False
     return {"status": "operational", "version": VERSION, "authenticated": authenticated}

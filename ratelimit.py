@@ -309,13 +309,15 @@ def tier_names():
 
 
 def limit_client_ip():
-    """Count a public request against its client IP's PUBLIC_RATE_LIMIT, unless that is off."""
-    limiter = current_app.extensions["ratelimit"]
+    """Count the request being served against its client IP's PUBLIC_RATE_LIMIT, unless that is
+    off. Read from the environ and its note, not Flask's request: the fast lane has none."""
+    environ = request_note.current_environ.get()
+    note = environ[request_note.ENVIRON_KEY]
+    limiter = note.app.extensions["ratelimit"]
     if limiter.public_rate is None:
         return
     try:
-        identity = f"ip:{client_identity(request.remote_addr)}"
-        limiter.hit(limiter.public_rate, identity, PUBLIC_POLICY, request_note.of(request.environ))
+        limiter.hit(limiter.public_rate, f"ip:{client_identity(environ.get('REMOTE_ADDR'))}", PUBLIC_POLICY, note)
     except LimitStorageUnavailable:
         # Public endpoints stay up without the limit storage; only keyed traffic fails closed.
         pass
@@ -361,6 +363,8 @@ def ip_rate_limited(view):
         limit_client_ip()
         return view(*args, **kwargs)
 
+    # As auth.require_api_key marks its guard: serving/fastlane.py's without_flask looks for it.
+    limited.guard = limited
     return limited
 
 

@@ -1,13 +1,13 @@
-"""The fast lane: a plain keyed GET of the API served without Flask's request machinery.
+"""The fast lane: a plain GET of the API served without Flask's request machinery.
 
 Flask's request context, routing, hooks and response objects cost more than everything the service
 itself does for `GET /api/v1/protected/test` (one interleaved run: the keyed request at 0.79 x a
 bare Flask route through Flask, 1.09 x through this lane; docs/performance.md). A request takes the
 lane only when Flask would do nothing for it beyond calling its view:
 
-- its view is declared `without_flask` (it returns a dict and reads nothing but its key: no
-  `request`, `g` or `current_app`) right above auth.require_api_key, on a GET route without URL
-  variables;
+- its view is declared `without_flask` (it returns a dict and reads nothing but its key, if
+  any: no `request`, `g` or `current_app`) right above its guard, auth.require_api_key or, for a
+  public view, ratelimit.ip_rate_limited, on a GET route without URL variables;
 - it is exactly `GET` on exactly that path, with no body (no Content-Length but 0, no
   Transfer-Encoding), no Origin, no Upgrade, a Host that Werkzeug's routing accepts, and a scheme
   other than ws or wss (which a proxy may forward: Werkzeug routes those to WebSocket rules only);
@@ -48,9 +48,10 @@ declared = set()
 
 
 def without_flask(view):
-    """Declare a view guarded by auth.require_api_key plain (see the module's docstring)."""
+    """Declare a view guarded by auth.require_api_key or ratelimit.ip_rate_limited plain (see the
+    module's docstring)."""
     if getattr(view, "guard", None) is not view:
-        raise TypeError(f"{view.__name__}: without_flask goes right above require_api_key")
+        raise TypeError(f"{view.__name__}: without_flask goes right above require_api_key or ip_rate_limited")
     declared.add(view)
     return view
 
@@ -135,7 +136,7 @@ def lane_views(app):
 
 
 def flask_would_only_call_the_view(app):
-    """True when Flask would do nothing for a plain keyed GET of the API but route it and call its
+    """True when Flask would do nothing for a plain GET of the API but route it and call its
     view: no hook or signal receiver that would act on it, no host checks (SERVER_NAME,
     TRUSTED_HOSTS) and no debug mode (whose JSON is indented)."""
     if app.debug or app.config.get("SERVER_NAME") or app.config.get("TRUSTED_HOSTS") or app.json.compact is False:

@@ -3,6 +3,7 @@ when the app has no lane at all. The apps here have no application context aroun
 as under gunicorn, so a lane view that reached for current_app or g would fail here too."""
 
 import collections
+import functools
 import re
 
 import pytest
@@ -17,7 +18,7 @@ from accounts import users
 from ops import metrics
 from serving import fastlane
 
-ALLOWED, OTHER = "203.0.113.7", "198.51.100.1"
+ALLOWED, OTHER, BUSY_IP = "203.0.113.7", "198.51.100.1", "203.0.113.30"
 # What differs between two answers to the same request made one after the other.
 VARYING_HEADERS = {"X-Request-ID", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit", "Retry-After"}
 TIMESTAMP = re.compile(rb'"(timestamp|created_at)":"[^"]*"')
@@ -26,7 +27,7 @@ TIMESTAMP = re.compile(rb'"(timestamp|created_at)":"[^"]*"')
 @pytest.fixture
 def lane_app(make_app, database_url):
     return make_app({"DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://",
-                     "RATE_LIMIT_TIERS": TEST_TIERS, "TESTING": True})
+                     "RATE_LIMIT_TIERS": TEST_TIERS, "PUBLIC_RATE_LIMIT": "5/minute", "TESTING": True})
 
 
 def find_lane(app):
@@ -38,9 +39,11 @@ def find_lane(app):
 
 
 def lane_of(app):
-    """The app's Lane, opened: the app has served a request."""
-    app.test_client().get("/api/v1/status")
-    return find_lane(app)
+    """The app's Lane, opened as by the app's first request."""
+    lane = find_lane(app)
+    if lane.views is None:
+        lane.views = lane.open()
+    return lane
 
 
 def issue(app, name="Alice dev", **options):
@@ -67,8 +70,9 @@ def answer(response):
     return response.status, headers, TIMESTAMP.sub(b'"\\1":"-"', response.data)
 
 
-def test_the_default_app_serves_its_two_plain_keyed_views_in_the_lane(lane_app):
-    assert set(lane_of(lane_app).views) == {"/api/v1/protected/test", "/api/v1/user/me"}
+def test_the_default_app_serves_its_plain_views_in_the_lane(lane_app):
+    assert set(lane_of(lane_app).views) == {"/api/v1/protected/test", "/api/v1/user/me", "/api/v1/demo/year",
+                                            "/api/v1/status"}
 
 
 @pytest.mark.parametrize("path", ["/api/v1/protected/test", "/api/v1/user/me"])
@@ -79,6 +83,15 @@ def test_a_plain_keyed_get_takes_the_lane(lane_app, path, monkeypatch):
     assert response.status_code == 200 and not dispatched
     assert response.headers["Content-Type"] == "application/json"
     assert response.headers["X-RateLimit-Remaining"] == "2"
+    assert response.data.endswith(b"}\n") and int(response.headers["Content-Length"]) == len(response.data)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/demo/year", "/api/v1/status"])
+def test_a_plain_public_get_takes_the_lane_and_counts_against_the_client_ip(lane_app, path, monkeypatch):
+    response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().get(
+        path, environ_base={"REMOTE_ADDR": "192.0.2.44"}), monkeypatch)
+    assert response.status_code == 200 and not dispatched
+    assert response.headers["X-RateLimit-Limit"] == "5" and response.headers["X-RateLimit-Remaining"] == "4"
     assert response.data.endswith(b"}\n") and int(response.headers["Content-Length"]) == len(response.data)
 
 
@@ -122,7 +135,14 @@ def cases(app):
     _, busy = issue(app, "Busy")
     for _ in range(3):  # the free tier's allowance: 3 a minute
         assert app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": busy}).status_code == 200
+    for _ in range(5):  # the public allowance: 5 a minute
+        assert app.test_client().get("/api/v1/demo/year", environ_base={"REMOTE_ADDR": BUSY_IP}).status_code == 200
     return [
+        ("public", "/api/v1/demo/year", {}, "203.0.113.20"),
+        ("public", "/api/v1/status", {"X-API-Key": secret}, "203.0.113.21"),
+        ("public", "/api/v1/status", {"X-API-Key": "not a key"}, "203.0.113.22"),
+        ("public, over the limit", "/api/v1/demo/year", {}, BUSY_IP),
+        ("public, over the limit", "/api/v1/status", {}, BUSY_IP),
         ("missing", "/api/v1/protected/test", {}, ALLOWED),
         ("blank", "/api/v1/protected/test", {"X-API-Key": "  "}, ALLOWED),
         ("malformed", "/api/v1/protected/test", {"X-API-Key": "not a key"}, ALLOWED),
@@ -165,7 +185,8 @@ def test_every_answer_of_the_lane_is_the_one_flask_gives(lane_app, monkeypatch):
             path, headers=headers, environ_base={"REMOTE_ADDR": address}))
         assert through_lane == through_flask_alone, name
         assert through_lane[3], name  # the metrics counted it
-        status = {"served": "200 OK", "over the limit": "429 TOO MANY REQUESTS", "tier not configured": "500 INTERNAL SERVER ERROR"}
+        status = {"served": "200 OK", "public": "200 OK", "over the limit": "429 TOO MANY REQUESTS",
+                  "public, over the limit": "429 TOO MANY REQUESTS", "tier not configured": "500 INTERNAL SERVER ERROR"}
         assert through_lane[0] == status.get(name, through_lane[0]), name
 
 
@@ -184,6 +205,9 @@ def test_the_storage_s_and_the_database_s_errors_are_flask_s(lane_app, monkeypat
     monkeypatch.setattr(lane_app.extensions["ratelimit"], "count_hit", storage_down)
     through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/protected/test"))
     assert through_lane == through_flask_alone and through_lane[0] == "503 SERVICE UNAVAILABLE"
+    # Public views stay up without the limit storage.
+    through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/demo/year"))
+    assert through_lane == through_flask_alone and through_lane[0] == "200 OK"
     monkeypatch.undo()
     monkeypatch.setattr(api.User, "get_or_none", database_down)
     through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/user/me"))
@@ -280,9 +304,16 @@ def test_once_the_lane_has_served_flask_refuses_new_hooks(lane_app, monkeypatch)
         lane_app.before_request(lambda: None)
 
 
-def test_without_flask_goes_right_above_the_key_guard():
-    with pytest.raises(TypeError, match="right above require_api_key"):
+@pytest.mark.parametrize("guard", [auth.require_api_key("test:read"), api.ip_rate_limited],
+                         ids=["key", "client-ip"])
+def test_without_flask_goes_right_above_a_guard(guard):
+    with pytest.raises(TypeError, match="right above require_api_key or ip_rate_limited"):
         fastlane.without_flask(lambda: {})
-    guarded = auth.require_api_key("test:read")(lambda api_key: {})
-    with pytest.raises(TypeError, match="right above require_api_key"):
-        fastlane.without_flask(api.ip_rate_limited(guarded))
+    guarded = guard(lambda **kwargs: {})
+    # A decorator between them copies the guard's attributes, its mark included.
+    with pytest.raises(TypeError, match="right above require_api_key or ip_rate_limited"):
+        fastlane.without_flask(functools.wraps(guarded)(lambda: guarded()))
+    try:
+        assert fastlane.without_flask(guarded) is guarded
+    finally:
+        fastlane.declared.discard(guarded)
