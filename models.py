@@ -340,7 +340,7 @@ def init_app(app, more_models=()):
     connect_at_start(database)
     tables = [User, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent, MaintenanceLock,
               *PROTECTION_MODELS, *more_models]
-    app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index])
+    app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index, schema.keep_key_generation])
     app.teardown_appcontext(release_request_connection)
 
 

@@ -2,8 +2,9 @@
 round trip, and the signal that tells the worker when a kept key may be stale: a revoked, rolled
 or deleted key still fails from the very next request, on every process.
 
-- SQLite: the connection's `PRAGMA data_version` (moves when another connection commits: the CLI,
-  another worker) and its `total_changes` (moves when this one writes), read before each lookup.
+- SQLite: a generation in the database that triggers move with every change to a key, read
+  again whenever the connection's `PRAGMA data_version` (another connection committed: the CLI,
+  another worker) or its `total_changes` (this one wrote) has moved, checked before each lookup.
 - PostgreSQL with Redis limits: the key generation in Redis, a token that every change to a key
   replaces after it commits. The script that counts the request reads it in the same round trip
   and counts nothing when the key was read under another generation (limitstorage.RedisWindows).
@@ -45,20 +46,29 @@ class ChangeNotAnnounced(LimitStorageUnavailable):
 
 
 class SqliteGeneration:
-    """The generation of what this process's SQLite connection can see: it moves on every commit,
-    another connection's or its own. Read before a lookup, so a key is never older than its tag."""
+    """The database's key generation (store/schema.py's keep_key_generation: triggers move it with
+    every change to a key), read again only when the connection's `PRAGMA data_version` or its
+    `total_changes` says something was committed since the last read, by another connection or
+    by this one. Read before a lookup, so a key is never older than its tag; a usage flush moves
+    the counters but not the generation, so it leaves every kept key usable."""
 
     confirmed_by_count = False
 
     def __init__(self, database):
         self.database = database
+        # ((connection, data_version, total_changes), the generation read then), replaced whole.
+        self.last_read = (None, None)
 
     def current(self):
         connection = self.database.connection()
-        version = connection.execute("PRAGMA data_version").fetchone()[0]
         # The connection itself, because data_version counts per connection (threads, outside gevent,
         # each have their own).
-        return connection, version, connection.total_changes
+        seen = (connection, connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes)
+        last_seen, generation = self.last_read
+        if seen != last_seen:
+            generation = connection.execute("SELECT generation FROM key_generation").fetchone()[0]
+            self.last_read = (seen, generation)
+        return generation
 
     def announce(self):
         """Nothing to tell: every connection sees the commit through its own counters."""

@@ -115,10 +115,42 @@ def make_ids_never_reused(database, migrator):
             ids.skip_named_ids(database, table)
 
 
+def add_key_generation(database, migrator):
+    """Version 11: on SQLite, the key generation (keep_key_generation, which every upgrade runs last)."""
+
+
+# The api_keys columns a usage flush writes: no request's admission reads them.
+USAGE_COLUMNS = ("total_requests", "last_used_at")
+
+
+def keep_key_generation(database):
+    """SQLite: a counter that moves, in the same transaction, with every change to a key that its
+    admission reads (every column but USAGE_COLUMNS; credits only when they go up, as a grant
+    does, never with a spend that lowers them), and with every deletion of one. keys/keycache.py
+    keeps keys while it stands still, where any commit at all (a usage flush) would otherwise
+    make every kept key stale. Made again from the table's columns on each upgrade, so a column
+    added later is watched too."""
+    if isinstance(database, PostgresqlDatabase):
+        return
+    database.execute_sql("CREATE TABLE IF NOT EXISTS key_generation (generation INTEGER NOT NULL)")
+    if database.execute_sql("SELECT 1 FROM key_generation").fetchone() is None:
+        database.execute_sql("INSERT INTO key_generation (generation) VALUES (1)")
+    watched = [column.name for column in database.get_columns("api_keys")
+               if column.name not in (*USAGE_COLUMNS, "credits_remaining")]
+    changed = " OR ".join(f'NEW."{name}" IS NOT OLD."{name}"' for name in watched)
+    credits_rose = ('(NEW.credits_remaining IS NOT OLD.credits_remaining '
+                    'AND NOT coalesce(NEW.credits_remaining < OLD.credits_remaining, 0))')
+    bump = "BEGIN UPDATE key_generation SET generation = generation + 1; END"
+    for trigger in ("api_key_changed", "api_key_deleted"):
+        database.execute_sql(f"DROP TRIGGER IF EXISTS {trigger}")
+    database.execute_sql(f"CREATE TRIGGER api_key_changed AFTER UPDATE ON api_keys WHEN {changed} OR {credits_rose} {bump}")
+    database.execute_sql(f"CREATE TRIGGER api_key_deleted AFTER DELETE ON api_keys {bump}")
+
+
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
-         make_ids_never_reused]
+         make_ids_never_reused, add_key_generation]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days}

@@ -99,6 +99,66 @@ def test_this_connection_s_own_write_is_seen_at_the_next_lookup(sqlite_app, sqli
     assert find(key_hash) == (None, None)
 
 
+def other_connection(app):
+    """A connection of its own to the app's SQLite file, as the CLI or another worker has."""
+    return sqlite3.connect(urlparse(app.config["DATABASE_URL"]).path[1:])
+
+
+def test_a_usage_flush_leaves_every_kept_key_usable(sqlite_app, sqlite_user, lookups):
+    """The flush writes each key's total and last use every second: were that a key change, a worker
+    serving more keys than its flushes are apart would read nearly every key from the database."""
+    key, key_hash = new_key(sqlite_user)
+    find(key_hash)
+    counter = sqlite_app.extensions["usage"]
+    counter.add(key.id, "/api/v1/protected/test", 200, True)
+    counter.flush()  # this connection's write
+    with other_connection(sqlite_app) as other:  # another worker's flush
+        other.execute("UPDATE api_keys SET total_requests = total_requests + 5, last_used_at = '2026-01-01 00:00:00' "
+                      "WHERE id = ?", (key.id,))
+    assert find(key_hash)[0].id == key.id
+    assert lookups == [key_hash]
+    assert models.ApiKey.get_by_id(key.id).total_requests == 6
+
+
+@pytest.mark.parametrize("change", [
+    "name = 'renamed'", "scopes = 'user:read'", "allow_ips = '10.0.0.0/8'", "rate_limit_tier = 'gold'",
+    "rate_limits = '5/minute'", "expires_at = '2999-01-01 00:00:00'", "key_type = 'development'",
+    "credits_remaining = 10", "credits_refill_amount = 5", "user_id = user_id",
+])
+def test_a_change_to_what_admission_reads_is_seen_at_the_next_lookup(sqlite_app, sqlite_user, lookups, change):
+    key, key_hash = new_key(sqlite_user)
+    find(key_hash)
+    with other_connection(sqlite_app) as other:
+        other.execute(f"UPDATE api_keys SET {change} WHERE id = ?", (key.id,))
+    find(key_hash)
+    # Setting a column to its own value changes nothing, so nothing is read again.
+    assert lookups == [key_hash] * (1 if change == "user_id = user_id" else 2)
+
+
+def test_a_spent_credit_keeps_the_key_and_a_grant_makes_it_stale(sqlite_app, sqlite_user, lookups):
+    """A kept key's credits only ever go down between grants (metering/credits.py checks each spend
+    in the database); a grant raises them, and a key kept as spent must be read again."""
+    key, key_hash = new_key(sqlite_user, credits_given=3)
+    find(key_hash)
+    with other_connection(sqlite_app) as other:
+        other.execute("UPDATE api_keys SET credits_remaining = credits_remaining - 1 WHERE id = ?", (key.id,))
+    find(key_hash)
+    assert lookups == [key_hash]
+    with other_connection(sqlite_app) as other:
+        other.execute("UPDATE api_keys SET credits_remaining = 50, credits_granted = 50 WHERE id = ?", (key.id,))
+    assert find(key_hash)[0].credits_remaining == 50
+    assert lookups == [key_hash, key_hash]
+
+
+def test_a_key_deleted_with_its_account_by_another_connection_is_gone(sqlite_app, sqlite_user, lookups):
+    key, key_hash = new_key(sqlite_user)
+    find(key_hash)
+    with other_connection(sqlite_app) as other:
+        other.execute("PRAGMA foreign_keys = ON")
+        other.execute("DELETE FROM users WHERE id = ?", (sqlite_user.id,))
+    assert find(key_hash) == (None, None)
+
+
 def test_a_revocation_empties_the_cache(sqlite_app, sqlite_user):
     key, key_hash = new_key(sqlite_user)
     assert find(key_hash)[0] is not None

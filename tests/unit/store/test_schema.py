@@ -295,3 +295,34 @@ def test_db_upgrade_brings_a_ninth_version_sqlite_database_to_the_latest(tmp_pat
     env = service_env(tmp_path, DATABASE_URL=f"sqlite:///{load_version9(tmp_path)}")
     assert cli(env, "db", "upgrade") == f"Upgraded the database from schema version 9 to {schema.LATEST}.\n"
     assert cli(env, "db", "upgrade") == f"The database is at schema version {schema.LATEST}, the latest.\n"
+
+
+def key_generation_of(path):
+    with contextlib.closing(sqlite3.connect(path)) as connection:
+        triggers = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+        return connection.execute("SELECT generation FROM key_generation").fetchall(), triggers
+
+
+@pytest.mark.parametrize("start", ["new", "version 9"])
+def test_a_sqlite_database_keeps_a_key_generation_that_only_key_changes_move(tmp_path, make_app, start):
+    """keys/keycache.py keeps keys while it stands still: a key's name or revocation moves it, a
+    usage flush's total and last use do not."""
+    path = tmp_path / "new.db" if start == "new" else load_version9(tmp_path)
+    make_app({"DATABASE_URL": f"sqlite:///{path}"})
+    assert key_generation_of(path) == ([(1,)], {"api_key_changed", "api_key_deleted"})
+    if start == "new":
+        with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+            connection.execute("INSERT INTO users (username, email, password_hash, created_at) "
+                               "VALUES ('kim', 'kim@example.com', 'x', '2026-01-01')")
+            connection.execute("INSERT INTO api_keys (user_id, name, key_type, rate_limit_tier, display_prefix, "
+                               "key_hash, created_at, total_requests) "
+                               "VALUES (1, 'k', 'development', 'free', 'sk_test_abcd', 'h', '2026-01-01', 0)")
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        connection.execute("UPDATE api_keys SET total_requests = total_requests + 1, last_used_at = '2026-02-01'")
+    assert key_generation_of(path)[0] == [(1,)]
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        keys = connection.execute("SELECT count(*) FROM api_keys").fetchone()[0]
+        connection.execute("UPDATE api_keys SET revoked_at = '2026-02-01'")
+        connection.execute("DELETE FROM api_keys")
+    # Once a row: each key revoked, then each deleted.
+    assert key_generation_of(path)[0] == [(1 + 2 * keys,)]
