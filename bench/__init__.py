@@ -7,7 +7,7 @@ All parts at once, or a few, with one JSON report (bench/run.py's docstring list
 Each part alone, always as a module of this package (`python -m`, from the project root), with
 the same options where they apply (--help lists them); --quick makes a smoke run, never figures:
 
-    python -m bench.rest          # REST under wrk, x bare Flask           (run.py's part: rest)
+    python -m bench.rest          # REST under wrk, x bare, ÷ the peer     (run.py's part: rest)
     python -m bench.redislimits   # protected/test, limits in Redis ÷ memory          (redis)
     python -m bench.scale         # PostgreSQL + Redis ÷ SQLite + memory              (scale)
     python -m bench.timesockets   # tick lateness and memory per time socket          (sockets)
@@ -20,7 +20,8 @@ Shared by the parts: servers.py (gunicorn with one pinned worker, free ports, th
 environment, seeded keys, copied accounts), wrk.py (a run and its parsed report), clients.py (the
 WebSocket clients: raw handshakes, the kernel-stamped time-socket reader, the asyncio echo client;
 percentiles), suite.py (the command line and the JSON report). bare.py and bare.conf.py are the
-ceiling: a bare Flask route and a bare flask-sock echo under the service's gunicorn settings.
+ceiling: a bare Flask route and a bare flask-sock echo under the service's gunicorn settings;
+peer.py is the peer: protected/test on FastAPI and uvicorn, as a user might write it instead.
 Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the app, or
 with --served the gunicorn worker's instructions, per protected/test against another checkout and
 the bare route), lifecycle.py (usage rows over a simulated year,

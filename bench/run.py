@@ -5,8 +5,8 @@ is a module of the bench package and runs alone too (python -m bench.rest ...; s
 
     pip install -r bench/requirements.txt && apt-get install wrk
     python bench/run.py                 # everything
-    python bench/run.py rest            # REST only (wrk)
-    python bench/run.py rest --runs 3   # three runs on fresh servers, each run's ratio to bare and their spread
+    python bench/run.py rest            # REST only (wrk), the FastAPI + uvicorn peer (bench/peer.py) included
+    python bench/run.py rest --runs 3   # three runs on fresh servers, each run's ratios to bare and to the peer
     python bench/run.py sockets echo    # time sockets, echo round trips
     python bench/run.py sockets --all   # time sockets, every one read by several client processes
     python bench/run.py sockets --all --sockets 10000 --runs 3   # 10,000 on the worker, three runs

@@ -1,5 +1,6 @@
 """The servers a benchmark measures and what they start from: gunicorn with one gevent worker
-pinned to the server core, the service's environment, the bench user's keys."""
+pinned to the server core (and the FastAPI peer, one uvicorn process there), the service's
+environment, the bench user's keys."""
 
 import os
 import re
@@ -43,11 +44,14 @@ class Server:
 
     def __init__(self, wsgi_app, env, chdir=ROOT, config=ROOT / "gunicorn.conf.py"):
         self.port = free_port()
+        self.start(["gunicorn", "-c", str(config), "--chdir", str(chdir), "--access-logfile", "/dev/null", wsgi_app],
+                   dict(env, PORT=str(self.port), WEB_CONCURRENCY="1"), chdir)
+        self.worker_pid = int(subprocess.check_output(["pgrep", "-P", str(self.process.pid)]).split()[0])
+
+    def start(self, module_command, env, chdir):
+        """Run `python -m MODULE_COMMAND...` on SERVER_CORE; return once it answers on self.port."""
         self.base = f"http://127.0.0.1:{self.port}"
-        env = dict(env, PORT=str(self.port), WEB_CONCURRENCY="1")
-        command = ["taskset", "-c", SERVER_CORE, sys.executable, "-m", "gunicorn",
-                   "-c", str(config), "--chdir", str(chdir),
-                   "--access-logfile", "/dev/null", wsgi_app]
+        command = ["taskset", "-c", SERVER_CORE, sys.executable, "-m", *module_command]
         self.process = subprocess.Popen(command, cwd=chdir, env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         for _ in range(300):
@@ -55,9 +59,8 @@ class Server:
                 requests.get(self.base + "/", timeout=5)
                 break
             except requests.RequestException:
-                assert self.process.poll() is None, f"{wsgi_app} did not start"
+                assert self.process.poll() is None, f"{module_command[-1]} did not start"
                 time.sleep(0.1)
-        self.worker_pid = int(subprocess.check_output(["pgrep", "-P", str(self.process.pid)]).split()[0])
 
     def rss_kib(self):
         status = Path(f"/proc/{self.worker_pid}/status").read_text()
@@ -66,6 +69,18 @@ class Server:
     def stop(self):
         self.process.terminate()
         self.process.wait(timeout=60)
+
+
+class Peer(Server):
+    """bench/peer.py under uvicorn with uvloop and httptools: one process, pinned to SERVER_CORE,
+    its access log on (as by default) and written, like gunicorn's, to /dev/null. Its database
+    of keys, made at its start in workdir, holds `secret`."""
+
+    def __init__(self, workdir, secret):
+        self.port = free_port()
+        self.start(["uvicorn", "--loop", "uvloop", "--http", "httptools", "--port", str(self.port), "bench.peer:app"],
+                   dict(os.environ, PEER_KEY=secret, PEER_DATABASE=str(workdir / "peer.db")), ROOT)
+        self.worker_pid = self.process.pid
 
 
 def service(env, checkout=ROOT):
