@@ -15,6 +15,12 @@ if __name__ == "__main__":
 
     startup.prepare()
 
+# Before anything imports peewee, which imports PostgreSQL's driver whatever the URL (~60 ms):
+# models.init_app loads it for a PostgreSQL URL only (store/pgdriver.py).
+from store import pgdriver
+
+pgdriver.import_peewee_without_driver()
+
 import io
 import logging
 import os
