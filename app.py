@@ -15,6 +15,12 @@ if __name__ == "__main__":
 
     startup.prepare()
 
+# Before anything imports peewee, which imports PostgreSQL's driver whatever the URL (~60 ms):
+# models.init_app loads it for a PostgreSQL URL only (store/pgdriver.py).
+from store import pgdriver
+
+pgdriver.import_peewee_without_driver()
+
 import io
 import logging
 import os
@@ -53,7 +59,7 @@ from keys import keycache
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics, note as request_note, services
-from serving import cors, devserver, envelope, fastlane, startup
+from serving import cors, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import (
     delivery as webhook_delivery,
@@ -350,6 +356,9 @@ def serve(config):
     with app.app_context():
         seed_demo(f"http://{shown_host}:{port}")
     if startup.gunicorn_unavailable is not None:
+        # Here only: gevent's WSGI server is not what a worker or a CLI command needs.
+        from serving import devserver
+
         devserver.serve(app, host, port, startup.gunicorn_unavailable)
         return
     models.db.close()

@@ -1,7 +1,6 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists: here, in the
 master, every setting is checked (settings.py), and PORT and WEB_CONCURRENCY are read."""
 
-import gc
 import json
 import os
 import re
@@ -23,7 +22,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 import settings  # noqa: E402
 from ops import logs, services  # noqa: E402
-from serving import lingering, startup  # noqa: E402
+from serving import lingering, startup, warmup  # noqa: E402
 
 # Before anything here reads the environment; a variable set in the real environment wins.
 startup.read_env_file()
@@ -276,9 +275,7 @@ def post_worker_init(worker):
     signal.siginterrupt(signal.SIGTERM, False)
     signal.siginterrupt(signal.SIGINT, False)
     worker.handle_error = with_request_id(worker.handle_error)
-    # What the worker holds by now (modules, the app) lives as long as the worker: keep it out of
-    # the full collections, which otherwise walk it every time and pause every connection.
-    gc.freeze()
+    warmup.freeze_heap()
 
 
 def with_request_id(handle_error):

@@ -8,7 +8,6 @@ import re
 import secrets
 
 import pyotp
-import segno
 
 from accounts import securitylog, users
 from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
@@ -103,6 +102,8 @@ def provisioning_uri(user, secret):
 
 def qr_svg(uri):
     """The otpauth URI as an inline SVG QR code (no script, no external reference: the CSP holds)."""
+    import segno  # by the set-up page only, not by every start
+
     return segno.make(uri, error="m").svg_inline(scale=4, dark="#000", light="#fff", title="QR code of the secret")
 
 

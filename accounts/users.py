@@ -12,7 +12,6 @@ import secrets
 import unicodedata
 from pathlib import Path
 
-from cryptography.fernet import Fernet, InvalidToken
 from peewee import IntegrityError, PostgresqlDatabase, SqliteDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
@@ -310,6 +309,9 @@ def end_all_sessions(user):
 
 
 def _fernet(token):
+    # cryptography (~7 ms) is imported by the first secret kept, not by every start.
+    from cryptography.fernet import Fernet
+
     # Derived from the cookie's token, which the database never holds: a copy of the database
     # cannot read a pending secret.
     key = hmac.new(token.encode(), b"pending secret", hashlib.sha256).digest()
@@ -331,6 +333,8 @@ def take_pending_secret(session, token):
              .execute())
     if not taken:
         return None  # another request showed it first
+    from cryptography.fernet import InvalidToken
+
     try:
         return _fernet(token).decrypt(session.pending_secret.encode()).decode()
     except InvalidToken:

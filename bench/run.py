@@ -18,6 +18,8 @@ is a module of the bench package and runs alone too (python -m bench.rest ...; s
     python bench/run.py redis --against ../before  # and the other checkout's Redis path beside it
     python bench/run.py scale           # protected/test on PostgreSQL + Redis ÷ SQLite + memory, and x bare
     python bench/run.py scale --against ../before  # and both configurations of the other checkout
+    python bench/run.py startup         # `import app` ÷ `import flask`, in fresh processes
+    python bench/run.py startup --against ../before   # and the other checkout's `import app` beside it
     python bench/run.py rest echo --json docs/bench/results.json   # and the numbers as JSON
     python bench/run.py rest echo --quick          # a smoke run: short, its figures mean nothing
     BENCH_REDIS_URL=redis://127.0.0.1:6379/13 python bench/run.py redis   # redis, scale: another Redis database
@@ -39,12 +41,14 @@ from bench import (
     rest,
     scale,
     stalled,
+    startup,
     suite,
     timesockets,
 )
 
 PARTS = {"rest": rest.measure, "sockets": timesockets.measure, "stalled": stalled.measure, "echo": echo.measure,
-         "cycles": cycles.measure, "logins": logins.measure, "redis": redislimits.measure, "scale": scale.measure}
+         "cycles": cycles.measure, "logins": logins.measure, "redis": redislimits.measure, "scale": scale.measure,
+         "startup": startup.measure}
 
 if __name__ == "__main__":
     suite.main("python bench/run.py", PARTS, __doc__)

@@ -37,7 +37,7 @@ QUICK = {"wrk_seconds": 2, "repetitions": 2, "random_keys": 10_000, "tick_second
 
 # Each option with the parts that read it: a part run alone offers only its own.
 ARGUMENTS = {
-    "--against": ({"rest", "echo", "redis", "scale"}, {
+    "--against": ({"rest", "echo", "redis", "scale", "startup"}, {
         "type": Path, "metavar": "DIR",
         "help": "also measure the service in DIR, a checkout of another revision (git worktree add DIR REV), "
                 "interleaved with this one"}),

@@ -21,7 +21,6 @@ input's `_discard`;
 tests/test_devserver.py fails if a new version of gevent moves them.
 """
 
-import gc
 import io
 import json
 import logging
@@ -39,7 +38,7 @@ from werkzeug.exceptions import default_exceptions
 
 import sockets
 from ops import logs, metrics, services
-from serving import lingering, startup
+from serving import lingering, startup, warmup
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(f"{__name__}.access")
@@ -345,8 +344,8 @@ def serve(app, host, port, reason):
     warning = startup.secret_key_warning(os.environ, workers=1)
     if warning:
         log.warning(warning)
-    # As gunicorn.conf.py's post_worker_init: what is loaded by now lives as long as the process.
-    gc.freeze()
+    # As gunicorn.conf.py's post_worker_init.
+    warmup.freeze_heap()
     services.start(app)
     stop.wait()
     server.stop_gracefully()

@@ -10,6 +10,8 @@ from urllib.parse import urlparse
 from peewee import OperationalError, SqliteDatabase
 from playhouse.db_url import connect
 
+from store import pgdriver
+
 log = logging.getLogger(__name__)
 
 POOL_SIZE = 10
@@ -26,6 +28,8 @@ def greenlets_share_thread():
 
 def open_database(url):
     """Return a peewee database for a playhouse.db_url URL, set up for this process."""
+    if url.startswith(("postgres", "psycopg")):
+        pgdriver.load_driver()
     if url.startswith(("postgres://", "postgresql://")):
         # A pool hands each request a warm connection and teardown returns it. Greenlets beyond
         # POOL_SIZE wait for one, so 8 workers stay within PostgreSQL's default 100 connections.

@@ -5,11 +5,13 @@ import base64
 import hashlib
 import hmac
 
-from cryptography.fernet import Fernet, InvalidToken
 from flask import current_app
 
 
 def _fernet(purpose):
+    # cryptography (~7 ms) is imported by the first secret sealed or read, not by every start.
+    from cryptography.fernet import Fernet
+
     # Derived from SECRET_KEY, which the database does not hold: a copy of the database (a backup,
     # a dump) cannot read the secrets, and every worker can without another setting. Each purpose
     # has a key of its own.
@@ -23,6 +25,8 @@ def seal(secret, purpose):
 
 def unseal(sealed, purpose):
     """The secret, or None when SECRET_KEY changed since it was sealed."""
+    from cryptography.fernet import InvalidToken
+
     try:
         return _fernet(purpose).decrypt(sealed.encode()).decode()
     except InvalidToken:

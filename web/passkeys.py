@@ -1,5 +1,8 @@
 """Passkeys (WebAuthn Level 2, on py_webauthn): registration, password-less log-in and use as the
-second factor, with each ceremony's challenge kept server-side, used once, for a short while."""
+second factor, with each ceremony's challenge kept server-side, used once, for a short while.
+
+py_webauthn is imported by the ceremonies that use it, on the passkey pages only: its import takes
+~70 ms (cryptography, pyOpenSSL, pyasn1), about as long as Flask's own."""
 
 import datetime
 import json
@@ -7,17 +10,8 @@ import re
 import secrets
 from urllib.parse import urlsplit
 
-import webauthn
 from flask import current_app, request
 from peewee import IntegrityError
-from webauthn.helpers import bytes_to_base64url
-from webauthn.helpers.exceptions import WebAuthnException
-from webauthn.helpers.structs import (
-    AuthenticatorSelectionCriteria,
-    PublicKeyCredentialDescriptor,
-    ResidentKeyRequirement,
-    UserVerificationRequirement,
-)
 
 from accounts import securitylog, users
 from models import Passkey, Session, User, WebAuthnChallenge, db, utcnow
@@ -82,6 +76,13 @@ def take_challenge(token, purpose, user=None):
 
 def registration_options(user):
     """(options JSON for navigator.credentials.create, challenge token)."""
+    import webauthn
+    from webauthn.helpers.structs import (
+        AuthenticatorSelectionCriteria,
+        ResidentKeyRequirement,
+        UserVerificationRequirement,
+    )
+
     options = webauthn.generate_registration_options(
         rp_id=rp_id(), rp_name=RP_NAME, user_name=user.username, user_id=user_handle(user.id),
         timeout=TIMEOUT_MS,
@@ -92,11 +93,18 @@ def registration_options(user):
 
 
 def descriptor(passkey):
+    import webauthn
+    from webauthn.helpers.structs import PublicKeyCredentialDescriptor
+
     return PublicKeyCredentialDescriptor(id=webauthn.base64url_to_bytes(passkey.credential_id))
 
 
 def register(user, token, name, credential):
     """Verify a new credential and store it under name; return the Passkey."""
+    import webauthn
+    from webauthn.helpers import bytes_to_base64url
+    from webauthn.helpers.exceptions import WebAuthnException
+
     name = " ".join(name.split()) if isinstance(name, str) else ""
     users.refuse_control_characters(name, "A passkey's name")
     if not 1 <= len(name) <= MAX_NAME_LENGTH:
@@ -135,6 +143,9 @@ def authentication_options(purpose, user=None):
     """(options JSON for navigator.credentials.get, challenge token). For the log-in page no
     credentials are listed (the authenticator offers its discoverable ones); for the second
     factor, the user's."""
+    import webauthn
+    from webauthn.helpers.structs import UserVerificationRequirement
+
     allowed = [descriptor(passkey) for passkey in owned(user)] if user else []
     options = webauthn.generate_authentication_options(
         rp_id=rp_id(), timeout=TIMEOUT_MS, allow_credentials=allowed,
@@ -145,6 +156,9 @@ def authentication_options(purpose, user=None):
 def authenticate(token, purpose, credential, user=None):
     """Verify an assertion for the ceremony of token; return the passkey's user (who must be user,
     when given). The sign counter must grow (unless the authenticator keeps none)."""
+    import webauthn
+    from webauthn.helpers.exceptions import WebAuthnException
+
     challenge = take_challenge(token, purpose, user)
     if challenge is None:
         raise PasskeyRefused("The passkey request expired; try again.")

@@ -6,7 +6,6 @@ import logging
 import time
 import uuid
 
-import redis
 from werkzeug.exceptions import TooManyRequests
 
 from store.limitstorage import LimitStorageUnavailable
@@ -60,6 +59,10 @@ class SharedSocketSlots:
     """
 
     def __init__(self, client, per_key):
+        # Imported here, with a Redis URL only (~40 ms): by then limits' storage has loaded it.
+        from redis import RedisError
+
+        self.redis_error = RedisError
         self.client = client
         self.per_key = per_key
         self.take_script = client.register_script(self.TAKE)
@@ -75,7 +78,7 @@ class SharedSocketSlots:
         try:
             taken = self.take_script(keys=[self.name(key_id)],
                                      args=[now, now - self.STALE_SECONDS, self.per_key, token, self.STALE_SECONDS])
-        except redis.RedisError as error:
+        except self.redis_error as error:
             log.error("Socket slots unavailable in Redis: %s", error)
             raise LimitStorageUnavailable() from None
         if not taken:
@@ -85,7 +88,7 @@ class SharedSocketSlots:
     def give_back(self, key_id, token):
         try:
             self.client.zrem(self.name(key_id), token)
-        except redis.RedisError as error:
+        except self.redis_error as error:
             log.warning("Could not free a socket slot (it expires by itself): %s", error)
 
     def refresh(self, slots):
@@ -97,5 +100,5 @@ class SharedSocketSlots:
                     pipe.zadd(self.name(key_id), {token: now}, xx=True)
                     pipe.expire(self.name(key_id), self.STALE_SECONDS)
                 pipe.execute()
-        except redis.RedisError as error:
+        except self.redis_error as error:
             log.warning("Could not renew socket slots: %s", error)

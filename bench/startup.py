@@ -1,0 +1,66 @@
+"""`import app` ÷ `import flask`: each imported by a fresh process (`python -c "import app"`), the
+processes interleaved, 20 of each, pinned to the server core, in the service's environment (its
+own SQLite database, limits in memory). Wall time of the whole process, the interpreter's start
+included, as every CLI command and worker boot pays it, and the CPU time the process used, which
+the machine's other work disturbs less; medians, and their ratios to `import flask`. One untimed
+process of each first writes the bytecode and the database, as a deployed service has them.
+
+    python -m bench.startup [--against DIR] [--json FILE]
+"""
+
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from bench import servers, suite
+
+ROUNDS = 20
+
+
+def run_once(statement, cwd, env):
+    """(wall seconds, CPU seconds) of one pinned `python -c statement`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(["taskset", "-c", servers.SERVER_CORE, sys.executable, "-c", statement],
+                   cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def measure(workdir, options):
+    # Bytecode written as a deployed service has it, whatever the shell says.
+    env = {name: value for name, value in servers.service_env(workdir).items() if name != "PYTHONDONTWRITEBYTECODE"}
+    runs = {"python -c pass": ("pass", servers.ROOT), "import flask": ("import flask", servers.ROOT),
+            "import app": ("import app", servers.ROOT)}
+    if options.against:
+        runs[f"import app ({options.against.name})"] = ("import app", options.against)
+    for statement, cwd in runs.values():
+        run_once(statement, cwd, env)
+    rounds = 3 if options.quick else ROUNDS
+    times = {name: [] for name in runs}
+    for repetition in range(rounds):
+        for name in servers.rotated(list(runs), repetition):
+            times[name].append(run_once(*runs[name], env))
+
+    flask_wall = statistics.median(wall for wall, _ in times["import flask"])
+    flask_cpu = statistics.median(cpu for _, cpu in times["import flask"])
+    print(f"\n{rounds} fresh processes each, interleaved, pinned to core {servers.SERVER_CORE}; medians\n")
+    print("| process | wall | CPU | wall ÷ `import flask` | CPU ÷ `import flask` |")
+    print("|---|---|---|---|---|")
+    result = {"rounds": rounds}
+    for name, measured in times.items():
+        wall = statistics.median(wall for wall, _ in measured)
+        cpu = statistics.median(cpu for _, cpu in measured)
+        print(f"| `{name}` | {wall * 1000:.0f} ms | {cpu * 1000:.0f} ms | {wall / flask_wall:.2f} | "
+              f"{cpu / flask_cpu:.2f} |")
+        result[name] = {"wall_ms": [round(wall * 1000, 1) for wall, _ in measured],
+                        "cpu_ms": [round(cpu * 1000, 1) for _, cpu in measured],
+                        "wall_ratio": round(wall / flask_wall, 2), "cpu_ratio": round(cpu / flask_cpu, 2)}
+    return result
+
+
+if __name__ == "__main__":
+    suite.main("python -m bench.startup", {"startup": measure}, __doc__)
