@@ -162,7 +162,10 @@ def count_served(checkout, requests, bare=False):
         chdir = ROOT if bare else checkout
         server = subprocess.Popen(["valgrind", "--tool=callgrind", "--trace-children=yes",
                                    f"--callgrind-out-file={workdir}/callgrind.%p", sys.executable, "-m", "gunicorn",
-                                   "-c", str(config), "--chdir", str(chdir), "--access-logfile", "/dev/null", app],
+                                   "-c", str(config), "--chdir", str(chdir), "--access-logfile", "/dev/null",
+                                   # A worker ~50 times slower misses gunicorn's 30 s heartbeat on a
+                                   # busy machine, and would be killed and booted again without end.
+                                   "--timeout", "0", app],
                                   cwd=chdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             connection = connect(port, server)
