@@ -15,6 +15,7 @@ the same options where they apply (--help lists them); --quick makes a smoke run
     python -m bench.echo          # echo round trips, x the bare flask-sock echo      (echo)
     python -m bench.cycles        # RSS over 1,000 connect/disconnect cycles          (cycles)
     python -m bench.logins        # GET /api/v1/status while 20 users log in          (logins)
+    python -m bench.capacity      # Redis, PostgreSQL and memory per request, key, socket (capacity)
 
 Shared by the parts: servers.py (gunicorn with one pinned worker, free ports, the service's
 environment, seeded keys, copied accounts), wrk.py (a run and its parsed report), clients.py (the
