@@ -25,7 +25,8 @@ ceiling: a bare Flask route and a bare flask-sock echo under the service's gunic
 Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the app, or
 with --served the gunicorn worker's instructions, per protected/test against another checkout and
 the bare route), lifecycle.py (usage rows over a simulated year,
-p99 during a prune) and plot.py (PNGs from a --json report).
+p99 during a prune), pgbouncer.py (the service behind PgBouncer in transaction mode, needs
+pgbouncer) and plot.py (PNGs from a --json report).
 
 The parts import the service's modules (accounts, auth, app ...) from the project root, so a
 module here is never named like one of them or like a library (sockets, redis, select). The one

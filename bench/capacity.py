@@ -375,6 +375,14 @@ def open_slots(redis_port):
         client.close()
 
 
+def close_own_connections():
+    """Close what this process's apps (seed_keys', the key cache's) keep in their pool of
+    PostgreSQL connections, which would count among the worker's."""
+    import models
+
+    models.db.obj.close_all()
+
+
 # The report.
 
 def measure(workdir, options):
@@ -387,6 +395,7 @@ def measure(workdir, options):
         try:
             env = dict(servers.service_env(workdir), DATABASE_URL=postgres.url, RATELIMIT_STORAGE_URL=redis_server.url)
             secrets = servers.seed_keys(env, 1 + len(CONCURRENCIES) * count + socket_count // 10)
+            close_own_connections()
             one_key, socket_keys = secrets[0], secrets[-(socket_count // 10):]
             new_keys = [secrets[1 + i * count:1 + (i + 1) * count] for i in range(len(CONCURRENCIES))]
             counters = Counters(redis_server.port, postgres)
@@ -396,6 +405,7 @@ def measure(workdir, options):
             finally:
                 server.stop()
             key_cache = measure_key_cache(new_keys[0])
+            close_own_connections()
             server = servers.service(env)
             try:
                 sockets = measure_sockets(server, counters, postgres, socket_keys, socket_count, window)
@@ -464,7 +474,7 @@ def print_run(run, count):
           f"{paced['redis.connections']} Redis connections opened, {sockets['slots_left_after_paced_closes'] - sockets['closed_together']:,} "
           f"slots left behind; {sockets['closed_together']:,} at once: {together.get('redis.calls.zrem', 0):,} ZREM, "
           f"{together['redis.connections']} connections opened, {sockets['slots_left_after_closing_together']:,} "
-          "slots left behind (until they expire)")
+          "slots left behind in all (each until it expires)")
     for phase, calls in sockets["deltas"].items():
         print(f"Redis calls, {phase}: " + ", ".join(f"{name.removeprefix('redis.calls.')} {value:,}"
                                                    for name, value in calls.items() if name.startswith("redis.calls.")))
