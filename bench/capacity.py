@@ -42,6 +42,10 @@ CLOSE_AT_ONCE = 50
 PATH = "/api/v1/protected/test"
 # Our own connection to the bench database (its per-table counts), left out of the connection counts.
 OURS = "capacity-bench"
+# The connections the service holds to the bench database, and how many of them run a statement.
+CONNECTIONS_HELD = ("SELECT count(*), count(*) FILTER (WHERE state = 'active') FROM pg_stat_activity "
+                    "WHERE datname = %s AND backend_type = 'client backend' AND application_name <> %s",
+                    (POSTGRES_DATABASE, OURS))
 
 
 # Redis: INFO read over a bare socket, so its own request and reply can be taken out of the counts.
@@ -104,7 +108,8 @@ class PrivateRedis:
         self.process.wait(timeout=10)
 
 
-# PostgreSQL: pg_stat_database from the admin database, so reading it adds nothing to the counts.
+# PostgreSQL: pg_stat_database read from the admin database adds nothing to the counts; the
+# per-table counts, read in the bench database, add one transaction a read (the idle rate has them too).
 
 class Postgres:
     """The bench database's counters and the connections open to it."""
@@ -139,10 +144,7 @@ class Postgres:
 
     def connections(self):
         """(connections the service holds to the bench database, of which running a statement)."""
-        return self.admin.execute(
-            "SELECT count(*), count(*) FILTER (WHERE state = 'active') FROM pg_stat_activity "
-            "WHERE datname = %s AND backend_type = 'client backend' AND application_name <> %s",
-            (POSTGRES_DATABASE, OURS)).fetchone()
+        return self.admin.execute(*CONNECTIONS_HELD).fetchone()
 
     def close(self):
         for connection in (self.admin, self.tables):
@@ -161,24 +163,22 @@ def per_unit(delta, idle_rate, seconds, units):
 
 
 class ConnectionWatch:
-    """Samples the service's PostgreSQL connections every 20 ms while it runs: the most held and active."""
+    """Samples the service's PostgreSQL connections every 20 ms while it runs: the most held and
+    active, less the `baseline` held before the worker started (this process's apps keep theirs)."""
 
-    def __init__(self, postgres):
+    def __init__(self, baseline):
         import psycopg
 
         self.connection = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True)
-        self.postgres = postgres
+        self.baseline = baseline
         self.held = self.active = 0
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.watch, daemon=True)
 
     def watch(self):
         while not self.stopped.wait(0.02):
-            held, active = self.connection.execute(
-                "SELECT count(*), count(*) FILTER (WHERE state = 'active') FROM pg_stat_activity "
-                "WHERE datname = %s AND backend_type = 'client backend' AND application_name <> %s",
-                (POSTGRES_DATABASE, OURS)).fetchone()
-            self.held, self.active = max(self.held, held), max(self.active, active)
+            held, active = self.connection.execute(*CONNECTIONS_HELD).fetchone()
+            self.held, self.active = max(self.held, held - self.baseline), max(self.active, active)
 
     def __enter__(self):
         self.thread.start()
@@ -251,7 +251,7 @@ def request_bytes(secret):
     return f"GET {PATH} HTTP/1.1\r\nHost: bench\r\nX-API-Key: {secret}\r\n\r\n".encode()
 
 
-def measure_requests(server, counters, postgres, one_key, new_keys, count):
+def measure_requests(server, counters, baseline, one_key, new_keys, count):
     """The per-request costs of `count` requests at each concurrency, one key and a new key each."""
     asyncio.run(send_requests(server.port, [request_bytes(one_key)] * 200, 10))  # scripts loaded, the key kept
     time.sleep(SETTLE_SECONDS)
@@ -262,7 +262,7 @@ def measure_requests(server, counters, postgres, one_key, new_keys, count):
             secrets = [one_key] * count if keys == "one key" else new_keys.pop(0)
             rss_before = server.rss_kib()
             before = counters.read()
-            with ConnectionWatch(postgres) as watch:
+            with ConnectionWatch(baseline) as watch:
                 started = time.monotonic()
                 statuses = asyncio.run(send_requests(server.port, [request_bytes(s) for s in secrets], concurrency))
                 seconds = time.monotonic() - started
@@ -307,7 +307,7 @@ def measure_key_cache(secrets):
 
 # Time sockets: handshakes, memory, heartbeats and revocation checks, closes.
 
-def measure_sockets(server, counters, postgres, secrets, count, window):
+def measure_sockets(server, counters, baseline, secrets, count, window):
     """What `count` time sockets (10 a key) cost: each handshake, the worker's memory, `window`
     seconds of heartbeats and revocation checks (starting just after a whole HEARTBEAT_SECONDS),
     and each close; and the slots left in Redis when half of them close at once."""
@@ -319,7 +319,7 @@ def measure_sockets(server, counters, postgres, secrets, count, window):
     loop = asyncio.new_event_loop()
     try:
         before = counters.read()
-        with ConnectionWatch(postgres) as watch:
+        with ConnectionWatch(baseline) as watch:
             held, failures = loop.run_until_complete(clients.open_answering_sockets(server.port, paths))
         time.sleep(SETTLE_SECONDS)
         opened, elapsed = counters.since(before)
@@ -375,14 +375,6 @@ def open_slots(redis_port):
         client.close()
 
 
-def close_own_connections():
-    """Close what this process's apps (seed_keys', the key cache's) keep in their pool of
-    PostgreSQL connections, which would count among the worker's."""
-    import models
-
-    models.db.obj.close_all()
-
-
 # The report.
 
 def measure(workdir, options):
@@ -395,20 +387,20 @@ def measure(workdir, options):
         try:
             env = dict(servers.service_env(workdir), DATABASE_URL=postgres.url, RATELIMIT_STORAGE_URL=redis_server.url)
             secrets = servers.seed_keys(env, 1 + len(CONCURRENCIES) * count + socket_count // 10)
-            close_own_connections()
             one_key, socket_keys = secrets[0], secrets[-(socket_count // 10):]
             new_keys = [secrets[1 + i * count:1 + (i + 1) * count] for i in range(len(CONCURRENCIES))]
             counters = Counters(redis_server.port, postgres)
+            baseline = postgres.connections()[0]
             server = servers.service(env)
             try:
-                requests = measure_requests(server, counters, postgres, one_key, list(new_keys), count)
+                requests = measure_requests(server, counters, baseline, one_key, list(new_keys), count)
             finally:
                 server.stop()
             key_cache = measure_key_cache(new_keys[0])
-            close_own_connections()
+            baseline = postgres.connections()[0]
             server = servers.service(env)
             try:
-                sockets = measure_sockets(server, counters, postgres, socket_keys, socket_count, window)
+                sockets = measure_sockets(server, counters, baseline, socket_keys, socket_count, window)
             finally:
                 server.stop()
         finally:
