@@ -16,6 +16,7 @@ the same options where they apply (--help lists them); --quick makes a smoke run
     python -m bench.cycles        # RSS over 1,000 connect/disconnect cycles          (cycles)
     python -m bench.logins        # GET /api/v1/status while 20 users log in          (logins)
     python -m bench.startup       # `import app` ÷ `import flask`, fresh processes    (startup)
+    python -m bench.capacity      # Redis, PostgreSQL and memory per request, key, socket (capacity)
 
 Shared by the parts: servers.py (gunicorn with one pinned worker, free ports, the service's
 environment, seeded keys, copied accounts), wrk.py (a run and its parsed report), clients.py (the
@@ -26,7 +27,8 @@ peer.py is the peer: protected/test on FastAPI and uvicorn, as a user might writ
 Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the app, or
 with --served the gunicorn worker's instructions, per protected/test against another checkout and
 the bare route), lifecycle.py (usage rows over a simulated year,
-p99 during a prune) and plot.py (PNGs from a --json report).
+p99 during a prune), pgbouncer.py (the service behind PgBouncer in transaction mode, needs
+pgbouncer) and plot.py (PNGs from a --json report).
 
 The parts import the service's modules (accounts, auth, app ...) from the project root, so a
 module here is never named like one of them or like a library (sockets, redis, select). The one

@@ -105,6 +105,64 @@ async def flood_pings(writer):
         pass
 
 
+class AnsweringSocket(asyncio.Protocol):
+    """A time socket that reads every frame and answers each ping, as a live client does, and does
+    nothing else: it stays open however long it is held (an unanswered ping ends a socket)."""
+
+    def __init__(self, path, upgraded):
+        self.path, self.upgraded = path, upgraded
+        self.buffer = b""
+        self.closed = False
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(handshake(self.path))
+
+    def data_received(self, data):
+        self.buffer += data
+        if not self.upgraded.done():
+            head, found, rest = self.buffer.partition(b"\r\n\r\n")
+            if not found:
+                return
+            self.buffer = rest
+            if head.startswith(b"HTTP/1.1 101"):
+                self.upgraded.set_result(self)
+            else:
+                self.upgraded.set_exception(ConnectionError(head.split(b"\r\n")[0].decode(errors="replace")))
+                self.transport.close()
+                return
+        complete, self.buffer = frames(self.buffer)
+        for opcode, payload in complete:
+            if opcode == 0x9:  # a ping: a masked (key 0) pong with its payload
+                self.transport.write(bytes([0x8A, 0x80 | len(payload), 0, 0, 0, 0]) + payload)
+
+    def connection_lost(self, error):
+        self.closed = True
+        if not self.upgraded.done():
+            self.upgraded.set_exception(ConnectionError("closed before the handshake"))
+
+
+async def open_answering_sockets(port, paths, at_once=100):
+    """Open an AnsweringSocket for each path, at_once handshakes at a time; return (the open
+    sockets, the count of failed handshakes)."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(at_once)
+    opened, failures = [], 0
+
+    async def open_one(path):
+        nonlocal failures
+        async with gate:
+            upgraded = loop.create_future()
+            try:
+                await loop.create_connection(lambda: AnsweringSocket(path, upgraded), "127.0.0.1", port)
+                opened.append(await asyncio.wait_for(upgraded, 120))
+            except (OSError, asyncio.TimeoutError):
+                failures += 1
+
+    await asyncio.gather(*(open_one(path) for path in paths))
+    return opened, failures
+
+
 class TimeSocketReader:
     """One time socket of sockets --all: reads every frame and keeps each chunk with the time the
     kernel received it; nothing is parsed until the run is over."""

@@ -20,6 +20,7 @@ is a module of the bench package and runs alone too (python -m bench.rest ...; s
     python bench/run.py scale --against ../before  # and both configurations of the other checkout
     python bench/run.py startup         # `import app` ÷ `import flask`, in fresh processes
     python bench/run.py startup --against ../before   # and the other checkout's `import app` beside it
+    python bench/run.py capacity --runs 3   # what a request, a kept key, a time socket cost Redis and PostgreSQL
     python bench/run.py rest echo --json docs/bench/results.json   # and the numbers as JSON
     python bench/run.py rest echo --quick          # a smoke run: short, its figures mean nothing
     BENCH_REDIS_URL=redis://127.0.0.1:6379/13 python bench/run.py redis   # redis, scale: another Redis database
@@ -34,6 +35,7 @@ if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench import (
+    capacity,
     cycles,
     echo,
     logins,
@@ -48,7 +50,7 @@ from bench import (
 
 PARTS = {"rest": rest.measure, "sockets": timesockets.measure, "stalled": stalled.measure, "echo": echo.measure,
          "cycles": cycles.measure, "logins": logins.measure, "redis": redislimits.measure, "scale": scale.measure,
-         "startup": startup.measure}
+         "startup": startup.measure, "capacity": capacity.measure}
 
 if __name__ == "__main__":
     suite.main("python bench/run.py", PARTS, __doc__)

@@ -47,7 +47,7 @@ ARGUMENTS = {
     "--sockets": ({"sockets"}, {
         "type": int, "nargs": "+", "metavar": "N", "dest": "socket_counts",
         "help": "the counts of time sockets to open on the worker (default: 1000 3000 5000)"}),
-    "--runs": ({"rest", "sockets"}, {
+    "--runs": ({"rest", "sockets", "capacity"}, {
         "type": int, "metavar": "N", "help": "repeat the whole measurement N times on fresh servers (default: 1)"}),
     "--quick": (None, {
         "action": "store_true", "help": "a smoke run: shorter and fewer rounds; its figures mean nothing"}),
