@@ -9,6 +9,7 @@ import uuid
 from werkzeug.exceptions import TooManyRequests
 
 from store.limitstorage import LimitStorageUnavailable
+from store.locks import short_lock
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,10 @@ class SharedSocketSlots:
         self.client = client
         self.per_key = per_key
         self.take_script = client.register_script(self.TAKE)
+        # Slots given back and not yet removed in Redis, and whether a caller is removing them.
+        self.returning = []
+        self.releasing = False
+        self.returning_lock = short_lock()
 
     @staticmethod
     def name(key_id):
@@ -86,10 +91,33 @@ class SharedSocketSlots:
         return token
 
     def give_back(self, key_id, token):
+        """Free a slot in Redis. Sockets closed at once (a network cut, a client's restart) give back
+        theirs together: one caller removes every slot waiting, a pipeline at a time, while the
+        others only add theirs. One ZREM each would want a connection each, and past the client's
+        pool of 100 all but a few were lost, their keys refused for up to STALE_SECONDS."""
+        with self.returning_lock:
+            self.returning.append((self.name(key_id), token))
+            if self.releasing:
+                return
+            self.releasing = True
         try:
-            self.client.zrem(self.name(key_id), token)
-        except self.redis_error as error:
-            log.warning("Could not free a socket slot (it expires by itself): %s", error)
+            while batch := self.take_returning():
+                try:
+                    with self.client.pipeline(transaction=False) as pipe:
+                        for name, slot in batch:
+                            pipe.zrem(name, slot)
+                        pipe.execute()
+                except self.redis_error as error:
+                    log.warning("Could not free %d socket slots (they expire by themselves): %s", len(batch), error)
+        finally:
+            # Also when this caller is killed midway: the next one takes over what is left.
+            with self.returning_lock:
+                self.releasing = False
+
+    def take_returning(self):
+        with self.returning_lock:
+            batch, self.returning = self.returning, []
+        return batch
 
     def refresh(self, slots):
         """Renew the heartbeat of this worker's open slots."""
