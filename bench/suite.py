@@ -47,6 +47,9 @@ ARGUMENTS = {
     "--sockets": ({"sockets"}, {
         "type": int, "nargs": "+", "metavar": "N", "dest": "socket_counts",
         "help": "the counts of time sockets to open on the worker (default: 1000 3000 5000)"}),
+    "--random-keys": ({"rest"}, {
+        "type": int, "metavar": "N", "dest": "random_keys",
+        "help": "the keys the random-key case picks from (default: 100000; the key cache holds 10,000)"}),
     "--runs": ({"rest", "sockets", "capacity"}, {
         "type": int, "metavar": "N", "help": "repeat the whole measurement N times on fresh servers (default: 1)"}),
     "--quick": (None, {
