@@ -109,14 +109,19 @@ class SharedSocketSlots:
                         pipe.execute()
                 except self.redis_error as error:
                     log.warning("Could not free %d socket slots (they expire by themselves): %s", len(batch), error)
-        finally:
-            # Also when this caller is killed midway: the next one takes over what is left.
+        except BaseException:
+            # This caller was killed midway: the next one takes over what is left.
             with self.returning_lock:
                 self.releasing = False
+            raise
 
     def take_returning(self):
+        """The slots waiting to be freed; when none, this caller stops releasing, in the same
+        section, so a slot added meanwhile is never left for no one."""
         with self.returning_lock:
             batch, self.returning = self.returning, []
+            if not batch:
+                self.releasing = False
         return batch
 
     def refresh(self, slots):
