@@ -54,8 +54,10 @@ import sockets
 # The key forms' routes are the web blueprint's, in a module of their own: imported before
 # pages.init_app registers the blueprint.
 import web.keyforms  # noqa: F401
-from accounts import securitylog, users
+from accounts import emailtokens, securitylog, users
 from keys import keycache
+from mail import models as mail_models, sender as mail_sender
+from mail.commands import mail_cli
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics, note as request_note, services
@@ -171,7 +173,7 @@ def create_app(overrides=None):
     app.before_request(refuse_large_bodies)
     # Before every room: their init_app register their background services.
     services.init_app(app)
-    models.init_app(app, webhook_models.MODELS)
+    models.init_app(app, [*webhook_models.MODELS, *mail_models.MODELS, *emailtokens.MODELS])
     # Key changes reach the security log and webhooks through keys/events.py's signal; what the hot
     # path decides (usage and credit thresholds) waits in webhooks' queue for the usage flush.
     securitylog.init_app(app)
@@ -190,6 +192,7 @@ def create_app(overrides=None):
     keypage.init_app(app)
     webhook_delivery.init_app(app)
     webhook_pages.init_app(app)
+    mail_sender.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
     for database_error in DATABASE_ERRORS:
         app.register_error_handler(database_error, render_database_error)
@@ -200,6 +203,7 @@ def create_app(overrides=None):
     app.cli.add_command(cli.usage_cli)
     app.cli.add_command(cli.audit_command)
     app.cli.add_command(webhooks_cli)
+    app.cli.add_command(mail_cli)
 
     # Last: the lane serves only while every hook registered by now would do nothing for its requests.
     app.wsgi_app = fastlane.Lane(app, app.wsgi_app)

@@ -107,6 +107,8 @@ class User(BaseModel):
     email = CharField(unique=True, max_length=254)
     password_hash = CharField()
     created_at = DateTimeField(default=utcnow)
+    # When the owner followed the link mailed to the address (accounts/emailtokens.py); None: not yet.
+    email_verified_at = DateTimeField(null=True)
 
     class Meta:
         table_name = "users"

@@ -4,10 +4,12 @@ gunicorn's master runs this before it forks a worker (gunicorn.conf.py), so it i
 standard library only: the app, peewee, limits and redis must wait for gevent's patching in each
 worker, and whatever the master imports, its workers inherit unpatched."""
 
+import ipaddress
 import re
 import sys
+from email.utils import getaddresses
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 INSTANCE = Path(__file__).resolve().parent / "instance"
 
@@ -27,6 +29,13 @@ DATABASE_SCHEMES = frozenset({
     "sqlite", "sqlite+pool", "postgres", "postgresql", "postgres+pool", "postgresql+pool", "postgresext",
     "postgresqlext", "postgresext+pool", "postgresqlext+pool", "psycopg3", "psycopg3+pool"})
 DEFAULT_RETRY_SCHEDULE = "5s,5m,30m,2h,5h,10h,10h"
+DEFAULT_MAIL_RETRY_SCHEDULE = "5s,1m,5m,30m,2h,6h,12h"
+DEFAULT_MAIL_FROM = "API-key demo service <no-reply@localhost>"
+MAIL_SCHEMES = ("smtp", "smtps")
+MAIL_URL_FORM = "smtp://[USER:PASSWORD@]HOST[:PORT], smtps://..., console or off"
+DEFAULT_MAIL_PORTS = {"smtp": 587, "smtps": 465}
+# An address as MAIL_FROM may give it: no dot needed after the @ (no-reply@localhost).
+MAIL_FROM_ADDRESS = re.compile(r"[^@\s<>,;\"]{1,64}@[^@\s<>,;\"]{1,253}")
 DURATION_PATTERN = re.compile(r"\s*([0-9]{1,6})\s*(s|m|h|d)\s*")
 DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_RETRIES = 20
@@ -68,6 +77,11 @@ def load(environ):
         "REVOKED_KEY_RETENTION_DAYS": count(environ, "REVOKED_KEY_RETENTION_DAYS", 90, minimum=0),
         "WEBHOOK_RETRY_SCHEDULE": checked(retry_schedule, environ.get("WEBHOOK_RETRY_SCHEDULE")
                                           or DEFAULT_RETRY_SCHEDULE),
+        "MAIL_URL": checked(mail_url, environ.get("MAIL_URL") or "console"),
+        "MAIL_FROM": mail_from(environ.get("MAIL_FROM") or DEFAULT_MAIL_FROM),
+        "PUBLIC_URL": public_url(environ.get("PUBLIC_URL") or ""),
+        "MAIL_RETRY_SCHEDULE": checked(mail_retry_schedule, environ.get("MAIL_RETRY_SCHEDULE")
+                                       or DEFAULT_MAIL_RETRY_SCHEDULE),
         "WEBHOOK_ALLOW_PRIVATE": switch(environ, "WEBHOOK_ALLOW_PRIVATE"),
     }
 
@@ -254,13 +268,13 @@ def relying_party(environ):
     return rp_id, site
 
 
-def retry_schedule(text):
-    """[seconds, ...] of WEBHOOK_RETRY_SCHEDULE: the pauses before each attempt after the first,
+def retry_schedule(text, setting="WEBHOOK_RETRY_SCHEDULE"):
+    """[seconds, ...] of a retry schedule: the pauses before each attempt after the first,
     comma-separated durations such as 5s,5m,30m,2h (s, m, h or d)."""
     entries = text.split(",")
     matches = [DURATION_PATTERN.fullmatch(entry) for entry in entries]
     if len(entries) > MAX_RETRIES or not all(matches) or any(int(match[1]) == 0 for match in matches):
-        raise ConfigError(f"WEBHOOK_RETRY_SCHEDULE must be 1 to {MAX_RETRIES} comma-separated durations above 0, "
+        raise ConfigError(f"{setting} must be 1 to {MAX_RETRIES} comma-separated durations above 0, "
                           f"each a number and a unit s, m, h or d (such as 5s,5m,30m,2h), not {text.strip()!r}.")
     return [int(match[1]) * DURATION_SECONDS[match[2]] for match in matches]
 
@@ -271,3 +285,69 @@ def switch(environ, name):
     if text not in ("1", "true", "yes", "0", "false", "no"):
         raise ConfigError(f"{name} must be 1 or 0, not {environ.get(name)!r}.")
     return text in ("1", "true", "yes")
+
+
+def mail_retry_schedule(text):
+    return retry_schedule(text, "MAIL_RETRY_SCHEDULE")
+
+
+class MailServer:
+    """MAIL_URL parsed: scheme smtp (STARTTLS, or plain on a loopback host), smtps (TLS from the
+    start), console or off; the user and password are never part of a message."""
+
+    def __init__(self, scheme, host="", port=0, user="", password=""):
+        self.scheme, self.host, self.port, self.user, self.password = scheme, host, port, user, password
+
+    @property
+    def loopback(self):
+        return self.host == "localhost" or is_loopback(self.host)
+
+    def __repr__(self):
+        return f"{self.scheme}://{self.host}:{self.port}" if self.host else self.scheme
+
+
+def is_loopback(host):
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def mail_url(text):
+    """MAIL_URL as a MailServer, or a sentence saying what is wrong that never quotes its password."""
+    url = text.strip()
+    if url.lower() in ("console", "off"):
+        return MailServer(url.lower())
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in MAIL_SCHEMES:
+        raise ConfigError(f"MAIL_URL must be {MAIL_URL_FORM}, not {described(scheme)}.")
+    parts = urlsplit(url)
+    try:
+        port = parts.port or DEFAULT_MAIL_PORTS[scheme]
+    except ValueError:
+        raise ConfigError("MAIL_URL has a port that is not a whole number from 1 to 65535.") from None
+    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"MAIL_URL must name a host and nothing after it, as in {MAIL_URL_FORM}.")
+    return MailServer(scheme, parts.hostname, port, unquote(parts.username or ""), unquote(parts.password or ""))
+
+
+def mail_from(text):
+    """MAIL_FROM: one address, with an optional name, on one line."""
+    addresses = getaddresses([text])
+    address = addresses[0][1] if len(addresses) == 1 else ""
+    if "\r" in text or "\n" in text or not MAIL_FROM_ADDRESS.fullmatch(address):
+        raise ConfigError(f"MAIL_FROM must be one address such as 'API-key demo service <no-reply@example.com>', "
+                          f"not {text!r}.")
+    return text.strip()
+
+
+def public_url(text):
+    """PUBLIC_URL: the site's scheme, host and optional path prefix, without a trailing slash; "" when unset."""
+    url = text.strip().rstrip("/")
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname or parts.query or parts.fragment \
+            or "@" in parts.netloc:
+        raise ConfigError(f"PUBLIC_URL must be the site's address such as https://api.example.com, not {text!r}.")
+    return url

@@ -119,6 +119,13 @@ def add_key_generation(database, migrator):
     """Version 11: on SQLite, the key generation (keep_key_generation, which every upgrade runs last)."""
 
 
+def add_mail(database, migrator):
+    """Version 12: a verified address (existing accounts' addresses are not verified), the mail
+    outbox and the tokens of mailed links (new tables)."""
+    if "email_verified_at" not in {column.name for column in database.get_columns("users")}:
+        migrate(migrator.add_column("users", "email_verified_at", DateTimeField(null=True)))
+
+
 # The api_keys columns a usage flush writes: no request's admission reads them.
 USAGE_COLUMNS = ("total_requests", "last_used_at")
 
@@ -150,7 +157,7 @@ def keep_key_generation(database):
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
-         make_ids_never_reused, add_key_generation]
+         make_ids_never_reused, add_key_generation, add_mail]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days}

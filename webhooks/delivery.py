@@ -13,13 +13,13 @@ from urllib.parse import urlsplit
 import gevent
 import gevent.event
 import gevent.pool
-from peewee import SQL, Case, PostgresqlDatabase, SqliteDatabase, fn
+from peewee import SQL, Case, fn
 
 import settings
 from accounts import securitylog
 from models import db, release_connection, utcnow
 from ops import services
-from store.connections import greenlets_share_thread
+from store import outbox
 from store.writelock import write_transaction
 from webhooks import addresses, deadlines, failures, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
@@ -61,20 +61,18 @@ def claim(database, limit, now=None, only=None, busy=(), sending=None, kept=0):
     of the limit go only to accounts with none. The claimed messages' attempt count goes up and
     they are not due again until the lease ends. On PostgreSQL the rows are locked with SKIP
     LOCKED, so processes claiming at once take different messages; on SQLite the claim holds the
-    write lock. Return [Claimed]."""
+    write lock. Return [Claimed]. store/outbox.py holds what this shares with the mail outbox."""
     now = now or utcnow()
     due = (WebhookMessage.state == PENDING) & (WebhookMessage.next_attempt_at <= now)
     if only is not None:
         due &= WebhookMessage.id == only
     if busy:
         due &= WebhookMessage.endpoint.not_in(list(busy))
-    with claim_transaction(database):
+    with outbox.claim_transaction(database):
         ids = first_due(database, due, limit, sending or {}, kept, now)
         if not ids:
             return []
-        (WebhookMessage.update(next_attempt_at=now + datetime.timedelta(seconds=LEASE_SECONDS),
-                               attempts=WebhookMessage.attempts + 1)
-         .where(WebhookMessage.id.in_(ids) & due).execute())
+        outbox.lease(WebhookMessage, ids, due, now, LEASE_SECONDS)
         rows = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.message_id, WebhookMessage.event,
                                       WebhookMessage.body, WebhookMessage.attempts, WebhookEndpoint.id,
                                       WebhookEndpoint.user, WebhookEndpoint.url, WebhookEndpoint.sealed_secret)
@@ -111,18 +109,7 @@ def first_due(database, due, limit, sending, kept, now):
         if turn > 1 and len(ids) >= limit - kept:
             break  # the rest are ranked later still
         ids.append(pk)
-    if ids and isinstance(database, PostgresqlDatabase):
-        ids = [pk for pk, in WebhookMessage.select(WebhookMessage.id).where(WebhookMessage.id.in_(ids) & due)
-               .for_update(skip_locked=True).tuples()]
-    return ids
-
-
-def claim_transaction(database):
-    """A write transaction that takes SQLite's write lock at its start, in a gevent worker or not
-    (the CLI): two processes never read the same due messages and both claim them."""
-    if isinstance(database, SqliteDatabase) and not greenlets_share_thread():
-        return database.atomic("IMMEDIATE")
-    return write_transaction(database)
+    return outbox.lock_due(database, WebhookMessage, ids, due)
 
 
 def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
@@ -182,12 +169,8 @@ def record(claimed, outcome, schedule, now=None):
     claimed again after this attempt's lease ended."""
     now = now or utcnow()
     delivered = is_delivered(outcome)
-    if delivered:
-        state, next_at = DELIVERED, None
-    elif claimed.number <= len(schedule):
-        state, next_at = PENDING, now + datetime.timedelta(seconds=schedule[claimed.number - 1])
-    else:
-        state, next_at = FAILED, None
+    step, next_at = outbox.after_attempt(claimed.number, schedule, delivered, now)
+    state = {outbox.SUCCEEDED: DELIVERED, outbox.RETRY: PENDING, outbox.GIVEN_UP: FAILED}[step]
     with write_transaction(db.obj):
         if state == PENDING and WebhookEndpoint.select().where(
                 (WebhookEndpoint.id == claimed.endpoint_id) & WebhookEndpoint.disabled_at.is_null(False)).exists():
@@ -356,12 +339,9 @@ def due_exists(now=None):
 def release_claims(claims, now=None):
     """Make messages whose attempt was cut due again at once, that attempt not counted; one whose
     attempt was recorded (delivered or failed) just before the cut is left as it is."""
-    now = now or utcnow()
     with write_transaction(db.obj):
-        for message in claims:
-            (WebhookMessage.update(next_attempt_at=now, attempts=WebhookMessage.attempts - 1)
-             .where((WebhookMessage.id == message.pk) & (WebhookMessage.attempts == message.number)
-                    & (WebhookMessage.state == PENDING)).execute())
+        outbox.give_back(WebhookMessage, [(message.pk, message.number) for message in claims], PENDING,
+                         now or utcnow())
 
 
 def init_app(app):

@@ -1,0 +1,1 @@
+"""Mail: the outbox of mails, the SMTP server they go through, and the notices the service sends."""
