@@ -3,6 +3,7 @@ An event is written in the transaction of the change it records; never a secret 
 
 import datetime
 
+from blinker import Namespace
 from flask import has_request_context, request
 
 from keys import events as key_events
@@ -15,7 +16,13 @@ EVENTS = {
     "user.2fa_enabled", "user.2fa_disabled", "user.2fa_failed", "user.recovery_code_used",
     "user.passkey_added", "user.passkey_removed", "user.passkey_login",
     "webhook.added", "webhook.removed", "webhook.disabled",
+    "user.password_reset_requested", "user.password_reset", "user.email_verified", "user.email_change_requested",
+    "user.email_changed",
 }
+signals = Namespace()
+# Sent by record() once an event is written, inside its transaction (sender: the event's name, with
+# user_id and detail): mail/notices.py mails the owner about some of them in that transaction.
+recorded = signals.signal("security-event-recorded")
 SHOWN = 50
 # Events kept per account; older ones are deleted as each new one is written.
 KEPT = 1000
@@ -31,6 +38,7 @@ def record(user_id, event, detail="", address=None):
         address = request.remote_addr if has_request_context() else "cli"
     SecurityEvent.create(user=user_id, event=event, ip=(address or "-")[:64], detail=detail[:200])
     forget_beyond_kept(user_id)
+    recorded.send(event, user_id=user_id, detail=detail)
 
 
 def record_key_event(event, user_id, detail=None, **_):

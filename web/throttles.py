@@ -52,6 +52,17 @@ def password_refused(username):
         pass
 
 
+def count_login_ip_request():
+    """Count a request of a form that mails an account (a forgotten password, a new link) against
+    this client IP's log-in allowance; raise RateLimitExceeded when it is spent. Such a request
+    never gives its count back: sending mail is what a flood would want."""
+    ip = client_identity(request.remote_addr)
+    try:
+        limiter().hit(LOGIN_FAILURES_PER_IP, f"login-ip:{ip}", "login")
+    except RateLimitExceeded as error:
+        raise RateLimitExceeded("Too many requests from this address.", retry_after=error.retry_after) from None
+
+
 def slowdown_identity(username):
     return f"login-user:{username_identity(username)}"
 
