@@ -56,7 +56,7 @@ import sockets
 import web.keyforms  # noqa: F401
 from accounts import emailtokens, securitylog, users
 from keys import keycache
-from mail import models as mail_models, sender as mail_sender
+from mail import models as mail_models, notices, sender as mail_sender
 from mail.commands import mail_cli
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
@@ -174,9 +174,11 @@ def create_app(overrides=None):
     # Before every room: their init_app register their background services.
     services.init_app(app)
     models.init_app(app, [*webhook_models.MODELS, *mail_models.MODELS, *emailtokens.MODELS])
-    # Key changes reach the security log and webhooks through keys/events.py's signal; what the hot
-    # path decides (usage and credit thresholds) waits in webhooks' queue for the usage flush.
+    # Key changes reach the security log, webhooks and mail's notices through keys/events.py's signal,
+    # account events reach the notices through the security log's; what the hot path decides (usage
+    # and credit thresholds) waits in webhooks' queue for the usage flush.
     securitylog.init_app(app)
+    notices.init_app(app)
     webhook_events = webhook_outbox.init_app(app)
     ratelimit.init_app(app, thresholds.Watcher(webhook_events.add))
     keycache.init_app(app)

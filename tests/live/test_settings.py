@@ -42,6 +42,16 @@ BAD_VALUES = [
     ("RATELIMIT_STORAGE_URL", "redis+sentinel://:hunter2@cache:26379"),
     ("WEBHOOK_RETRY_SCHEDULE", "5s,soon"),
     ("WEBHOOK_ALLOW_PRIVATE", "perhaps"),
+    ("MAIL_URL", "smtp://user:hunter2@mail.example.com:port"),
+    ("MAIL_URL", "http://mail.example.com"),
+    ("MAIL_URL", "smtp://user:hunter2@/"),
+    ("MAIL_URL", "smtps://user:hunter2@mail.example.com/inbox"),
+    ("MAIL_FROM", "no address"),
+    ("MAIL_FROM", "a@example.com, b@example.com"),
+    ("MAIL_FROM", "Demo <a@example.com>\r\nBcc: b@example.com"),
+    ("PUBLIC_URL", "api.example.com"),
+    ("PUBLIC_URL", "https://api.example.com/?next=x"),
+    ("MAIL_RETRY_SCHEDULE", "5s,later"),
 ]
 
 
@@ -63,6 +73,20 @@ def test_the_defaults_pass_and_the_variables_are_read_as_given():
     assert (config["DATABASE_URL"], config["PORT"], config["WEB_CONCURRENCY"]) == ("postgresql://u:p@db/name", 8080, 3)
     assert config["RATELIMIT_STORAGE_URL"] == "redis+sentinel://a:26379,b:26379/mymaster"
     assert settings.public_rate(config["PUBLIC_RATE_LIMIT"]) is None
+
+
+def test_the_mail_settings_are_read_as_given():
+    config = settings.load({"MAIL_URL": "smtp://apikey:p%40ss@smtp.example.com", "PUBLIC_URL": "https://api.example.com/",
+                            "MAIL_FROM": "Demo <no-reply@example.com>", "MAIL_RETRY_SCHEDULE": "1m,1h"})
+    server = settings.mail_url(config["MAIL_URL"])
+    assert (server.scheme, server.host, server.port, server.user, server.password) == (
+        "smtp", "smtp.example.com", 587, "apikey", "p@ss")
+    assert repr(server) == "smtp://smtp.example.com:587" and not server.loopback
+    assert settings.mail_url("smtps://mail.example.com").port == 465
+    assert settings.mail_url("smtp://[::1]:2525").loopback and settings.mail_url("SMTP://localhost").loopback
+    assert (config["PUBLIC_URL"], config["MAIL_FROM"]) == ("https://api.example.com", "Demo <no-reply@example.com>")
+    assert settings.mail_retry_schedule(config["MAIL_RETRY_SCHEDULE"]) == [60, 3600]
+    assert settings.load({})["MAIL_URL"] == "console" and settings.mail_url("Off").scheme == "off"
 
 
 def test_the_schemes_are_those_the_libraries_know():

@@ -1,0 +1,49 @@
+"""Notices: a mail to an account's address when something happens to the account or its keys,
+written in the transaction of the change by the signals the change already sends (keys/events.py's
+key_changed, the security log's recorded), so that a notice goes exactly when its change commits."""
+
+import logging
+
+from accounts import securitylog
+from keys import events as key_events
+from mail import outbox
+from models import User
+
+log = logging.getLogger(__name__)
+
+KEY_NOTICES = {"key.revoked_as_leaked": "key_leaked", "key.expiring": "key_expiring", "key.expired": "key_expired"}
+ACCOUNT_NOTICES = {
+    "user.password_changed": "password_changed",
+    "user.password_reset": "password_reset_done",
+    "user.2fa_disabled": "two_factor_off",
+    "user.passkey_added": "passkey_added",
+}
+
+
+def init_app(app):
+    key_events.key_changed.connect(mail_key_notice)
+    securitylog.recorded.connect(mail_account_notice)
+
+
+def mail_key_notice(event, user_id, data=None, **_):
+    """keys/events.py's key_changed: the owner hears of a key revoked as leaked, expiring or expired."""
+    if event in KEY_NOTICES:
+        mail_owner(user_id, KEY_NOTICES[event], key=data or {}, link=outbox.link("/settings/security"))
+
+
+def mail_account_notice(event, user_id, detail="", **_):
+    """The security log's recorded: the owner hears of a password changed or reset, two-factor
+    log-in turned off, a passkey added."""
+    if event in ACCOUNT_NOTICES:
+        mail_owner(user_id, ACCOUNT_NOTICES[event], detail=detail, link=outbox.link("/login"))
+
+
+def mail_owner(user_id, name, **context):
+    user = User.select(User.username, User.email).where(User.id == user_id).first()
+    if user is None:
+        return
+    try:
+        outbox.queue(user.email, name, username=user.username, **context)
+    except ValueError:
+        # An address from before sign-up checked addresses as strictly: the change still commits.
+        log.warning("No %s notice for user %d: their address cannot be mailed.", name, user_id)

@@ -1,0 +1,95 @@
+"""Notices: the owner's address hears of a key revoked as leaked, expiring or expired, a password
+changed, two-factor log-in turned off and a passkey added, through a real SMTP server; the mail
+names the key or the change and never holds a secret."""
+
+import datetime
+
+import pytest
+from mailserver import mail_server
+
+import auth
+from accounts import securitylog, twofactor, users
+from mail import sender
+from mail.models import MailMessage
+from models import ApiKey, db, utcnow
+from webhooks import periodic
+
+
+@pytest.fixture
+def smtp():
+    with mail_server() as server:
+        yield server
+
+
+@pytest.fixture
+def notice_app(make_app, database_url, smtp):
+    app = make_app({"DATABASE_URL": database_url, "MAIL_URL": smtp.url, "TESTING": True, "WTF_CSRF_ENABLED": False,
+                    "RATELIMIT_STORAGE_URL": "memory://", "PUBLIC_URL": "https://api.example.com"})
+    with app.app_context():
+        yield app
+
+
+@pytest.fixture
+def bob(notice_app):
+    return users.create_user("bob", "bob@example.com", "correct horse battery")
+
+
+def mails_sent(app, smtp, count=1):
+    sender.send_due(app)
+    return smtp.wait_for(count, to="bob@example.com")
+
+
+def test_a_key_revoked_as_leaked_is_told_without_its_secret(notice_app, smtp, bob):
+    key, secret = auth.issue_key(bob, "Payments server", "production")
+    response = notice_app.test_client().post("/api/v1/keys/revoke", headers={"X-API-Key": secret})
+    assert response.status_code == 200
+    [mail] = mails_sent(notice_app, smtp)
+    assert mail.subject == "An API key was revoked: it was found in public"
+    assert f'"Payments server" ({key.display_prefix}..., id {key.id})' in mail.text
+    assert "https://api.example.com/settings/security" in mail.text
+    assert secret not in mail.raw.decode() and secret[len(key.display_prefix):] not in mail.raw.decode()
+
+
+def test_a_key_expiring_and_expired_are_each_told_once(notice_app, smtp, bob):
+    key, _ = auth.issue_key(bob, "Nightly job", "development")
+    ApiKey.update(expires_at=utcnow() + datetime.timedelta(days=3)).where(ApiKey.id == key.id).execute()
+    periodic.run()
+    periodic.run()
+    [expiring] = mails_sent(notice_app, smtp)
+    assert expiring.subject == "An API key expires in 7 days" and '"Nightly job"' in expiring.text
+    ApiKey.update(expires_at=utcnow() - datetime.timedelta(minutes=1)).where(ApiKey.id == key.id).execute()
+    periodic.run()
+    periodic.run()
+    mails = mails_sent(notice_app, smtp, 2)
+    assert [mail.subject for mail in mails] == ["An API key expires in 7 days", "An API key has expired"]
+
+
+def test_a_password_change_is_told(notice_app, smtp, bob):
+    users.change_password(bob, "correct horse battery", "another good password")
+    [mail] = mails_sent(notice_app, smtp)
+    assert mail.subject == "Your password was changed" and "bob" in mail.text
+    assert "another good password" not in mail.raw.decode()
+
+
+def test_two_factor_turned_off_and_a_passkey_added_are_told(notice_app, smtp, bob):
+    twofactor.turn_off(bob)
+    with db.atomic():
+        securitylog.record(bob.id, "user.passkey_added", "Work laptop")
+    mails = mails_sent(notice_app, smtp, 2)
+    assert sorted(mail.subject for mail in mails) == ["A passkey was added to your account",
+                                                      "Two-factor log-in was turned off"]
+    assert '"Work laptop"' in next(mail for mail in mails if "passkey" in mail.subject).text
+
+
+def test_no_notice_is_written_when_the_change_does_not_commit(notice_app, bob):
+    with pytest.raises(RuntimeError), db.atomic():
+        securitylog.record(bob.id, "user.2fa_disabled")
+        raise RuntimeError("rolled back")
+    assert MailMessage.select().count() == 0
+
+
+def test_events_without_a_notice_send_no_mail(notice_app, bob):
+    auth.issue_key(bob, "Quiet key", "development")
+    with db.atomic():
+        securitylog.record(bob.id, "user.login")
+    assert MailMessage.select().count() == 0
