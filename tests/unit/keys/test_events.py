@@ -7,6 +7,7 @@ from peewee import OperationalError
 import auth
 from accounts import securitylog
 from keys import events
+from mail import notices
 from models import ApiKey, SecurityEvent, db
 from webhooks import outbox
 
@@ -61,5 +62,8 @@ def test_the_subscribers_are_connected_once_however_many_apps_are_made(make_app,
     for _ in range(3):
         make_app({"DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True})
     assert {receiver.__qualname__ for receiver in (ref() for ref in events.key_changed.receivers.values())} == {
-        securitylog.record_key_event.__qualname__, outbox.emit_key_event.__qualname__}
-    assert len(events.key_changed.receivers) == 2
+        securitylog.record_key_event.__qualname__, outbox.emit_key_event.__qualname__,
+        notices.mail_key_notice.__qualname__}
+    assert len(events.key_changed.receivers) == 3
+    assert [ref().__qualname__ for ref in securitylog.recorded.receivers.values()] == [
+        notices.mail_account_notice.__qualname__]

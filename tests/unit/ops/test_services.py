@@ -101,9 +101,9 @@ def sqlite_app(make_app, tmp_path):
 
 
 def test_create_app_registers_every_background_service_in_order(sqlite_app):
-    """Stopped in reverse: the webhook sender first, the limit storage last."""
+    """Stopped in reverse: the mail sender first, the limit storage last."""
     registered = sqlite_app.extensions["services"].services
-    assert list(registered) == ["ratelimit", "usage", "lifecycle", "ticker", "webhooks"]
+    assert list(registered) == ["ratelimit", "usage", "lifecycle", "ticker", "webhooks", "mail"]
     assert [registered[name] for name in registered] == [sqlite_app.extensions[name] for name in registered]
 
 
