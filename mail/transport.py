@@ -44,13 +44,14 @@ def through_smtp(server, message, timeout):
         connection = smtplib.SMTP(server.host, server.port, timeout=timeout)
     with connection:
         connection.ehlo()
-        if server.scheme == "smtp":
-            if connection.has_extn("starttls"):
-                connection.starttls(context=context)
-                connection.ehlo()
-            elif not server.loopback:
+        # Mail to a loopback host never leaves the machine, and a local relay's certificate is
+        # rarely one a name check accepts (Postfix's snakeoil): no STARTTLS there.
+        if server.scheme == "smtp" and not server.loopback:
+            if not connection.has_extn("starttls"):
                 raise MailFailed(f"{server.host} does not offer STARTTLS, which MAIL_URL's smtp:// requires "
                                  "for a host that is not loopback (smtps:// is TLS from the start).")
+            connection.starttls(context=context)
+            connection.ehlo()
         if server.user:
             connection.login(server.user, server.password)
         sender = message["Return-Path"] or addresses_of(message["From"])[0]
