@@ -158,3 +158,48 @@ def test_starttls_is_required_for_a_host_that_is_not_loopback(smtp, app):
     with pytest.raises(sender.transport.MailFailed, match="does not offer STARTTLS"):
         sender.transport.send(server, outbox.message_of(row, "a@example.com", {"text": "t", "html": "<p>t</p>"}))
     assert smtp.mails == []
+
+
+def self_signed_context(tmp_path):
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mail.example.com")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+                   .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    return context
+
+
+def test_starttls_checks_the_servers_certificate(app, tmp_path):
+    from aiosmtpd.controller import Controller
+
+    class Remote(settings.MailServer):
+        loopback = False
+
+    class Keep:
+        async def handle_DATA(self, server, session, envelope):
+            return "250 OK"
+
+    port = free_port()
+    controller = Controller(Keep(), hostname="127.0.0.1", port=port, tls_context=self_signed_context(tmp_path),
+                            require_starttls=True)
+    controller.start()
+    try:
+        row = MailMessage(recipient="bob@example.com", subject="s", message_id="<1@x>")
+        message = outbox.message_of(row, "a@example.com", {"text": "t", "html": "<p>t</p>"})
+        with pytest.raises(sender.transport.MailFailed, match="TLS failed: CERTIFICATE_VERIFY_FAILED"):
+            sender.transport.send(Remote("smtp", "127.0.0.1", port), message)
+    finally:
+        controller.stop()
