@@ -51,9 +51,10 @@ import ratelimit
 import settings
 import sockets
 
-# The key forms' routes are the web blueprint's, in a module of their own: imported before
-# pages.init_app registers the blueprint.
+# The key forms' and the forgotten password's routes are the web blueprint's, in modules of their
+# own: imported before pages.init_app registers the blueprint.
 import web.keyforms  # noqa: F401
+import web.recovery  # noqa: F401
 from accounts import emailtokens, securitylog, users
 from keys import keycache
 from mail import models as mail_models, notices, sender as mail_sender

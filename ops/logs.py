@@ -14,8 +14,11 @@ from ops import note as request_note
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 # A key with its prefix in any case, an api_key value, and any run of 32 or more letters and
-# digits: a key's body on its own (after an encoded or mangled prefix) is still a key.
-SECRET = re.compile(r"(api_key=)[^&\s']*|((?i:sk_(?:live|test)_))[A-Za-z0-9]+|[A-Za-z0-9]{32,}")
+# digits: a key's body on its own (after an encoded or mangled prefix) is still a key. And the token
+# of a reset link's path, as a request's path shows it (an access line, an error's): not inside a
+# whole link, which a mail written to the log (MAIL_URL=console) is there to show.
+SECRET = re.compile(r"(api_key=)[^&\s']*|((?i:sk_(?:live|test)_))[A-Za-z0-9]+"
+                    r"|((?<![\w.:/%-])/password/reset/)[^\s\"/]+|[A-Za-z0-9]{32,}")
 # A run of hex digits alone is not a key's body (base62: all 32 characters hex by chance is
 # under 1 in 10^14) but is a common request or trace id, which must stay readable.
 HEX_RUN = re.compile(r"[0-9A-Fa-f]+")
@@ -34,8 +37,8 @@ def redact(text):
 
 
 def redacted(match):
-    if match[1] or match[2]:
-        return (match[1] or match[2]) + "[redacted]"
+    if prefix := match[1] or match[2] or match[3]:
+        return prefix + "[redacted]"
     return match[0] if HEX_RUN.fullmatch(match[0]) else "[redacted]"
 
 

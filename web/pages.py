@@ -96,7 +96,8 @@ def add_page_headers(response):
     response.headers["Cache-Control"] = "no-store"
     response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
     response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "same-origin"
+    # A page whose address holds a secret (a reset link's) sets a stricter one.
+    response.headers.setdefault("Referrer-Policy", "same-origin")
     return response
 
 

@@ -43,3 +43,30 @@ def create_key(page, name):
     page.get_by_role("button", name=CREATE).click()
     expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
     return page.get_by_label("Secret key").input_value()
+
+
+# axe-core's rule sets: WCAG 2.2 AA and best practice (target size included).
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
+
+
+def axe_violations(page):
+    """axe-core's violations on the page as it is (its context must bypass the CSP to let axe-core
+    in): [(rule, impact, [target, ...]), ...]."""
+    require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", AXE_TAGS)
+    return [(violation["id"], violation["impact"], [node["target"] for node in violation["nodes"]])
+            for violation in result["violations"]]
+
+
+# What reaches past the right edge of the window: [description, ...].
+TOO_WIDE = """() => {
+  const width = document.documentElement.clientWidth;
+  const found = [];
+  if (document.documentElement.scrollWidth > width) found.push(`the page is ${document.documentElement.scrollWidth} px wide`);
+  for (const e of document.body.querySelectorAll('*')) {
+    const box = e.getBoundingClientRect();
+    if (box.width && box.right > width + 0.5) found.push(`${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''} reaches ${Math.round(box.right)} px`);
+  }
+  return found;
+}"""

@@ -291,6 +291,16 @@ def test_hex_runs_stay_readable_in_the_logs_but_key_bodies_do_not():
     assert secret.removeprefix("sk_live_") not in line and line.count("[redacted]") == 2
 
 
+def test_a_reset_links_token_is_redacted_from_a_requests_path_but_not_from_a_mail_written_to_the_log():
+    token = "Ab3-" + "x" * 20 + "_" + "y" * 18
+    for line in (f'10.0.0.1 "GET /password/reset/{token} HTTP/1.1" 200 512 3ms -', f"/password/reset/{token}",
+                 f"POST /password/reset/{token} 410", f"Unhandled error on POST /password/reset/{token}"):
+        assert token not in logs.redact(line) and "/password/reset/[redacted]" in logs.redact(line)
+    # MAIL_URL=console writes each mail to the log, its link whole (the contract's console).
+    mailed = f"Mail to bob@example.com | http://127.0.0.1:8000/password/reset/{token}"
+    assert logs.redact(mailed) == mailed
+
+
 class Records(logging.Handler):
     def __init__(self):
         super().__init__()

@@ -1,0 +1,91 @@
+"""The forgotten password in headless Chromium against the real server (the Procfile's gunicorn),
+its mail through a real SMTP server: from the log-in page's link to a new password, at 390 and 1280
+px, each page within the window's width and clean to axe-core (WCAG 2.2 AA and best practice)."""
+
+import itertools
+import re
+from pprint import pformat
+
+import pytest
+from browsing import TOO_WIDE, axe_violations, sign_up
+from liveserver import service_env, serving
+from mailserver import mail_server
+
+try:
+    from playwright.sync_api import expect
+except ImportError:
+    pass
+
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
+LINK = re.compile(r"https?://[^/\s]+(/password/reset/[A-Za-z0-9_-]+)")
+usernames = (f"{name}{n}" for n in itertools.count() for name in ("hana", "ivo"))
+
+
+@pytest.fixture(scope="module")
+def smtp():
+    with mail_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server(browser, smtp, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("reset")
+    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url)) as server:
+        yield server
+
+
+@pytest.fixture
+def open_page(browser, server):
+    """open_page(viewport): a page of a fresh browser context; the CSP is bypassed so that axe-core
+    can be injected."""
+    contexts = []
+
+    def open_page(viewport):
+        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, bypass_csp=True))
+        return contexts[-1].new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
+def test_from_the_login_page_to_a_new_password_every_page_fits_and_axe_finds_nothing(open_page, smtp, viewport):
+    username = next(usernames)
+    sign_up(open_page(viewport), username)
+    page = open_page(viewport)
+    found = {}
+
+    def look(name):
+        page.wait_for_load_state("load")
+        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
+            found[name] = problems
+
+    page.goto("/login")
+    page.get_by_role("link", name="Forgot your password?").click()
+    expect(page.get_by_role("heading", name="Forgot your password?")).to_be_visible()
+    look("the request form")
+    page.get_by_label("Email").fill(f"{username}@example.com")
+    page.get_by_role("button", name="Mail me a link").click()
+    expect(page.get_by_role("heading", name="Check your mail")).to_be_visible()
+    look("the answer")
+
+    path = LINK.search(smtp.wait_for(1, to=f"{username}@example.com")[0].text)[1]
+    page.goto(path)
+    expect(page.get_by_role("heading", name="Choose a new password")).to_be_visible()
+    look("the reset form")
+    page.get_by_label("New password").fill("a brand new passphrase")
+    page.get_by_role("button", name="Set the password").click()
+    expect(page.get_by_text("Your password is set")).to_be_visible()
+    look("the log-in page after the reset")
+
+    page.goto(path)
+    expect(page.get_by_role("heading", name="This link was used already")).to_be_visible()
+    look("a used link")
+    page.goto("/login")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill("a brand new passphrase")
+    page.get_by_role("button", name="Log in", exact=True).click()
+    expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
+    assert not found, pformat(found, width=120)
