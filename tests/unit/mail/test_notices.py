@@ -93,3 +93,14 @@ def test_events_without_a_notice_send_no_mail(notice_app, bob):
     with db.atomic():
         securitylog.record(bob.id, "user.login")
     assert MailMessage.select().count() == 0
+
+
+def test_a_password_reset_is_told_after_the_link_was_used(notice_app, smtp, bob):
+    from accounts import emailtokens, recovery
+
+    with db.atomic():
+        token = emailtokens.issue(bob.id, emailtokens.PASSWORD_RESET, bob.email)
+    recovery.reset_password(token, "a brand new password")
+    [mail] = mails_sent(notice_app, smtp)
+    assert mail.subject == "Your password was reset" and "bob" in mail.text
+    assert token not in mail.raw.decode() and "a brand new password" not in mail.raw.decode()
