@@ -51,8 +51,9 @@ import ratelimit
 import settings
 import sockets
 
-# The key forms' routes are the web blueprint's, in a module of their own: imported before
-# pages.init_app registers the blueprint.
+# The key forms' and the address pages' routes are the web blueprint's, in modules of their own:
+# imported before pages.init_app registers the blueprint.
+import web.emailaddress  # noqa: F401
 import web.keyforms  # noqa: F401
 from accounts import emailtokens, securitylog, users
 from keys import keycache
