@@ -51,8 +51,9 @@ import ratelimit
 import settings
 import sockets
 
-# The key forms' and the forgotten password's routes are the web blueprint's, in modules of their
-# own: imported before pages.init_app registers the blueprint.
+# The routes of the key forms, the address pages and the forgotten password are the web blueprint's,
+# in modules of their own: imported before pages.init_app registers the blueprint.
+import web.emailaddress  # noqa: F401
 import web.keyforms  # noqa: F401
 import web.recovery  # noqa: F401
 from accounts import emailtokens, securitylog, users

@@ -165,15 +165,24 @@ def user_for_login(username, password):
     return user
 
 
-def create_user(username, email, password):
-    """Create and return a user, or raise ValueError with a sentence saying what is wrong."""
-    username, email = username.strip(), email.strip().lower()
-    refuse_control_characters(username, "A username")
+def checked_email(email):
+    """The address as an account keeps it (trimmed, lower case); ValueError with a sentence when it
+    is not one."""
+    email = email.strip().lower()
     refuse_control_characters(email, "An email address")
-    if not USERNAME_PATTERN.fullmatch(username):
-        raise ValueError("A username is 3 to 32 letters, digits, dots, dashes or underscores.")
     if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
         raise ValueError("That does not look like an email address.")
+    return email
+
+
+def create_user(username, email, password, on_created=None):
+    """Create and return a user, or raise ValueError with a sentence saying what is wrong.
+    on_created(user) runs inside the creation's transaction (the web's sign-up mails a link)."""
+    username = username.strip()
+    refuse_control_characters(username, "A username")
+    if not USERNAME_PATTERN.fullmatch(username):
+        raise ValueError("A username is 3 to 32 letters, digits, dots, dashes or underscores.")
+    email = checked_email(email)
     check_new_password(password)
     if find_user(username) is not None:
         raise AccountTaken(f"The username {username!r} is already taken.")
@@ -191,6 +200,8 @@ def create_user(username, email, password):
             for model in PROTECTION_MODELS:
                 model.delete().where(model.user == user.id).execute()
             securitylog.record(user.id, "user.signup")
+            if on_created is not None:
+                on_created(user)
             return user
     except IntegrityError:
         raise AccountTaken("That username or email was taken a moment ago.") from None

@@ -11,13 +11,14 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 
 import ratelimit
-from accounts import securitylog, twofactor, users
+from accounts import emailaddress, securitylog, twofactor, users
 from keys import allowips
+from mail import outbox
 from metering import analytics
 from models import SCOPES, ApiKey, utcnow
 from ops import note as request_note
 from serving import envelope
-from web import reference, throttles
+from web import addressmails, reference, throttles
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -166,7 +167,8 @@ def signup():
     form = request.form
     try:
         throttles.count_signup()
-        user = users.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""))
+        user = users.create_user(form.get("username", ""), form.get("email", ""), form.get("password", ""),
+                                 on_created=addressmails.mail_first_verify_link)
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("signup.html", error)
     except users.AccountTaken:
@@ -252,7 +254,8 @@ def settings_profile():
 
 def render_profile_tab(status=200):
     return render_template("settings_profile.html", active_keys=users.active_key_count(g.user),
-                           min_password_length=users.MIN_PASSWORD_LENGTH), status
+                           min_password_length=users.MIN_PASSWORD_LENGTH, mail_enabled=outbox.enabled(),
+                           pending_change=emailaddress.pending_change(g.user)), status
 
 
 @bp.post("/settings/profile/password")

@@ -11,7 +11,7 @@ from pprint import pformat
 import pyotp
 import pytest
 import requests
-from browsing import AXE, create_key, require, sign_up
+from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, require, sign_up
 from liveserver import service_env, serving
 from webhookreceiver import receiving
 
@@ -20,9 +20,6 @@ try:
 except ImportError:
     pass
 
-PHONE = {"width": 390, "height": 844}
-DESKTOP = {"width": 1280, "height": 800}
-AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
 # Where an endpoint's path is shown: the landing page's list, the reference's headings and contents,
 # the playground's buttons.
 PATHS = 'td[data-label="Path"] code, article.operation h3, article.socket h3, .toc a, button.call'
@@ -166,16 +163,6 @@ def every_page(page, server):
     yield "log-in's second step"
 
 
-def axe_violations(page):
-    """axe-core's violations on the page as it is: [(rule, impact, [target, ...]), ...]."""
-    page.add_script_tag(path=str(AXE))
-    result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", AXE_TAGS)
-    ran = {rule["id"] for outcome in ("passes", "violations", "incomplete", "inapplicable") for rule in result[outcome]}
-    assert {"target-size", "scrollable-region-focusable", "color-contrast"} <= ran
-    return [(violation["id"], violation["impact"], [node["target"] for node in violation["nodes"]])
-            for violation in result["violations"]]
-
-
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
 def test_axe_finds_nothing_on_any_page(open_page, server, viewport):
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
@@ -183,30 +170,6 @@ def test_axe_finds_nothing_on_any_page(open_page, server, viewport):
     found = {name: violations for name in every_page(page, server) if (violations := axe_violations(page))}
     assert not found, pformat(found, width=120)
 
-
-# Elements wider than the phone, or reaching past its right edge, unless inside a box that clips them
-# (a region meant to scroll sideways, or a visually hidden one); and boxes that scroll sideways
-# without being meant to (not focusable: cut at the edge for a keyboard or a glance).
-TOO_WIDE = """() => {
-  const width = document.documentElement.clientWidth;
-  const label = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + [...e.classList].map(c => '.' + c).join('');
-  const clipped = e => {
-    for (let box = e.parentElement; box && box !== document.body; box = box.parentElement) {
-      if (getComputedStyle(box).overflowX !== 'visible' && box.getBoundingClientRect().right <= width + 0.5) return true;
-    }
-    return false;
-  };
-  const found = [];
-  if (document.documentElement.scrollWidth > width) found.push(`the page is ${document.documentElement.scrollWidth} px wide`);
-  for (const e of document.body.querySelectorAll('*')) {
-    const box = e.getBoundingClientRect();
-    if (box.width && box.right > width + 0.5 && !clipped(e)) found.push(`${label(e)} reaches ${Math.round(box.right)} px`);
-    const style = getComputedStyle(e);
-    if (/auto|scroll/.test(style.overflowX) && e.scrollWidth > e.clientWidth + 1 && e.tabIndex < 0)
-      found.push(`${label(e)} scrolls sideways (${e.scrollWidth} px in ${e.clientWidth}) but is not focusable`);
-  }
-  return found;
-}"""
 
 # Each visible checkbox and radio button whose label's first letter is not on the box's line.
 LABEL_APART = """() => {

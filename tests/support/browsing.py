@@ -1,5 +1,6 @@
-"""Debian's Chromium through Playwright: where it and axe-core are, and a user's first steps on the
-pages (sign up, create a key)."""
+"""Debian's Chromium through Playwright: where it and axe-core are, the two sizes pages are looked at,
+axe-core's findings and what is wider than the phone, and a user's first steps on the pages (sign
+up, create a key)."""
 
 import re
 
@@ -17,6 +18,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 DOCS = ROOT / "docs"
 AXE = ROOT / "tests" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 CREATE = re.compile("Create New API Key|Create your first key")
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
 
 
 def require(ready, reason):
@@ -45,28 +49,38 @@ def create_key(page, name):
     return page.get_by_label("Secret key").input_value()
 
 
-# axe-core's rule sets: WCAG 2.2 AA and best practice (target size included).
-AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
-
-
 def axe_violations(page):
     """axe-core's violations on the page as it is (its context must bypass the CSP to let axe-core
     in): [(rule, impact, [target, ...]), ...]."""
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
     page.add_script_tag(path=str(AXE))
     result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", AXE_TAGS)
+    ran = {rule["id"] for outcome in ("passes", "violations", "incomplete", "inapplicable") for rule in result[outcome]}
+    assert {"target-size", "scrollable-region-focusable", "color-contrast"} <= ran
     return [(violation["id"], violation["impact"], [node["target"] for node in violation["nodes"]])
             for violation in result["violations"]]
 
 
-# What reaches past the right edge of the window: [description, ...].
+# Elements wider than the phone, or reaching past its right edge, unless inside a box that clips them
+# (a region meant to scroll sideways, or a visually hidden one); and boxes that scroll sideways
+# without being meant to (not focusable: cut at the edge for a keyboard or a glance).
 TOO_WIDE = """() => {
   const width = document.documentElement.clientWidth;
+  const label = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + [...e.classList].map(c => '.' + c).join('');
+  const clipped = e => {
+    for (let box = e.parentElement; box && box !== document.body; box = box.parentElement) {
+      if (getComputedStyle(box).overflowX !== 'visible' && box.getBoundingClientRect().right <= width + 0.5) return true;
+    }
+    return false;
+  };
   const found = [];
   if (document.documentElement.scrollWidth > width) found.push(`the page is ${document.documentElement.scrollWidth} px wide`);
   for (const e of document.body.querySelectorAll('*')) {
     const box = e.getBoundingClientRect();
-    if (box.width && box.right > width + 0.5) found.push(`${e.tagName.toLowerCase()}${e.id ? '#' + e.id : ''} reaches ${Math.round(box.right)} px`);
+    if (box.width && box.right > width + 0.5 && !clipped(e)) found.push(`${label(e)} reaches ${Math.round(box.right)} px`);
+    const style = getComputedStyle(e);
+    if (/auto|scroll/.test(style.overflowX) && e.scrollWidth > e.clientWidth + 1 && e.tabIndex < 0)
+      found.push(`${label(e)} scrolls sideways (${e.scrollWidth} px in ${e.clientWidth}) but is not focusable`);
   }
   return found;
 }"""

@@ -1,0 +1,109 @@
+"""The address pages in headless Chromium against the real server, mails through a real SMTP server:
+the Profile tab not verified then verified, the link's page, a used link's page and a change to a
+long address, each with nothing wider than the page and nothing axe-core finds, at 390 and 1280 px."""
+
+import itertools
+import re
+import time
+from pprint import pformat
+
+import pytest
+from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, require, sign_up
+from liveserver import service_env, serving
+from mailserver import mail_server
+
+try:
+    from playwright.sync_api import expect
+except ImportError:
+    pass
+
+LINK = re.compile(r"https?://[^/\s]+(/email/(?:verify|change)/[A-Za-z0-9_-]{43})")
+PASSWORD = "a long password"  # browsing.sign_up's
+usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("ivy", "jude"))
+
+
+@pytest.fixture(scope="module")
+def smtp():
+    with mail_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server(browser, smtp, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("address-pages")
+    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url)) as server:
+        yield server
+
+
+@pytest.fixture
+def open_page(browser, server):
+    """open_page(viewport): a page of a fresh browser context (the CSP bypassed for axe-core)."""
+    contexts = []
+
+    def open_page(viewport):
+        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, bypass_csp=True))
+        return contexts[-1].new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def wait_for_mail(smtp, address, subject):
+    """The path of the link in the newest mail with this subject to that address, once it came."""
+    deadline = time.monotonic() + 30
+    while not (mails := [mail for mail in smtp.mails if mail.to == address and mail.subject == subject]):
+        assert time.monotonic() < deadline, f"no mail {subject!r} to {address}"
+        time.sleep(0.05)
+    return LINK.search(mails[-1].text)[1]
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
+def test_the_address_pages_fit_and_pass_axe(open_page, smtp, viewport):
+    require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
+    page = open_page(viewport)
+    found = {}
+
+    def look(name):
+        page.wait_for_load_state("load")
+        problems = page.evaluate(TOO_WIDE) + axe_violations(page)
+        if problems:
+            found[name] = problems
+
+    username = next(usernames)
+    sign_up(page, username)
+    page.goto("/settings/profile")
+    expect(page.locator(".status.unverified")).to_have_text("Not verified")
+    expect(page.get_by_role("button", name="Send again")).to_be_visible()
+    look("Profile tab, not verified")
+
+    path = wait_for_mail(smtp, f"{username}@example.com", "Confirm your email address")
+    page.goto(path)
+    expect(page.get_by_role("heading", name="Confirm your email address")).to_be_visible()
+    look("the verify link's page")
+    page.get_by_role("button", name="Confirm my address").click()
+    expect(page.get_by_text(f"The address {username}@example.com is confirmed.")).to_be_visible()
+    expect(page.locator(".status.verified")).to_have_text("Verified")
+    expect(page.get_by_role("button", name="Send again")).to_have_count(0)
+    look("Profile tab, verified")
+
+    assert page.goto(path).status == 410
+    expect(page.get_by_role("heading", name="This link cannot be used")).to_be_visible()
+    look("a used link's page")
+
+    # No hyphen, where a line could break: the page itself must wrap it.
+    long_address = f"{username}.witharatherlonglocalpart0123456789@mail.anunusuallylongdomainname.example.com"
+    page.goto("/settings/profile")
+    page.get_by_label("New email address").fill(long_address)
+    page.get_by_label("Your password").fill(PASSWORD)
+    page.get_by_role("button", name="Send the link").click()
+    expect(page.locator("#pending-change")).to_contain_text(long_address)
+    look("Profile tab, a change waiting")
+    page.goto(wait_for_mail(smtp, long_address, "Confirm your new email address"))
+    expect(page.get_by_role("heading", name="Confirm your new email address")).to_be_visible()
+    look("the change link's page")
+    page.get_by_role("button", name="Use this address").click()
+    expect(page.get_by_text(f"Your address is now {long_address}.")).to_be_visible()
+    expect(page.locator(".status.verified")).to_have_text("Verified")
+    look("Profile tab, a long address")
+    assert not found, pformat(found, width=120)
