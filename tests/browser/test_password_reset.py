@@ -71,7 +71,7 @@ def test_from_the_login_page_to_a_new_password_every_page_fits_and_axe_finds_not
     expect(page.get_by_role("heading", name="Check your mail")).to_be_visible()
     look("the answer")
 
-    path = LINK.search(smtp.wait_for(1, to=f"{username}@example.com")[0].text)[1]
+    path = LINK.search(smtp.wait_for(1, to=f"{username}@example.com", subject="Reset your password")[0].text)[1]
     page.goto(path)
     expect(page.get_by_role("heading", name="Choose a new password")).to_be_visible()
     look("the reset form")

@@ -78,13 +78,14 @@ class MailServer:
             self.controller.stop()
             self.controller = None
 
-    def wait_for(self, count=1, timeout=15, to=None):
-        """The mails received (to that address, when given) once there are at least count of them;
-        AssertionError after timeout seconds."""
+    def wait_for(self, count=1, timeout=15, to=None, subject=None):
+        """The mails received (to that address, with that subject, when given) once there are at
+        least count of them; AssertionError after timeout seconds."""
         deadline = time.monotonic() + timeout
         while True:
             with self.lock:
-                mails = [mail for mail in self.mails if to is None or mail.to == to]
+                mails = [mail for mail in self.mails
+                         if (to is None or mail.to == to) and (subject is None or mail.subject == subject)]
             if len(mails) >= count or time.monotonic() > deadline:
                 assert len(mails) >= count, f"{len(mails)} mails arrived, not {count}: {[m.subject for m in mails]}"
                 return mails
