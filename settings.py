@@ -52,7 +52,7 @@ def load(environ):
     """Every setting of the configuration table, defaults filled in, SECRET_KEY as given ("" when
     unset: app.py keeps one in instance/); ConfigError for the first that is wrong."""
     webauthn_rp_id, webauthn_origin = relying_party(environ)
-    return {
+    config = {
         "DATABASE_URL": database_url(environ),
         "SECRET_KEY": environ.get("SECRET_KEY") or "",
         "RATELIMIT_STORAGE_URL": storage_url(environ),
@@ -84,6 +84,11 @@ def load(environ):
                                        or DEFAULT_MAIL_RETRY_SCHEDULE),
         "WEBHOOK_ALLOW_PRIVATE": switch(environ, "WEBHOOK_ALLOW_PRIVATE"),
     }
+    if mail_url(config["MAIL_URL"]).scheme in MAIL_SCHEMES and not (config["PUBLIC_URL"] or webauthn_origin):
+        raise ConfigError("PUBLIC_URL must be the site's address, such as https://api.example.com, when MAIL_URL "
+                          "sends mail: a mail's links would otherwise follow the Host header of the request that "
+                          "caused it, which any client chooses.")
+    return config
 
 
 def exit_with(error):

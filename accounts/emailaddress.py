@@ -108,10 +108,11 @@ def change(token, user):
         # Another account took the address since usable() looked (its row is not the one this
         # transaction holds): the caller's transaction rolls back, the link unused.
         raise LinkRefused(TAKEN) from None
-    # Links to confirm the old address confirm nothing now.
+    # Links mailed to the old address act on nothing now: neither a confirmation, nor a reset (which
+    # would work again, within its hour, should the address come back).
     (EmailToken.update(voided_at=utcnow())
-     .where((EmailToken.user == user.id) & (EmailToken.purpose == EMAIL_VERIFY) & EmailToken.used_at.is_null()
-            & EmailToken.voided_at.is_null()).execute())
+     .where((EmailToken.user == user.id) & EmailToken.purpose.in_([EMAIL_VERIFY, emailtokens.PASSWORD_RESET])
+            & EmailToken.used_at.is_null() & EmailToken.voided_at.is_null()).execute())
     securitylog.record(user.id, "user.email_changed", f"from {current.email} to {row.email}")
     return current.email, row.email
 

@@ -2,8 +2,11 @@
 
 import datetime
 
+from peewee import fn
+
 from accounts import emailtokens, securitylog, users
-from models import Session, User, db, utcnow
+from models import Passkey, Session, TwoFactor, User, db, utcnow
+from store.writelock import write_transaction
 
 # Reset mails one account gets in an hour at most; past them a request sends nothing (and is
 # answered as any other: the mails are what a flood would want).
@@ -41,7 +44,7 @@ def request_reset(address, mail_link):
     user = User.get_or_none(User.email == address)
     if user is None:
         return False
-    with db.atomic():
+    with write_transaction(db.obj):
         try:
             # Requests racing for one account pass the cap one at a time.
             users.lock_user(user)
@@ -79,7 +82,7 @@ def reset_password(token, new_password):
     users.check_new_password(new_password)
     # Hashed before the transaction, off the event loop, as log-in does.
     password_hash = users.hash_password(new_password)
-    with db.atomic():
+    with write_transaction(db.obj):
         try:
             users.lock_user(user)
         except users.AccountGone:
@@ -88,8 +91,20 @@ def reset_password(token, new_password):
         row = find_link(token)
         if not emailtokens.use(row):
             raise LinkUnusable(emailtokens.find(token, emailtokens.PASSWORD_RESET)[1] or emailtokens.USED)
-        User.update(password_hash=password_hash).where(User.id == user.id).execute()
+        # A link followed proves the mailbox: the address is confirmed, if it was not.
+        User.update(password_hash=password_hash, email_verified_at=fn.COALESCE(User.email_verified_at, utcnow())
+                    ).where(User.id == user.id).execute()
         Session.delete().where(Session.user == user.id).execute()
-        securitylog.record(user.id, "user.password_reset")
+        securitylog.record(user.id, "user.password_reset", signed_in_without_password(user.id))
     user.password_hash = password_hash
     return user
+
+
+def signed_in_without_password(user_id):
+    """What else signs in to the account, for the reset's log line and notice: someone who made the
+    account with another's address before its owner (who can then only reset) may have added a
+    passkey or an authenticator, which a reset must not remove (it never skips a second factor)."""
+    passkeys = [name for name, in Passkey.select(Passkey.name).where(Passkey.user == user_id).tuples()]
+    two_factor = TwoFactor.select().where((TwoFactor.user == user_id) & TwoFactor.enabled_at.is_null(False)).exists()
+    parts = [f"passkeys: {', '.join(passkeys)}" if passkeys else "", "two-factor log-in on" if two_factor else ""]
+    return "; ".join(part for part in parts if part)

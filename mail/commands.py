@@ -26,7 +26,7 @@ def test_command(address):
     message = outbox.message_of(row, current_app.config["MAIL_FROM"], {"text": text, "html": html})
     try:
         answer = transport.send(server, message)
-    except transport.MailFailed as error:
+    except (transport.MailFailed, UnicodeError, ValueError) as error:
         click.echo(f"Could not send a test mail to {recipient} through {server!r}: {error}")
         raise SystemExit(1) from None
     click.echo(f"Sent a test mail to {recipient} through {server!r}: {answer}")

@@ -27,6 +27,8 @@ class MailMessage(BaseModel):
 
     class Meta:
         table_name = "mail_messages"
+        # notices.py counts the mails to an address in the last hour.
+        indexes = ((("recipient", "created_at"), False),)
 
 
 MODELS = [MailMessage]

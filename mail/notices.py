@@ -2,15 +2,20 @@
 written in the transaction of the change by the signals the change already sends (keys/events.py's
 key_changed, the security log's recorded), so that a notice goes exactly when its change commits."""
 
+import datetime
 import logging
 
 from accounts import securitylog
 from keys import events as key_events
 from mail import outbox
-from models import User
+from mail.models import MailMessage
+from models import User, utcnow
 
 log = logging.getLogger(__name__)
 
+# Mails (of any kind) to one address in an hour past which a notice is not written: an account's
+# owner must not be able to bury its own mailbox, or hold up the outbox, by repeating a change.
+NOTICES_PER_HOUR = 10
 KEY_NOTICES = {"key.revoked_as_leaked": "key_leaked", "key.expiring": "key_expiring", "key.expired": "key_expired"}
 ACCOUNT_NOTICES = {
     "user.password_changed": "password_changed",
@@ -39,8 +44,17 @@ def mail_account_notice(event, user_id, detail="", **_):
 
 
 def mail_owner(user_id, name, **context):
-    user = User.select(User.username, User.email).where(User.id == user_id).first()
-    if user is None:
+    """Queue the notice for the account's address once it is confirmed: an address nobody has
+    confirmed may be a stranger's, given at sign-up, and the account's owner could make the
+    service mail it at will. At most NOTICES_PER_HOUR reach one address."""
+    user = User.select(User.username, User.email, User.email_verified_at).where(User.id == user_id).first()
+    if user is None or user.email_verified_at is None:
+        return
+    since = utcnow() - datetime.timedelta(hours=1)
+    if MailMessage.select().where((MailMessage.recipient == user.email) & (MailMessage.created_at >= since)
+                                  ).count() >= NOTICES_PER_HOUR:
+        log.warning("No %s notice for user %d: %d mails went to their address in the last hour.", name, user_id,
+                    NOTICES_PER_HOUR)
         return
     try:
         outbox.queue(user.email, name, username=user.username, **context)

@@ -32,7 +32,6 @@ SUBJECTS = {
     "key_expired": "An API key has expired",
     "two_factor_off": "Two-factor log-in was turned off",
     "passkey_added": "A passkey was added to your account",
-    "invitation": "You are invited to an organisation",
 }
 
 
@@ -59,9 +58,13 @@ def render(name, **context):
 
 
 def checked_address(recipient):
-    """The address as one header may carry it: one addr-spec, no line break, no display name."""
-    if not ADDRESS.fullmatch(recipient) or len(recipient) > 254:
-        raise ValueError("Not an email address a mail can be sent to.")
+    """The address as one header carries it: one addr-spec in ASCII (what every SMTP server takes
+    without SMTPUTF8), no line break, no display name, no encoded word (which a header parser
+    would decode into other addresses or a line break); ValueError with a sentence otherwise."""
+    if (not recipient.isascii() or "=?" in recipient or not ADDRESS.fullmatch(recipient)
+            or len(recipient) > 254):
+        raise ValueError("That address cannot be mailed: use a plain address such as name@example.com, "
+                         "in ASCII letters.")
     local, _, domain = recipient.rpartition("@")
     Address(username=local, domain=domain)  # raises ValueError on what a header cannot hold
     return recipient

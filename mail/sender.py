@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 # Mails a process sends at once: an SMTP server takes a few connections, not hundreds.
 CONCURRENCY = 4
-# Longer than an attempt's whole time (transport.TIMEOUT_SECONDS for each of its exchanges).
+# An attempt's whole time, and the lease that must outlast it.
+ATTEMPT_SECONDS = 90
 LEASE_SECONDS = 120
 # How long a stop waits for the mails being sent before it cuts them (each is sent again later).
 STOP_WAIT_SECONDS = 5
@@ -57,9 +58,14 @@ def attempt(app, row):
         error = "The mail cannot be read: SECRET_KEY changed since it was written."
     else:
         try:
-            transport.send(server, mail_outbox.message_of(row, app.config["MAIL_FROM"], parts))
+            # The whole attempt, within the lease: a server that drips its answers a byte at a time
+            # would otherwise hold a slot for hours, and another process would send the mail again.
+            with gevent.Timeout(ATTEMPT_SECONDS, transport.MailFailed(f"No end to the send within {ATTEMPT_SECONDS} s.")):
+                transport.send(server, mail_outbox.message_of(row, app.config["MAIL_FROM"], parts))
         except transport.MailFailed as failure:
             error = str(failure)
+        except Exception as failure:  # whatever a mail or a server does is a failed attempt, never a loop
+            error = transport.described(failure)
     return record(row, error, app.extensions["mail"].schedule)
 
 

@@ -31,7 +31,7 @@ def smtp():
 @pytest.fixture(scope="module")
 def server(browser, smtp, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("reset")
-    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url)) as server:
+    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")) as server:
         yield server
 
 

@@ -28,7 +28,7 @@ def smtp():
 def env(request, tmp_path_factory, smtp):
     database, log_format = request.param
     return service_env(tmp_path_factory.mktemp("address"), database, TRUSTED_PROXIES="1", MAIL_URL=smtp.url,
-                       LOG_FORMAT=log_format)
+                       PUBLIC_URL="https://api.example.com", LOG_FORMAT=log_format)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,9 @@
 serving process, a mail server that is down and comes back (nothing lost), a stop or a crash with a
 mail pending, and the console backend's lines in the log."""
 
+import contextlib
 import signal
+import sqlite3
 
 import pytest
 import requests
@@ -17,6 +19,15 @@ def smtp():
         yield server
 
 
+def confirmed_key(env):
+    """A key of carol, whose address is confirmed (`users create` leaves it unconfirmed, and an
+    unconfirmed address gets no notice)."""
+    secret = make_key(env)
+    with contextlib.closing(sqlite3.connect(env["DATABASE_URL"].removeprefix("sqlite:///"))) as connection, connection:
+        connection.execute("UPDATE users SET email_verified_at = '2026-01-01 00:00:00'")
+    return secret
+
+
 def revoke_as_leaked(server, secret):
     response = requests.post(server.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10)
     assert response.status_code == 200, response.text
@@ -28,7 +39,7 @@ def mail_rows(env):
 
 def test_a_notice_goes_through_the_smtp_server_in_each_run_mode(tmp_path, run_mode, smtp):
     env = service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")
-    secret = make_key(env)
+    secret = confirmed_key(env)
     with serving(tmp_path, env, run_mode) as server:
         revoke_as_leaked(server, secret)
         [mail] = smtp.wait_for(1, to="carol@example.com")
@@ -40,8 +51,9 @@ def test_a_notice_goes_through_the_smtp_server_in_each_run_mode(tmp_path, run_mo
 
 def test_a_mail_server_that_is_down_delays_a_mail_and_loses_nothing(tmp_path, smtp):
     smtp.stop()
-    env = service_env(tmp_path, MAIL_URL=smtp.url, MAIL_RETRY_SCHEDULE="1s,1s,1s,1s,1s,1s,1s,1s,1s,1s")
-    secret = make_key(env)
+    env = service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com",
+                      MAIL_RETRY_SCHEDULE="1s,1s,1s,1s,1s,1s,1s,1s,1s,1s")
+    secret = confirmed_key(env)
     with serving(tmp_path, env) as server:
         revoke_as_leaked(server, secret)
         server.wait_for_output("The mail server refused the connection.")
@@ -57,8 +69,8 @@ def test_a_mail_pending_through_a_stop_or_a_crash_is_sent_by_the_next_start(tmp_
     smtp.stop()
     # 10 s: the stop comes between two attempts, on a loaded machine too (a process killed in the
     # middle of an attempt leaves its mail to the lease's end: tests/unit/mail/test_sender.py).
-    env = service_env(tmp_path, MAIL_URL=smtp.url, MAIL_RETRY_SCHEDULE="10s")
-    secret = make_key(env)
+    env = service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com", MAIL_RETRY_SCHEDULE="10s")
+    secret = confirmed_key(env)
     server = start_server(tmp_path, env)
     try:
         revoke_as_leaked(server, secret)
@@ -77,7 +89,7 @@ def test_a_mail_pending_through_a_stop_or_a_crash_is_sent_by_the_next_start(tmp_
 def test_the_console_backend_writes_each_mail_to_the_log(tmp_path, run_mode):
     env = service_env(tmp_path, PUBLIC_URL="https://api.example.com")
     env.pop("MAIL_URL", None)
-    secret = make_key(env)
+    secret = confirmed_key(env)
     with serving(tmp_path, env, run_mode) as server:
         revoke_as_leaked(server, secret)
         output = server.wait_for_output("Mail to carol@example.com | Your keys: https://api.example.com/settings/security")

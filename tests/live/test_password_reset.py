@@ -31,7 +31,8 @@ def smtp():
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def env(request, tmp_path_factory, smtp):
-    return service_env(tmp_path_factory.mktemp("reset"), request.param, TRUSTED_PROXIES="1", MAIL_URL=smtp.url)
+    return service_env(tmp_path_factory.mktemp("reset"), request.param, TRUSTED_PROXIES="1", MAIL_URL=smtp.url,
+                       PUBLIC_URL="https://api.example.com")
 
 
 @pytest.fixture(scope="module")

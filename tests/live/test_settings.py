@@ -75,6 +75,18 @@ def test_the_defaults_pass_and_the_variables_are_read_as_given():
     assert settings.public_rate(config["PUBLIC_RATE_LIMIT"]) is None
 
 
+@pytest.mark.parametrize("more", [{}, {"PUBLIC_URL": "https://api.example.com"},
+                                  {"WEBAUTHN_ORIGIN": "https://api.example.com"}])
+def test_mail_sent_by_smtp_needs_the_sites_address_for_its_links(more):
+    if more:
+        assert settings.load({"MAIL_URL": "smtps://u:hunter2@mail.example.com", **more})["MAIL_URL"]
+        return
+    with pytest.raises(settings.ConfigError) as refused:
+        settings.load({"MAIL_URL": "smtps://u:hunter2@mail.example.com"})
+    assert str(refused.value).startswith("PUBLIC_URL must be the site's address") and "hunter2" not in str(refused.value)
+    assert settings.load({"MAIL_URL": "console"})["PUBLIC_URL"] == ""
+
+
 def test_the_mail_settings_are_read_as_given():
     config = settings.load({"MAIL_URL": "smtp://apikey:p%40ss@smtp.example.com", "PUBLIC_URL": "https://api.example.com/",
                             "MAIL_FROM": "Demo <no-reply@example.com>", "MAIL_RETRY_SCHEDULE": "1m,1h"})

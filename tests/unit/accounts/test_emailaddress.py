@@ -121,6 +121,14 @@ def test_a_change_voids_the_links_that_confirm_the_old_address(user):
     assert fresh(user).email == "new@example.com"
 
 
+def test_a_change_voids_a_reset_link_mailed_to_the_old_address(user):
+    """Else it would work again, within its hour, should the address be changed back."""
+    reset = emailtokens.issue(user.id, emailtokens.PASSWORD_RESET, user.email)
+    emailaddress.change(emailaddress.request_change(user, "new@example.com")[1], user)
+    emailaddress.change(emailaddress.request_change(fresh(user), "alice@example.com")[1], fresh(user))
+    assert emailtokens.find(reset, emailtokens.PASSWORD_RESET)[1] == VOIDED
+
+
 def test_a_verify_link_for_an_address_the_account_no_longer_has_is_void(user):
     # As if the address were changed some other way (an operator's UPDATE): the row's address is checked.
     token = emailaddress.new_verify_token(user)

@@ -8,10 +8,10 @@ import pytest
 from mailserver import mail_server
 
 import auth
-from accounts import securitylog, twofactor, users
-from mail import sender
+from accounts import emailtokens, recovery, securitylog, twofactor, users
+from mail import notices, sender
 from mail.models import MailMessage
-from models import ApiKey, db, utcnow
+from models import ApiKey, Passkey, User, db, utcnow
 from webhooks import periodic
 
 
@@ -31,7 +31,9 @@ def notice_app(make_app, database_url, smtp):
 
 @pytest.fixture
 def bob(notice_app):
-    return users.create_user("bob", "bob@example.com", "correct horse battery")
+    bob = users.create_user("bob", "bob@example.com", "correct horse battery")
+    User.update(email_verified_at=utcnow()).where(User.id == bob.id).execute()
+    return bob
 
 
 def mails_sent(app, smtp, count=1):
@@ -96,11 +98,41 @@ def test_events_without_a_notice_send_no_mail(notice_app, bob):
 
 
 def test_a_password_reset_is_told_after_the_link_was_used(notice_app, smtp, bob):
-    from accounts import emailtokens, recovery
-
     with db.atomic():
         token = emailtokens.issue(bob.id, emailtokens.PASSWORD_RESET, bob.email)
     recovery.reset_password(token, "a brand new password")
     [mail] = mails_sent(notice_app, smtp)
     assert mail.subject == "Your password was reset" and "bob" in mail.text
     assert token not in mail.raw.decode() and "a brand new password" not in mail.raw.decode()
+    assert "Besides the password" not in mail.text
+
+
+def test_an_unconfirmed_address_gets_no_notice(notice_app, bob):
+    """Whoever signed up with a stranger's address must not make the service mail it at will."""
+    User.update(email_verified_at=None).where(User.id == bob.id).execute()
+    for _ in range(3):
+        users.change_password(bob, "correct horse battery", "another good password")
+        users.change_password(bob, "another good password", "correct horse battery")
+    assert MailMessage.select().count() == 0
+
+
+def test_an_address_gets_at_most_ten_mails_an_hour_of_notices(notice_app, bob, caplog):
+    for _ in range(8):
+        users.change_password(bob, "correct horse battery", "another good password")
+        users.change_password(bob, "another good password", "correct horse battery")
+    assert MailMessage.select().where(MailMessage.recipient == "bob@example.com").count() == notices.NOTICES_PER_HOUR
+    assert "No password_changed notice for user" in caplog.text
+
+
+def test_a_reset_of_an_unconfirmed_account_confirms_it_and_names_what_else_signs_in(notice_app, smtp, bob):
+    """An account made with another's address before its owner: the owner can only reset, and must
+    hear of the passkey left on it (a reset never removes a second factor)."""
+    User.update(email_verified_at=None).where(User.id == bob.id).execute()
+    Passkey.create(user=bob.id, name="Mallory's key", credential_id="cred-1", public_key=b"x")
+    with db.atomic():
+        token = emailtokens.issue(bob.id, emailtokens.PASSWORD_RESET, bob.email)
+    recovery.reset_password(token, "a brand new password")
+    assert User.get_by_id(bob.id).email_verified_at is not None
+    [mail] = mails_sent(notice_app, smtp)
+    assert "Besides the password, these sign in to the account: passkeys: Mallory's key." in mail.text
+    assert "Mallory&#39;s key" in mail.html or "Mallory&#x27;s key" in mail.html

@@ -111,6 +111,18 @@ def test_a_stop_gives_back_the_mails_it_cut(mail_app):
     assert given_back.next_attempt_at <= utcnow()
 
 
+def test_a_mail_that_cannot_be_made_is_a_failed_attempt_never_a_loop(mail_app, smtp):
+    """Whatever goes wrong in an attempt (here an address written before the outbox checked it) is
+    recorded and follows the schedule: the row is never left to its lease, claimed again forever."""
+    row = outbox.queue("bob@example.com", "test", server="x")
+    MailMessage.update(recipient="bücher@example.com").where(MailMessage.id == row.id).execute()
+    [(_, state)] = sender.send_due(mail_app)
+    failed = MailMessage.get_by_id(row.id)
+    assert (state, failed.attempts) == (PENDING, 1) and failed.error
+    assert failed.next_attempt_at <= utcnow() + datetime.timedelta(seconds=5)
+    assert smtp.mails == []
+
+
 def test_old_mails_are_forgotten_but_waiting_ones_kept(mail_app):
     old = utcnow() - sender.KEPT_FOR - datetime.timedelta(minutes=1)
     sent = outbox.queue("a@example.com", "test", server="x")
@@ -129,6 +141,7 @@ def test_mail_off_writes_nothing(make_app, database_url):
 
 
 @pytest.mark.parametrize("address", ["bob@example.com\r\nBcc: eve@example.com", "Eve <eve@example.com>",
+                                     "bücher@example.com", "bob@exämple.com", "=?utf-8?q?a=0d=0a?=@example.com",
                                      "a@b.c, eve@example.com", "bob\n@example.com", "x" * 300 + "@example.com"])
 def test_an_address_no_header_may_carry_is_refused(mail_app, address):
     with pytest.raises(ValueError):
