@@ -4,9 +4,6 @@ commit, nor a change committed without its mail. mail/sender.py sends it."""
 
 import json
 import re
-from email.headerregistry import Address
-from email.message import EmailMessage
-from email.utils import formatdate, make_msgid
 
 from flask import current_app, has_request_context, render_template, request
 
@@ -46,8 +43,7 @@ def queue(recipient, name, **context):
     if not enabled():
         return None
     text, html = render(name, **context)
-    return MailMessage.create(recipient=address, subject=SUBJECTS[name],
-                              message_id=make_msgid(domain=sender_domain()),
+    return MailMessage.create(recipient=address, subject=SUBJECTS[name], message_id=new_message_id(),
                               sealed_parts=sealing.seal(json.dumps({"text": text, "html": html}), SEALED_AS),
                               created_at=utcnow(), state=PENDING, next_attempt_at=utcnow())
 
@@ -65,9 +61,19 @@ def checked_address(recipient):
             or len(recipient) > 254):
         raise ValueError("That address cannot be mailed: use a plain address such as name@example.com, "
                          "in ASCII letters.")
+    # The email package (~15 ms) is imported by the first mail, not by every start (serving/warmup.py).
+    from email.headerregistry import Address
+
     local, _, domain = recipient.rpartition("@")
     Address(username=local, domain=domain)  # raises ValueError on what a header cannot hold
     return recipient
+
+
+def new_message_id():
+    """A Message-ID made once, so that every attempt of a mail carries the same."""
+    from email.utils import make_msgid
+
+    return make_msgid(domain=sender_domain())
 
 
 def sender_domain():
@@ -86,6 +92,9 @@ def link(path):
 
 def message_of(row, mail_from, parts):
     """The EmailMessage a row stands for: plain text with an HTML alternative."""
+    from email.message import EmailMessage
+    from email.utils import formatdate
+
     message = EmailMessage()
     message["From"] = mail_from
     message["To"] = row.recipient

@@ -3,8 +3,6 @@ or nowhere (off), as MAIL_URL says. smtplib's sockets are gevent's in a worker, 
 holds one greenlet, never the process."""
 
 import logging
-import smtplib
-import ssl
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +16,9 @@ class MailFailed(Exception):
 def send(server, message, timeout=TIMEOUT_SECONDS):
     """Send an email.message.EmailMessage through the MailServer (settings.mail_url); return the
     server's answer to the mail as one line. Raise MailFailed with a short reason."""
+    # smtplib is imported by the first mail, not by every start (serving/warmup.py).
+    import smtplib
+
     if server.scheme == "console":
         write_to_log(message)
         return "written to the log (MAIL_URL is console)"
@@ -37,6 +38,9 @@ def send(server, message, timeout=TIMEOUT_SECONDS):
 
 
 def through_smtp(server, message, timeout):
+    import smtplib
+    import ssl
+
     context = ssl.create_default_context()
     if server.scheme == "smtps":
         connection = smtplib.SMTP_SSL(server.host, server.port, timeout=timeout, context=context)
@@ -90,6 +94,9 @@ def reason(answer):
 
 def described(error):
     """A failure without an SMTP answer in a few words: never a traceback."""
+    import smtplib
+    import ssl
+
     if isinstance(error, TimeoutError):
         return "No answer from the mail server in time."
     if isinstance(error, ConnectionRefusedError):

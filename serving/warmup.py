@@ -5,9 +5,11 @@ import gc
 import importlib
 
 # What a request imports on first use, not at start (so a CLI command never does): py_webauthn
-# for a passkey ceremony, Fernet for a kept or sealed secret, segno for a set-up's QR code.
-# Imported after the freeze, their ~21,000 objects would add ~2 ms to every full collection.
-FIRST_USE_LIBRARIES = ("webauthn", "cryptography.fernet", "segno")
+# for a passkey ceremony, Fernet for a kept or sealed secret, segno for a set-up's QR code, the
+# email package and smtplib for a mail. Imported after the freeze, their objects would add to
+# every full collection.
+FIRST_USE_LIBRARIES = ("webauthn", "cryptography.fernet", "segno", "email.headerregistry", "email.message",
+                       "smtplib")
 
 
 def freeze_heap():

@@ -7,9 +7,9 @@ import sys
 from liveserver import ROOT, service_env
 
 # Each is imported where its feature is used: PostgreSQL's driver when a PostgreSQL URL is opened
-# (store/pgdriver.py), Redis by limits' storage for a Redis URL; passkeys, cryptography and segno by
-# a request that uses them, or by serving/warmup.py in a serving process.
-DEFERRED = {"psycopg", "psycopg2", "redis", "webauthn", "cryptography", "segno"}
+# (store/pgdriver.py), Redis by limits' storage for a Redis URL; passkeys, cryptography, segno and
+# smtplib by a request that uses them, or by serving/warmup.py in a serving process.
+DEFERRED = {"psycopg", "psycopg2", "redis", "webauthn", "cryptography", "segno", "smtplib"}
 CONFIGURED = {"psycopg", "psycopg2", "redis"}
 
 
