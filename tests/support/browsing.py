@@ -46,6 +46,9 @@ def create_key(page, name):
     page.get_by_label("Production").check()
     page.get_by_role("button", name=CREATE).click()
     expect(page.get_by_text("This is the only time the secret is shown")).to_be_visible()
+    # The page's script shows the Copy button in the same step as it makes "Try it in the
+    # playground" hand the secret on: a click before then (a loaded machine) would hand on nothing.
+    expect(page.locator("#copy-secret")).to_be_visible()
     return page.get_by_label("Secret key").input_value()
 
 
