@@ -119,7 +119,12 @@ class ServiceLogger(Logger):
             return
         if LOG_FORMAT != "json":
             try:
-                self.access_log.info(self.cfg.access_log_format, AccessAtoms(self, resp, req, environ, request_time))
+                atoms = AccessAtoms(self, resp, req, environ, request_time)
+                handlers = logs.direct_writes(self.access_log)
+                if handlers is None:
+                    self.access_log.info(self.cfg.access_log_format, atoms)
+                else:
+                    logs.write_line(handlers, self.cfg.access_log_format % atoms)
             except Exception:
                 self.error(traceback.format_exc())
             return

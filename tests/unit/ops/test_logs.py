@@ -1,6 +1,7 @@
 """What the logs never hold: the token of a mailed link in a request's path, whichever line writes
 the path (the access line in text or JSON, an error's line), while MAIL_URL=console's mail lines
-keep their links whole. The live suite reads a served log (tests/live/test_email_address.py)."""
+keep their links whole. The live suite reads a served log (tests/live/test_email_address.py). And
+the text access line written straight to its streams: the line logging would write, or logging."""
 
 import logging
 
@@ -56,3 +57,71 @@ def test_the_filter_redacts_a_record_s_arguments():
     finally:
         logger.removeHandler(handler)
     assert seen == ["GET /email/verify/[redacted] 200"]
+
+
+def plain_logger(name, stream):
+    """A logger set up as gunicorn's text access log: its message alone, this module's filters."""
+    logger = logging.getLogger(f"tests.access.{name}")
+    logger.handlers.clear()
+    logger.filters.clear()
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logs.prepare_handlers(logger, "text")
+    return logger
+
+
+class Atoms(dict):
+    """A mapping for the line's % format, as AccessAtoms is."""
+
+
+def test_a_line_written_directly_is_the_one_logging_writes():
+    import io
+
+    fmt = '%(h)s "%(m)s %(U)s %(H)s" %(s)s'
+    atoms = Atoms(h=f"sk_live_{'k' * 40}", m="GET", U=f"/password/reset/{TOKEN}", H="HTTP/1.1", s="200")
+    through_logging, direct = io.StringIO(), io.StringIO()
+    plain_logger("logging", through_logging).info(fmt, atoms)
+    handlers = logs.direct_writes(plain_logger("direct", direct))
+    assert handlers is not None
+    logs.write_line(handlers, fmt % atoms)
+    assert direct.getvalue() == through_logging.getvalue() == (
+        'sk_live_[redacted] "GET /password/reset/[redacted] HTTP/1.1" 200\n')
+
+
+@pytest.mark.parametrize("change", ["json", "foreign filter", "propagate", "other handler", "level", "logger filter"])
+def test_a_logger_that_would_do_more_with_a_record_is_written_through_logging(change):
+    import io
+    import logging.handlers
+
+    logger = plain_logger(change.replace(" ", "-"), io.StringIO())
+    handler = logger.handlers[0]
+    if change == "json":
+        logs.prepare_handlers(logger, "json")
+    elif change == "foreign filter":
+        handler.addFilter(logging.Filter("elsewhere"))
+    elif change == "propagate":
+        logger.propagate = True
+    elif change == "other handler":
+        logger.addHandler(logging.handlers.MemoryHandler(10))
+    elif change == "level":
+        handler.setLevel(logging.WARNING)
+    else:
+        logger.addFilter(logging.Filter("elsewhere"))
+    assert logs.direct_writes(logger) is None
+
+
+def test_gunicorns_access_log_as_the_service_sets_it_up_is_written_directly():
+    """A change to gunicorn's set-up that turned the direct writes off would go unseen otherwise."""
+    import runpy
+
+    from gunicorn.config import Config
+    from liveserver import ROOT
+
+    conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    config = Config()
+    config.set("accesslog", "-")
+    service_logger = conf["ServiceLogger"](config)
+    assert logs.direct_writes(service_logger.access_log) == service_logger.access_log.handlers
