@@ -22,6 +22,7 @@ import services  # noqa: E402
 from appconfig import TEST_TIERS  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
+from mailserver import mail_server  # noqa: E402
 
 import auth  # noqa: E402
 from accounts import users  # noqa: E402
@@ -121,6 +122,14 @@ def make_app():
     yield make
     for app in made:
         close_app(app)
+
+
+@pytest.fixture
+def smtp():
+    """A real SMTP server (aiosmtpd) on a free loopback port for the test (tests/support/mailserver.py);
+    a module that serves one server for all its tests keeps its own, module-scoped."""
+    with mail_server() as server:
+        yield server
 
 
 @pytest.fixture

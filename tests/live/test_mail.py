@@ -9,14 +9,7 @@ import sqlite3
 import pytest
 import requests
 from liveserver import make_key, service_env, serving, start_server, wait_for
-from mailserver import mail_server
 from services import rows
-
-
-@pytest.fixture
-def smtp():
-    with mail_server() as server:
-        yield server
 
 
 def confirmed_key(env):

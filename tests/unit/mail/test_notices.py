@@ -5,7 +5,6 @@ names the key or the change and never holds a secret."""
 import datetime
 
 import pytest
-from mailserver import mail_server
 
 import auth
 from accounts import emailtokens, recovery, securitylog, twofactor, users
@@ -13,12 +12,6 @@ from mail import notices, sender
 from mail.models import MailMessage
 from models import ApiKey, Passkey, User, db, utcnow
 from webhooks import periodic
-
-
-@pytest.fixture
-def smtp():
-    with mail_server() as server:
-        yield server
 
 
 @pytest.fixture

@@ -6,18 +6,12 @@ import datetime
 import logging
 
 import pytest
-from mailserver import free_port, mail_server
+from mailserver import free_port
 
 import settings
 from mail import outbox, sender
 from mail.models import FAILED, PENDING, SENT, MailMessage
 from models import db, utcnow
-
-
-@pytest.fixture
-def smtp():
-    with mail_server() as server:
-        yield server
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import pytest
 from appconfig import TEST_TIERS
 from flask import g
 from limits import RateLimitItemPerMinute
-from mailserver import mail_server
 from webforms import page
 
 from accounts import emailaddress, emailtokens, securitylog, users
@@ -21,12 +20,6 @@ from web import throttles
 
 LINK = re.compile(r"https://api\.example\.com(/email/(?:verify|change)/[A-Za-z0-9_-]{43})")
 PASSWORD = "correct horse battery"
-
-
-@pytest.fixture
-def smtp():
-    with mail_server() as server:
-        yield server
 
 
 @pytest.fixture

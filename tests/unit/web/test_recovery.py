@@ -9,7 +9,6 @@ import time
 
 import pytest
 from limits import RateLimitItemPerMinute
-from mailserver import mail_server
 from twofactorsteps import code_at, enable, is_logged_in
 from webforms import page
 
@@ -25,12 +24,6 @@ PASSWORD = "correct horse battery"
 NEW_PASSWORD = "a brand new passphrase"
 LINK = re.compile(r"https?://[^/\s]+(/password/reset/[A-Za-z0-9_-]+)")
 SENT = "If an account has the address"
-
-
-@pytest.fixture
-def smtp():
-    with mail_server() as server:
-        yield server
 
 
 @pytest.fixture
