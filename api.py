@@ -3,6 +3,7 @@
 import math
 
 from flask import Blueprint, request
+from peewee import JOIN
 from werkzeug.exceptions import ServiceUnavailable
 
 import auth
@@ -58,14 +59,17 @@ def protected_test(api_key):
 @without_flask
 @require_api_key("user:read")
 def user_me(api_key):
-    # The account may have been deleted since the key was admitted: then the key is gone too.
-    user = auth.found_key(User.get_or_none(User.id == api_key.user_id))
+    # The key's creator: None once that account is deleted (the key still works for its
+    # organisation). The key itself may have been deleted with its organisation since it was admitted.
+    row = auth.found_key(ApiKey.select(ApiKey.id, ApiKey.user, User).join(User, JOIN.LEFT_OUTER).where(ApiKey.id == api_key.id)
+                         .first())
+    user = row.user if row.user_id is not None else None
     return {
-        "user_id": user.id,
-        "username": user.username,
-        "email": user.email,
-        "created_at": iso_seconds(user.created_at),
-        "api_key_count": ApiKey.active_for(user).count(),
+        "user_id": user and user.id,
+        "username": user and user.username,
+        "email": user and user.email,
+        "created_at": user and iso_seconds(user.created_at),
+        "api_key_count": ApiKey.active_in(api_key.org_id, created_by=user.id).count() if user else 0,
     }
 
 

@@ -56,7 +56,7 @@ import sockets
 import web.emailaddress  # noqa: F401
 import web.keyforms  # noqa: F401
 import web.recovery  # noqa: F401
-from accounts import emailtokens, securitylog, users
+from accounts import emailtokens, models as account_models, securitylog, users
 from keys import keycache
 from mail import models as mail_models, notices, sender as mail_sender
 from mail.commands import mail_cli
@@ -175,7 +175,8 @@ def create_app(overrides=None):
     app.before_request(refuse_large_bodies)
     # Before every room: their init_app register their background services.
     services.init_app(app)
-    models.init_app(app, [*webhook_models.MODELS, *mail_models.MODELS, *emailtokens.MODELS])
+    models.init_app(app, [*account_models.PROTECTION_MODELS, *webhook_models.MODELS, *mail_models.MODELS,
+                          *emailtokens.MODELS])
     # Key changes reach the security log, webhooks and mail's notices through keys/events.py's signal,
     # account events reach the notices through the security log's; what the hot path decides (usage
     # and credit thresholds) waits in webhooks' queue for the usage flush.

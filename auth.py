@@ -12,7 +12,7 @@ from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 import ratelimit
-from accounts import users
+from accounts import organisations, users
 from keys import allowips, events, keycache
 from keys.lookup import find_active_key
 from metering import credits
@@ -108,8 +108,8 @@ def parse_scopes(names):
 
 
 def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, allow_ips=None, credits_given=None,
-              refill=None):
-    """Create an API key for the user, expiring expires_in seconds from now (None: never), with the
+              refill=None, org=None):
+    """Create an API key made by the user in the organisation (an id; None: the user's personal one), expiring expires_in seconds from now (None: never), with the
     given scopes (None: all), usable from the addresses of allow_ips (allowips.parse's input; None or
     empty: any), with credits_given credits and a refill ((amount, interval); None: neither);
     return (ApiKey, secret). The secret exists only here."""
@@ -128,12 +128,15 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
         raise ValueError("A key's expiry must be in the future.")
     expires_at = utcnow() + datetime.timedelta(seconds=expires_in) if expires_in else None
     secret = generate_secret(key_type)
+    org_id = org if org is not None else users.personal_organisation_id(user)
     with db.atomic():
         users.lock_user(user)
+        organisations.lock_organisation(org_id)
         cap = current_app.config["MAX_KEYS_PER_USER"]
-        if users.active_key_count(user) >= cap:
-            raise KeyCapReached(f"An account may hold {cap} active keys; revoke one before creating another.")
+        if ApiKey.active_in(org_id).count() >= cap:
+            raise KeyCapReached(f"An organisation may hold {cap} active keys; revoke one before creating another.")
         key = ApiKey.create(
+            org=org_id,
             user=user,
             name=name,
             key_type=key_type,
@@ -146,12 +149,12 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
             **credits.initial(credits_given, refill),
         )
         events.key_changed.send(
-            "key.created", user_id=user.id,
+            "key.created", key=key,
             detail=f"{key.name} (id {key.id}, {key.display_prefix}...; from {allowips.summary(allow_ips)})",
             data=events.key_data(key, key_type=key_type, scopes=scopes,
                                  expires_at=expires_at and iso_seconds(expires_at)))
         inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
-        users.keep_newest(ApiKey, (ApiKey.user == user.id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
+        users.keep_newest(ApiKey, (ApiKey.org == org_id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
 
 
@@ -202,7 +205,7 @@ def roll_key(key, grace, end_previous=False, current=None):
         if not rolled:
             raise RollConflict("The key was rolled or revoked meanwhile; reload and try again.")
         events.key_changed.send(
-            "key.rolled", user_id=key.user_id,
+            "key.rolled", key=key,
             detail=f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)",
             data=dict(events.key_data(key), key_prefix=secret[:DISPLAY_PREFIX_LENGTH],
                       previous_key_prefix=key.display_prefix, previous_valid_until=until and iso_seconds(until)))
@@ -228,7 +231,7 @@ def revoke_key(key, leaked=False, again=False):
             revoked = bool(ApiKey.update(revoked_at=key.revoked_at).where(which).execute())
             if revoked:
                 events.key_changed.send(
-                    "key.revoked_as_leaked" if leaked else "key.revoked", user_id=key.user_id,
+                    "key.revoked_as_leaked" if leaked else "key.revoked", key=key,
                     detail=f"{key.name} (id {key.id}, {key.display_prefix}...)",
                     data=events.key_data(key, revoked_at=iso_seconds(key.revoked_at)))
     if revoked or again:
@@ -244,7 +247,7 @@ def revoke_previous_secret(key):
         ended = bool(ApiKey.update(previous_key_hash=None, previous_display_prefix=None, previous_expires_at=None)
                      .where((ApiKey.id == key.id) & (ApiKey.previous_key_hash == key.presented_hash)).execute())
         if ended:
-            events.key_changed.send("key.previous_secret_revoked", user_id=key.user_id,
+            events.key_changed.send("key.previous_secret_revoked", key=key,
                                     detail=f"{key.name} (id {key.id})")
     if ended:
         keycache.announce_change()
@@ -256,7 +259,7 @@ def limit_key(key, limits):
     the servers apply it from their next request on."""
     with db.atomic():
         ApiKey.update(rate_limits=limits).where(ApiKey.id == key.id).execute()
-        events.key_changed.send("key.limit_changed", user_id=key.user_id,
+        events.key_changed.send("key.limit_changed", key=key,
                                 detail=f"{key.name} (id {key.id}): {limits or 'its tier ' + key.rate_limit_tier}")
     keycache.announce_change()
 

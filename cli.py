@@ -16,7 +16,7 @@ import ratelimit
 from accounts import securitylog, users
 from keys import keycache
 from metering import analytics, credits, lifecycle
-from models import SCOPES, ApiKey, display_time, iso_seconds
+from models import SCOPES, ApiKey, display_time, iso_seconds, personal_organisation
 from ops import logs
 from ops.commands import Command, CommandGroup, find_user
 
@@ -98,7 +98,7 @@ def list_keys_command(username):
     scopes, IP allow-list (any when empty), its own windows (limit=10/second+5000/hour) or - for its
     tier's (tab-separated; never the secret)."""
     user = find_user(username)
-    for key in ApiKey.select().where(ApiKey.user == user).order_by(ApiKey.id):
+    for key in ApiKey.select().where(ApiKey.org == personal_organisation(user.id)).order_by(ApiKey.id):
         state = "revoked" if key.revoked_at else "expired" if key.is_expired() else "active"
         expiry = iso_seconds(key.expires_at) if key.expires_at else "never"
         fields = (key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state, expiry,
@@ -334,7 +334,7 @@ def usage_report_command(username, key_id, days, output):
     """Print the requests of a user's keys (or one key) per UTC day, oldest first: by outcome
     (table, csv) or by status and endpoint (json, the `daily` shape of GET /api/v1/usage/history)."""
     user = find_user(username)
-    key_ids = [key.id for key in ApiKey.select(ApiKey.id).where(ApiKey.user == user)]
+    key_ids = [key.id for key in ApiKey.select(ApiKey.id).where(ApiKey.org == personal_organisation(user.id))]
     if key_id is not None:
         if key_id not in key_ids:
             raise click.ClickException(f"{username!r} has no API key with id {key_id}.")

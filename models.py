@@ -10,7 +10,6 @@ import time
 from peewee import (
     AutoField,
     BigIntegerField,
-    BlobField,
     CharField,
     DatabaseProxy,
     DateField,
@@ -26,7 +25,7 @@ from peewee import (
 )
 from playhouse.pool import MaxConnectionsExceeded
 
-from store import schema
+from store import schema, slugs
 from store.connections import connect_at_start, open_database
 from store.ids import IdField
 from store.statements import Statements
@@ -114,6 +113,59 @@ class User(BaseModel):
         table_name = "users"
 
 
+ROLES = ("owner", "admin", "developer", "viewer")
+OWNER = "owner"
+
+
+class Organisation(BaseModel):
+    """Who owns keys, webhook endpoints, credits, account allowances and usage: a team, or the
+    personal organisation every user has (named after the username), whose members come and go
+    while its keys keep working."""
+
+    name = CharField(max_length=64)
+    # slug_of(name), made unique (a personal organisation's gets -2, -3 ... when taken).
+    slug = CharField(unique=True, max_length=64)
+    created_at = DateTimeField(default=utcnow)
+    # The user whose personal organisation this is; None for one made with /orgs or `orgs create`.
+    personal_for = ForeignKeyField(User, null=True, unique=True, on_delete="SET NULL")
+
+    class Meta:
+        table_name = "organisations"
+
+
+class Membership(BaseModel):
+    """A user's one role in an organisation (ROLES)."""
+
+    org = ForeignKeyField(Organisation, backref="memberships", on_delete="CASCADE")
+    user = ForeignKeyField(User, backref="memberships", on_delete="CASCADE", index=True)
+    role = CharField(max_length=16)
+    created_at = DateTimeField(default=utcnow)
+
+    class Meta:
+        table_name = "memberships"
+        indexes = ((("org", "user"), True),)
+
+
+def free_slug(name):
+    """The slug of name that no organisation has yet (store/slugs.py)."""
+    base = slugs.slug_of(name) or "org"
+    taken = {slug for (slug,) in Organisation.select(Organisation.slug)
+             .where(Organisation.slug.startswith(base)).tuples()}
+    return slugs.first_free(name, taken)
+
+
+def create_personal_organisation(user):
+    """Make the user's personal organisation, the user its owner (in the caller's transaction)."""
+    org = Organisation.create(name=user.username, slug=free_slug(user.username), personal_for=user.id,
+                              created_at=user.created_at)
+    Membership.create(org=org.id, user=user.id, role=OWNER, created_at=user.created_at)
+    return org
+
+
+def personal_organisation(user_id):
+    return Organisation.get_or_none(Organisation.personal_for == user_id)
+
+
 class Session(BaseModel):
     """A logged-in browser: its cookie holds the token, the database only the token's hash."""
 
@@ -127,13 +179,17 @@ class Session(BaseModel):
     # made: no other session sees it, and it ends with the session.
     totp_setup = TextField(null=True)
     totp_setup_at = DateTimeField(null=True)
+    # The organisation the session works in (/orgs/switch); None, or one the user left: the personal one.
+    org = ForeignKeyField(Organisation, null=True, on_delete="SET NULL")
 
     class Meta:
         table_name = "sessions"
 
 
 class ApiKey(BaseModel):
-    user = ForeignKeyField(User, backref="api_keys", on_delete="CASCADE")
+    org = ForeignKeyField(Organisation, backref="api_keys", on_delete="CASCADE", index=True)
+    # Who created the key; None once that account is deleted (the key keeps working for its organisation).
+    user = ForeignKeyField(User, backref="api_keys", null=True, on_delete="SET NULL")
     name = CharField(max_length=100)
     key_type = CharField(max_length=16)
     rate_limit_tier = CharField(default="free", max_length=32)
@@ -173,10 +229,14 @@ class ApiKey(BaseModel):
         table_name = "api_keys"
 
     @classmethod
-    def active_for(cls, user):
-        """Return the user's keys that are neither revoked nor expired, oldest first."""
+    def active_in(cls, org, created_by=None):
+        """Return the organisation's keys (those the user created_by made, when given) that are
+        neither revoked nor expired, oldest first."""
         unexpired = cls.expires_at.is_null() | (cls.expires_at > utcnow())
-        return cls.select().where((cls.user == user) & cls.revoked_at.is_null() & unexpired).order_by(cls.id)
+        which = (cls.org == org) & cls.revoked_at.is_null() & unexpired
+        if created_by is not None:
+            which &= cls.user == created_by
+        return cls.select().where(which).order_by(cls.id)
 
     def scope_list(self):
         """The key's scopes; every scope for a key made before scopes existed."""
@@ -191,8 +251,12 @@ class ApiKey(BaseModel):
 
 
 class SecurityEvent(BaseModel):
+    """One line of a security log: an account's own event (org None), or an organisation's, user
+    then being who acted (None: the command line or the service itself)."""
+
     id = AutoField()  # a plain id: BaseModel says why
-    user = ForeignKeyField(User, backref="security_events", on_delete="CASCADE")
+    user = ForeignKeyField(User, backref="security_events", null=True, on_delete="SET NULL")
+    org = ForeignKeyField(Organisation, null=True, on_delete="CASCADE")
     created_at = DateTimeField(default=utcnow)
     event = CharField(max_length=32)
     ip = CharField(max_length=64)
@@ -200,77 +264,7 @@ class SecurityEvent(BaseModel):
 
     class Meta:
         table_name = "security_events"
-        indexes = ((("user", "created_at"), False),)
-
-
-# Account protection: two-factor log-in and passkeys; accounts/twofactor.py and web/passkeys.py own them.
-
-class TwoFactor(BaseModel):
-    """An account's TOTP authenticator, made when a code confirmed it (a set-up waiting for its
-    code is kept with its session). The secret is Fernet-encrypted with a key derived from SECRET_KEY."""
-
-    user = ForeignKeyField(User, primary_key=True, on_delete="CASCADE")
-    sealed_secret = TextField()
-    enabled_at = DateTimeField(null=True)
-    # The newest 30-second step whose code was accepted: no code of it or an earlier step passes again.
-    last_step = BigIntegerField(default=0)
-
-    class Meta:
-        table_name = "two_factor"
-
-
-class RecoveryCode(BaseModel):
-    user = ForeignKeyField(User, on_delete="CASCADE", index=True)
-    code_hash = CharField(max_length=64, unique=True)
-    used_at = DateTimeField(null=True)
-
-    class Meta:
-        table_name = "recovery_codes"
-
-
-class PendingLogin(BaseModel):
-    """A browser that gave the right password and still owes the second factor: its cookie holds
-    the token, the database the token's hash, for a few minutes."""
-
-    token_hash = CharField(primary_key=True, max_length=64)
-    user = ForeignKeyField(User, on_delete="CASCADE")
-    # The password hash the log-in was checked against: a password changed since ends the log-in.
-    password_hash = CharField()
-    expires_at = DateTimeField(index=True)
-    failures = IntegerField(default=0)
-
-    class Meta:
-        table_name = "pending_logins"
-
-
-class Passkey(BaseModel):
-    user = ForeignKeyField(User, on_delete="CASCADE", index=True)
-    name = CharField(max_length=64)
-    credential_id = CharField(max_length=1400, unique=True)  # base64url, as the browser sends it
-    public_key = BlobField()
-    sign_count = BigIntegerField(default=0)
-    created_at = DateTimeField(default=utcnow)
-    last_used_at = DateTimeField(null=True)
-
-    class Meta:
-        table_name = "passkeys"
-
-
-class WebAuthnChallenge(BaseModel):
-    """A WebAuthn ceremony under way: its challenge, used once, for a short while. The browser's
-    cookie holds the token; purpose says which ceremony (and user, where there is one) it is for."""
-
-    token_hash = CharField(primary_key=True, max_length=64)
-    purpose = CharField(max_length=16)
-    user = ForeignKeyField(User, null=True, on_delete="CASCADE")
-    challenge = BlobField()
-    expires_at = DateTimeField(index=True)
-
-    class Meta:
-        table_name = "webauthn_challenges"
-
-
-PROTECTION_MODELS = [TwoFactor, RecoveryCode, PendingLogin, Passkey, WebAuthnChallenge]
+        indexes = ((("user", "created_at"), False), (("org", "created_at"), False))
 
 
 class UsageHour(BaseModel):
@@ -340,8 +334,8 @@ def init_app(app, more_models=()):
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
-    tables = [User, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent, MaintenanceLock,
-              *PROTECTION_MODELS, *more_models]
+    tables = [User, Organisation, Membership, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent,
+              MaintenanceLock, *more_models]
     app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index, schema.keep_key_generation])
     app.teardown_appcontext(release_request_connection)
 

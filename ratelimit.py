@@ -129,7 +129,7 @@ class Limiter:
                           name if len(items) == 1 else f"{name}-{item.GRANULARITY.name}") for item in items]
         if self.account_rate is not None:
             item = self.account_rate
-            windows.append(Window(item, item.key_for(f"account:{key.user_id}"), ACCOUNT_POLICY))
+            windows.append(Window(item, item.key_for(f"org:{key.org_id}"), ACCOUNT_POLICY))
         storage_windows = [(window.key, window.item.get_expiry(), window.item.amount) for window in windows]
         policies = ", ".join(f'"{window.policy}";q={window.item.amount};w={window.item.get_expiry()}'
                              for window in windows)

@@ -5,7 +5,8 @@ import datetime
 from peewee import fn
 
 from accounts import emailtokens, securitylog, users
-from models import Passkey, Session, TwoFactor, User, db, utcnow
+from accounts.models import Passkey, TwoFactor
+from models import Session, User, db, utcnow
 from store.writelock import write_transaction
 
 # Reset mails one account gets in an hour at most; past them a request sends nothing (and is

@@ -1,13 +1,16 @@
-"""Each account's security log: who did what to the account and its keys, from which address.
-An event is written in the transaction of the change it records; never a secret or a password."""
+"""The security logs: each account's own (log-ins, passwords, second factors) and each
+organisation's (its keys, webhook endpoints and members), every line with who acted and from which
+address. An event is written in the transaction of the change it records; never a secret or a
+password."""
 
 import datetime
 
 from blinker import Namespace
-from flask import has_request_context, request
+from flask import g, has_app_context, has_request_context, request
+from peewee import JOIN
 
 from keys import events as key_events
-from models import SecurityEvent, utcnow
+from models import Organisation, SecurityEvent, User, utcnow
 
 EVENTS = {
     "user.signup", "user.login", "user.login_failed", "user.logout", "user.password_changed",
@@ -18,6 +21,8 @@ EVENTS = {
     "webhook.added", "webhook.removed", "webhook.disabled",
     "user.password_reset_requested", "user.password_reset", "user.email_verified", "user.email_change_requested",
     "user.email_changed",
+    "org.created", "member.invited", "member.joined", "member.role_changed", "member.removed", "member.left",
+    "invitation.revoked",
 }
 signals = Namespace()
 # Sent by record() once an event is written, inside its transaction (sender: the event's name, with
@@ -34,34 +39,59 @@ def record(user_id, event, detail="", address=None):
     """Add an event to the account's log (inside the caller's transaction, where it has one); the
     address is the request's, else `cli` (the service's own doings give "-")."""
     assert event in EVENTS, event
-    if address is None:
-        address = request.remote_addr if has_request_context() else "cli"
-    SecurityEvent.create(user=user_id, event=event, ip=(address or "-")[:64], detail=detail[:200])
-    forget_beyond_kept(user_id)
+    SecurityEvent.create(user=user_id, event=event, ip=where_from(address), detail=detail[:200])
+    forget_beyond_kept(SecurityEvent.user == user_id)
     recorded.send(event, user_id=user_id, detail=detail)
 
 
-def record_key_event(event, user_id, detail=None, **_):
-    """keys/events.py's key_changed: record the change in the owner's log, in its transaction."""
+def record_in(org_id, event, detail="", address=None, actor_id=None):
+    """Add an event to the organisation's log, with who acted: actor_id, else the user of the web
+    request under way (acting_user_id), else no one (the command line, the service itself)."""
+    assert event in EVENTS, event
+    SecurityEvent.create(user=actor_id or acting_user_id(), org=org_id, event=event, ip=where_from(address),
+                         detail=detail[:200])
+    forget_beyond_kept(SecurityEvent.org == org_id)
+
+
+def acting_user():
+    """The logged-in user of the web request under way (web/pages.py sets g.user); None for the
+    command line, the API and the service's own jobs."""
+    return g.get("user") if has_app_context() else None
+
+
+def acting_user_id():
+    user = acting_user()
+    return user.id if user is not None else None
+
+
+def where_from(address):
+    if address is None:
+        address = request.remote_addr if has_request_context() else "cli"
+    return (address or "-")[:64]
+
+
+def record_key_event(event, key, detail=None, **_):
+    """keys/events.py's key_changed: record the change in the key's organisation's log, in its transaction."""
     if detail is not None:
-        record(user_id, event, detail)
+        record_in(key.org_id, event, detail)
 
 
 def init_app(app):
     key_events.key_changed.connect(record_key_event)
 
 
-def forget_beyond_kept(user_id):
-    """Delete the account's events older than its newest KEPT: one index walk of KEPT entries."""
+def forget_beyond_kept(whose):
+    """Delete the log's events (whose: the account's or the organisation's) older than its newest
+    KEPT: one index walk of KEPT entries."""
     newest_first = (SecurityEvent.select(SecurityEvent.created_at, SecurityEvent.id)
-                    .where(SecurityEvent.user == user_id)
+                    .where(whose)
                     .order_by(SecurityEvent.created_at.desc(), SecurityEvent.id.desc()))
     oldest_kept = newest_first.offset(KEPT - 1).first()
     if oldest_kept is None:
         return
     older = (SecurityEvent.created_at < oldest_kept.created_at) | (
         (SecurityEvent.created_at == oldest_kept.created_at) & (SecurityEvent.id < oldest_kept.id))
-    SecurityEvent.delete().where((SecurityEvent.user == user_id) & older).execute()
+    SecurityEvent.delete().where(whose & older).execute()
 
 
 def failures_this_hour(user_id, event="user.login_failed"):
@@ -71,7 +101,20 @@ def failures_this_hour(user_id, event="user.login_failed"):
 
 
 def recent(user_id, limit=SHOWN):
-    """The account's newest events first (all of them with limit None)."""
-    events = (SecurityEvent.select().where(SecurityEvent.user == user_id)
+    """The account's log, newest first (all of it with limit None): its own events and those of
+    its personal organisation (the Security tab there, and `audit USERNAME`)."""
+    personal = Organisation.select(Organisation.id).where(Organisation.personal_for == user_id)
+    return newest(((SecurityEvent.user == user_id) & SecurityEvent.org.is_null()) | SecurityEvent.org.in_(personal),
+                  limit)
+
+
+def recent_in(org_id, limit=SHOWN):
+    """The organisation's log, newest first (all of it with limit None)."""
+    return newest(SecurityEvent.org == org_id, limit)
+
+
+def newest(whose, limit):
+    """The events, newest first, each with who acted loaded (event.user; None for no one)."""
+    events = (SecurityEvent.select(SecurityEvent, User).join(User, JOIN.LEFT_OUTER).where(whose)
               .order_by(SecurityEvent.created_at.desc(), SecurityEvent.id.desc()))
     return list(events.limit(limit) if limit else events)

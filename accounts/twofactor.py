@@ -10,7 +10,8 @@ import secrets
 import pyotp
 
 from accounts import securitylog, users
-from models import PendingLogin, RecoveryCode, Session, TwoFactor, User, db, utcnow
+from accounts.models import PendingLogin, RecoveryCode, TwoFactor
+from models import Session, User, db, utcnow
 from store import sealing
 
 ISSUER = "API-key demo service"

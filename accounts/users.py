@@ -12,13 +12,25 @@ import secrets
 import unicodedata
 from pathlib import Path
 
-from peewee import IntegrityError, PostgresqlDatabase, SqliteDatabase, fn
+from peewee import IntegrityError, PostgresqlDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from accounts import securitylog
+from accounts import organisations, securitylog
+from accounts.models import PROTECTION_MODELS
 from keys import keycache
-from models import PROTECTION_MODELS, ApiKey, SecurityEvent, Session, User, db, release_connection, utcnow
+from models import (
+    Membership,
+    Organisation,
+    SecurityEvent,
+    Session,
+    User,
+    create_personal_organisation,
+    db,
+    personal_organisation,
+    release_connection,
+    utcnow,
+)
 from store.connections import greenlets_share_thread
 
 USERNAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{3,32}")
@@ -192,10 +204,13 @@ def create_user(username, email, password, on_created=None):
     try:
         with db.atomic():
             user = User.create(username=username, email=email, password_hash=password_hash)
-            # Sessions and events left behind by an account deleted outside the service (no
-            # foreign keys enforced) must not reach this one if it got the same id.
+            # Sessions, events and memberships left behind by an account deleted outside the service
+            # (no foreign keys enforced) must not reach this one if it got the same id.
             Session.delete().where(Session.user == user.id).execute()
             SecurityEvent.delete().where(SecurityEvent.user == user.id).execute()
+            Membership.delete().where(Membership.user == user.id).execute()
+            Organisation.update(personal_for=None).where(Organisation.personal_for == user.id).execute()
+            create_personal_organisation(user)
             # A passkey or an authenticator left behind would open, or lock, the new account.
             for model in PROTECTION_MODELS:
                 model.delete().where(model.user == user.id).execute()
@@ -222,24 +237,26 @@ def change_password(user, current_password, new_password):
 
 
 def delete_account(user, password):
-    """Delete the account, its sessions and its keys (which fail from the next request on, and whose
-    open time sockets close) after checking the password."""
+    """Delete the account and its sessions after checking the password, with the organisations it
+    alone belongs to and their keys (which fail from the next request on, and whose open time
+    sockets close); the keys it made in other organisations keep working for them (raise
+    organisations.SoleOwner where it is the only owner of one with other members)."""
     if not password_matches(user, password):
         raise WrongPassword("The password is not correct.")
     with db.atomic():
+        lock_user(user)
+        organisations.leave_for_deletion(user)
         Session.delete().where(Session.user == user.id).execute()
-        SecurityEvent.delete().where(SecurityEvent.user == user.id).execute()
-        if not isinstance(db.obj, SqliteDatabase):
-            # In id order, as the usage flush locks keys: a DELETE alone takes them in the table's
-            # physical order, and the two would deadlock.
-            list(ApiKey.select(ApiKey.id).where(ApiKey.user == user.id).order_by(ApiKey.id).for_update())
-        ApiKey.delete().where(ApiKey.user == user.id).execute()
         User.delete().where(User.id == user.id).execute()
     keycache.announce_change()
 
 
-def active_key_count(user):
-    return ApiKey.active_for(user).count()
+def personal_organisation_id(user):
+    """The id of the user's personal organisation; AccountGone once the account is deleted."""
+    personal = personal_organisation(user.id)
+    if personal is None:
+        raise AccountGone()
+    return personal.id
 
 
 def lock_user(user):

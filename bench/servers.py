@@ -116,8 +116,10 @@ def seed_keys(env, count):
     with app.app_context():
         user = users.create_user("bench", "bench@example.com", "bench password")
         secrets = [auth.generate_secret("development") for _ in range(count)]
+        # A checkout from before organisations has no org column.
+        owner = {"org": models.personal_organisation(user.id).id} if hasattr(models, "personal_organisation") else {}
         rows = [{"user": user.id, "name": f"bench {i}", "key_type": "development",
-                 "display_prefix": secret[:12], "key_hash": auth.hash_key(secret)}
+                 "display_prefix": secret[:12], "key_hash": auth.hash_key(secret), **owner}
                 for i, secret in enumerate(secrets)]
         with models.db.atomic():
             for start in range(0, len(rows), 500):
@@ -126,11 +128,15 @@ def seed_keys(env, count):
 
 
 def copy_accounts(source, target):
-    """Copy the users and keys of one SQLite database into another made by the service, perhaps
-    of another schema version: the columns both have (a later version only adds columns)."""
+    """Copy the users, organisations and keys of one SQLite database into another made by the
+    service, perhaps of another schema version: the tables and columns both have (a later version
+    only adds them)."""
     with sqlite3.connect(target) as connection:
         connection.execute("ATTACH DATABASE ? AS source", (str(source),))
-        for table in ("users", "api_keys"):
+        for table in ("users", "organisations", "memberships", "api_keys"):
+            both = "SELECT count(*) FROM {}.sqlite_master WHERE type = 'table' AND name = ?"
+            if not all(connection.execute(both.format(side), (table,)).fetchone()[0] for side in ("main", "source")):
+                continue
             target_columns = [row[1] for row in connection.execute(f"PRAGMA main.table_info({table})")]
             source_columns = {row[1] for row in connection.execute(f"PRAGMA source.table_info({table})")}
             columns = ", ".join(column for column in target_columns if column in source_columns)

@@ -15,7 +15,7 @@ def find_active_key(key_hash):
     row = db.execute_sql(db.statements.find_active_key, (key_hash, key_hash)).fetchone()
     if row is None:
         return None
-    (key_id, user_id, name, key_type, tier, display_prefix, expires_at, scopes, current_hash, previous_until,
+    (key_id, org_id, user_id, name, key_type, tier, display_prefix, expires_at, scopes, current_hash, previous_until,
      allow_ips, rate_limits, credits_remaining, refill_amount, refill_interval, refilled_for) = row
     now = utcnow()
     expires_at = ApiKey.expires_at.python_value(expires_at)
@@ -28,7 +28,7 @@ def find_active_key(key_hash):
             return None
         ends.append(previous_until)
     # __no_default__ skips computing defaults for the fields the query did not fetch.
-    key = ApiKey(__no_default__=True, id=key_id, user=user_id, name=name, key_type=key_type,
+    key = ApiKey(__no_default__=True, id=key_id, org=org_id, user=user_id, name=name, key_type=key_type,
                  rate_limit_tier=tier, display_prefix=display_prefix, expires_at=expires_at, scopes=scopes,
                  key_hash=current_hash, allow_ips=allow_ips, rate_limits=rate_limits,
                  credits_remaining=credits_remaining, credits_refill_amount=refill_amount,

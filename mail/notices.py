@@ -9,7 +9,7 @@ from accounts import securitylog
 from keys import events as key_events
 from mail import outbox
 from mail.models import MailMessage
-from models import User, utcnow
+from models import OWNER, Membership, User, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,19 @@ def init_app(app):
     securitylog.recorded.connect(mail_account_notice)
 
 
-def mail_key_notice(event, user_id, data=None, **_):
-    """keys/events.py's key_changed: the owner hears of a key revoked as leaked, expiring or expired."""
+def mail_key_notice(event, key, data=None, **_):
+    """keys/events.py's key_changed: who made a key hears of it revoked as leaked, expiring or
+    expired; the organisation's owners do once its maker is no longer a member."""
     if event in KEY_NOTICES:
-        mail_owner(user_id, KEY_NOTICES[event], key=data or {}, link=outbox.link("/settings/security"))
+        for user_id in key_recipients(key):
+            mail_owner(user_id, KEY_NOTICES[event], key=data or {}, link=outbox.link("/settings/security"))
+
+
+def key_recipients(key):
+    members = Membership.select(Membership.user).where(Membership.org == key.org_id)
+    if key.user_id is not None and members.where(Membership.user == key.user_id).exists():
+        return [key.user_id]
+    return [member.user_id for member in members.where(Membership.role == OWNER)]
 
 
 def mail_account_notice(event, user_id, detail="", **_):

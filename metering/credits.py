@@ -200,7 +200,7 @@ def grant(key_id, set_to=None, add=None, refill=None, no_refill=False, now=None)
                             ApiKey.credits_refilled_for: refill[1] and period_start(refill[1], now)})
         ApiKey.update(changes).where(ApiKey.id == key_id).execute()
         key = ApiKey.get_by_id(key_id)
-        events.key_changed.send("key.credits_changed", user_id=key.user_id,
+        events.key_changed.send("key.credits_changed", key=key,
                                 detail=f"{key.name} (id {key.id}): {describe(key, now)}")
     return key
 

@@ -23,7 +23,7 @@ def ignore(user_id, event, data):
 
 
 class Watcher:
-    """Turns the counts that a key's requests reach into its events, handed to notify(user_id,
+    """Turns the counts that a key's requests reach into its events, handed to notify(org_id,
     event, data). It runs on the hot path, so notify must neither block nor touch the database
     (app.py hands in webhooks' deferred events, written by the next usage flush)."""
 
@@ -37,12 +37,12 @@ class Watcher:
         if remaining == 0:
             interval = key.credits_refill_interval
             refill = interval and iso_seconds(credits.next_refill_at(interval))
-            self.notify(key.user_id, "credits.exhausted", key_data(key, credits_remaining=0, next_refill_at=refill))
+            self.notify(key.org_id, "credits.exhausted", key_data(key, credits_remaining=0, next_refill_at=refill))
         elif granted >= 10 and remaining == granted // 10:
-            self.notify(key.user_id, "credits.low", key_data(key, credits_remaining=remaining, credits_granted=granted))
+            self.notify(key.org_id, "credits.low", key_data(key, credits_remaining=remaining, credits_granted=granted))
 
     def reached(self, key, state, percent):
         """usage.threshold for the key's window (its RateLimitState after the request)."""
-        self.notify(key.user_id, "usage.threshold", key_data(
+        self.notify(key.org_id, "usage.threshold", key_data(
             key, window=state.policy, limit=state.limit, window_seconds=state.window,
             used=state.limit - state.remaining, percent=percent, reset_at=iso_seconds(utc_from_epoch(state.reset))))

@@ -2,6 +2,7 @@
 new row max(id) + 1, the id of a deleted newest row, unless the key is AUTOINCREMENT (sqlite_sequence
 then keeps the highest id the table ever had)."""
 
+import contextlib
 import re
 
 from peewee import SQL, AutoField, NodeList, SqliteDatabase
@@ -49,6 +50,21 @@ def make_autoincrement(database, table):
     database.execute_sql(f'ALTER TABLE "{new}" RENAME TO "{table}"')
     for statement in extras:
         database.execute_sql(statement)
+
+
+@contextlib.contextmanager
+def sequence_kept(database, table):
+    """SQLite: keep the table's sqlite_sequence through a change that makes the table anew (playhouse's
+    migrator drops and adds NOT NULL and columns so): the new table's would start from its highest
+    row, and an id deleted above it could be given again."""
+    if not isinstance(database, SqliteDatabase) or not database.table_exists("sqlite_sequence"):
+        yield
+        return
+    row = database.execute_sql("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+    yield
+    if row is not None and database.execute_sql(
+            "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (row[0], table)).rowcount == 0:
+        database.execute_sql("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, row[0]))
 
 
 def skip_named_ids(database, table):

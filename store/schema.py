@@ -9,7 +9,7 @@ import logging
 from peewee import BigIntegerField, CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
-from store import ids
+from store import ids, slugs
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,73 @@ def add_mail(database, migrator):
         migrate(migrator.add_column("users", "email_verified_at", DateTimeField(null=True)))
 
 
+def add_organisations(database, migrator):
+    """Version 13: organisations own keys, webhook endpoints and the security log's key and webhook
+    events; a key records who created it (NULL once that account is deleted); a session its
+    current organisation. The columns come here, the organisations and their rows after the
+    models' tables (move_into_personal_organisations)."""
+    columns = {
+        "api_keys": {"org_id": IntegerField(null=True)},
+        "webhook_endpoints": {"org_id": IntegerField(null=True)},
+        "security_events": {"org_id": IntegerField(null=True)},
+        "sessions": {"org_id": IntegerField(null=True)},
+    }
+    for table, wanted in columns.items():
+        if database.table_exists(table):
+            have = {column.name for column in database.get_columns(table)}
+            migrate(*(migrator.add_column(table, name, field) for name, field in wanted.items() if name not in have))
+    for table in ("api_keys", "security_events"):
+        if database.table_exists(table):
+            with ids.sequence_kept(database, table):
+                migrate(migrator.drop_not_null(table, "user_id"))
+
+
+def move_into_personal_organisations(database):
+    """Version 13, once the organisations' tables exist: every account gets its personal
+    organisation (named after the username, the account its owner), which takes the account's
+    keys, webhook endpoints and the log's key and webhook events; nothing else changes."""
+    param = database.param
+    taken = {slug for (slug,) in database.execute_sql("SELECT slug FROM organisations")}
+    users = database.execute_sql(
+        "SELECT id, username, created_at FROM users WHERE id NOT IN "
+        "(SELECT personal_for_id FROM organisations WHERE personal_for_id IS NOT NULL) ORDER BY id").fetchall()
+    for user_id, username, created_at in users:
+        slug = slugs.first_free(username, taken)
+        taken.add(slug)
+        database.execute_sql(f"INSERT INTO organisations (name, slug, created_at, personal_for_id) "
+                             f"VALUES ({param}, {param}, {param}, {param})", (username, slug, created_at, user_id))
+    database.execute_sql(
+        "INSERT INTO memberships (org_id, user_id, role, created_at) SELECT id, personal_for_id, 'owner', created_at "
+        "FROM organisations WHERE personal_for_id IS NOT NULL AND NOT EXISTS "
+        "(SELECT 1 FROM memberships m WHERE m.org_id = organisations.id)")
+    personal = "(SELECT o.id FROM organisations o WHERE o.personal_for_id = {table}.user_id)"
+    for table, which in (("api_keys", ""), ("webhook_endpoints", ""),
+                         ("security_events", " AND (substr(event, 1, 4) = 'key.' OR substr(event, 1, 8) = 'webhook.')")):
+        if "user_id" in {column.name for column in database.get_columns(table)}:
+            database.execute_sql(f"UPDATE {table} SET org_id = {personal.format(table=table)} "
+                                 f"WHERE org_id IS NULL{which}")
+    # Rows of an account deleted outside the service (the foreign keys off) belong to no one: they go.
+    for table in ("api_keys", "webhook_endpoints"):
+        if gone := database.execute_sql(f"DELETE FROM {table} WHERE org_id IS NULL").rowcount:
+            log.warning("Deleted %d rows of %s whose account no longer exists.", gone, table)
+    postgresql = isinstance(database, PostgresqlDatabase)
+    migrator = PostgresqlMigrator(database) if postgresql else SqliteMigrator(database)
+    # An endpoint belongs to its organisation alone.
+    if "user_id" in {column.name for column in database.get_columns("webhook_endpoints")}:
+        with ids.sequence_kept(database, "webhook_endpoints"):
+            # legacy: made anew, as SQLite's own DROP COLUMN refuses a column that a foreign key names.
+            drop = (migrator.drop_column("webhook_endpoints", "user_id") if postgresql
+                    else migrator.drop_column("webhook_endpoints", "user_id", legacy=True))
+            migrate(drop)
+    if postgresql:
+        # SQLite cannot add a constraint to a column; there the service deletes what an organisation holds itself.
+        for table, on_delete in (("api_keys", "CASCADE"), ("webhook_endpoints", "CASCADE"),
+                                 ("security_events", "CASCADE"), ("sessions", "SET NULL")):
+            migrate(migrator.add_foreign_key_constraint(table, "org_id", "organisations", "id", on_delete=on_delete))
+        for table in ("api_keys", "webhook_endpoints"):
+            migrate(migrator.add_not_null(table, "org_id"))
+
+
 # The api_keys columns a usage flush writes: no request's admission reads them.
 USAGE_COLUMNS = ("total_requests", "last_used_at")
 
@@ -157,10 +224,10 @@ def keep_key_generation(database):
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
-         make_ids_never_reused, add_key_generation, add_mail]
+         make_ids_never_reused, add_key_generation, add_mail, add_organisations]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
-FILLS = {5: copy_hours_into_days}
+FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}
 
 
 def upgrade(database, models, after=()):

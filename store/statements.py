@@ -12,7 +12,7 @@ class Statements:
         # One indexed lookup finds a key by its secret or by its rolled-out previous one (SQLite
         # and PostgreSQL each use both indexes); expiry and grace are checked on the row.
         self.find_active_key = (
-            "SELECT id, user_id, name, key_type, rate_limit_tier, display_prefix, expires_at, scopes, "
+            "SELECT id, org_id, user_id, name, key_type, rate_limit_tier, display_prefix, expires_at, scopes, "
             "key_hash, previous_expires_at, allow_ips, rate_limits, credits_remaining, "
             "credits_refill_amount, credits_refill_interval, credits_refilled_for FROM api_keys "
             f"WHERE (key_hash = {p} OR previous_key_hash = {p}) "

@@ -10,6 +10,7 @@ import ratelimit
 from accounts import users
 from metering import credits
 from models import ApiKey
+from orgs import roles
 from web import throttles
 from web.pages import MAX_ID, bp, login_required, render_security_tab
 
@@ -17,6 +18,8 @@ from web.pages import MAX_ID, bp, login_required, render_security_tab
 @bp.post("/settings/security/keys")
 @login_required
 def create_key():
+    if not roles.allows(g.membership.role, roles.KEY_CREATE):
+        abort(403)
     form = request.form
     try:
         throttles.count_key_creation(g.user)
@@ -24,7 +27,7 @@ def create_key():
         if "scopes_shown" in form and not scopes:
             raise ValueError("Choose at least one scope.")
         given = form.get("credits", "").strip()
-        key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""),
+        key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""), org=g.org.id,
                                      expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes,
                                      allow_ips=form.get("allow_ips"),
                                      credits_given=credits.parse_credits(given) if given else None,
@@ -44,7 +47,7 @@ def create_key():
 @bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/roll")
 @login_required
 def roll_key(key_id):
-    key = own_key(key_id)
+    key = org_key(key_id, roles.KEY_CHANGE)
     if key.revoked_at or key.is_expired():
         abort(404)
     form = request.form
@@ -70,18 +73,21 @@ def roll_key(key_id):
     return redirect(url_for("web.settings_security"))
 
 
-def own_key(key_id):
-    """The logged-in user's key with this id; another user's, or none, is a 404."""
-    key = ApiKey.get_or_none((ApiKey.id == key_id) & (ApiKey.user == g.user))
+def org_key(key_id, action):
+    """The current organisation's key with this id (another organisation's, or none, is a 404),
+    when the member's role allows the action on it (else 403)."""
+    key = ApiKey.get_or_none((ApiKey.id == key_id) & (ApiKey.org == g.org.id))
     if key is None:
         abort(404)
+    if not roles.allows(g.membership.role, action, own_key=key.user_id == g.user.id):
+        abort(403)
     return key
 
 
 @bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/revoke")
 @login_required
 def revoke_key(key_id):
-    key = own_key(key_id)
+    key = org_key(key_id, roles.KEY_CHANGE)
     auth.revoke_key(key)
     flash(f"Revoked {key.name!r}: requests with it now fail.")
     return redirect(url_for("web.settings_security"))

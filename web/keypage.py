@@ -5,6 +5,7 @@ from flask import Blueprint, render_template
 
 from metering import analytics, credits
 from models import SCOPES, utcnow
+from orgs import roles
 from web import keyforms, pages
 
 bp = Blueprint("keys", __name__)
@@ -66,7 +67,7 @@ class EndpointChart:
 @bp.get(f"/settings/security/keys/<int(max={pages.MAX_ID}):key_id>")
 @pages.login_required
 def key_page(key_id):
-    key = keyforms.own_key(key_id)
+    key = keyforms.org_key(key_id, roles.VIEW)
     now = utcnow()
     hours = analytics.hourly([key.id], now=now)
     days = analytics.daily([key.id], now=now)

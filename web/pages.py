@@ -11,11 +11,11 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 
 import ratelimit
-from accounts import emailaddress, securitylog, twofactor, users
+from accounts import emailaddress, organisations, securitylog, twofactor, users
 from keys import allowips
 from mail import outbox
 from metering import analytics
-from models import SCOPES, ApiKey, utcnow
+from models import SCOPES, ApiKey, personal_organisation, utcnow
 from ops import note as request_note
 from serving import envelope
 from web import addressmails, reference, throttles
@@ -89,6 +89,9 @@ def load_logged_in_user():
     # deleted account delete rows, and with them every copy of the cookie.
     g.session = users.find_session(session.get("sid"))
     g.user = g.session.user if g.session else None
+    # The organisation the pages work in and the user's role there (orgs/roles.py decides what it allows).
+    g.membership = organisations.current_membership(g.user, g.session.org_id) if g.user else None
+    g.org = g.membership.org if g.membership else None
 
 
 @bp.after_request
@@ -108,6 +111,13 @@ def account_gone(error):
     session.clear()
     flash("That account no longer exists.")
     return redirect(url_for("web.login"))
+
+
+@bp.errorhandler(organisations.OrganisationGone)
+def organisation_gone(error):
+    """The organisation was deleted while this request changed it: the session falls back to the personal one."""
+    flash("That organisation no longer exists.")
+    return redirect(url_for("web.settings_security"))
 
 
 def login_required(view):
@@ -253,7 +263,8 @@ def settings_profile():
 
 
 def render_profile_tab(status=200):
-    return render_template("settings_profile.html", active_keys=users.active_key_count(g.user),
+    personal = personal_organisation(g.user.id)
+    return render_template("settings_profile.html", active_keys=ApiKey.active_in(personal).count() if personal else 0,
                            min_password_length=users.MIN_PASSWORD_LENGTH, mail_enabled=outbox.enabled(),
                            pending_change=emailaddress.pending_change(g.user)), status
 
@@ -337,14 +348,21 @@ def settings_security():
 
 
 def render_security_tab(status=200, new_key=None):
-    keys = list(ApiKey.select().where(ApiKey.user == g.user).order_by(ApiKey.id.desc()))
+    keys = list(ApiKey.select().where(ApiKey.org == g.org).order_by(ApiKey.id.desc()))
     now = utcnow()
     inactive = [key for key in keys if key.revoked_at or key.is_expired(now)]
     active = [key for key in keys if key not in inactive]
     return render_template("settings_security.html", keys=keys, active_keys=active, inactive_keys=inactive,
                            totals=account_totals(keys, now), now=now,
                            new_key=new_key, key_types=KEY_TYPES, scopes=SCOPES, expiries=EXPIRIES,
-                           graces=GRACES, events=securitylog.recent(g.user.id)), status
+                           graces=GRACES, events=org_log()), status
+
+
+def org_log():
+    """The current organisation's log; in the user's personal organisation, with the account's own events."""
+    if g.org.personal_for_id == g.user.id:
+        return securitylog.recent(g.user.id)
+    return securitylog.recent_in(g.org.id)
 
 
 # A key's IP allow-list in a few words on the Security tab.
@@ -371,4 +389,4 @@ def days_until(moment):
 @bp.get("/playground")
 @login_required
 def playground():
-    return render_template("playground.html", keys=ApiKey.active_for(g.user), endpoints=ENDPOINTS)
+    return render_template("playground.html", keys=ApiKey.active_in(g.org), endpoints=ENDPOINTS)

@@ -14,7 +14,8 @@ from flask import current_app, request
 from peewee import IntegrityError
 
 from accounts import securitylog, users
-from models import Passkey, Session, User, WebAuthnChallenge, db, utcnow
+from accounts.models import Passkey, WebAuthnChallenge
+from models import Session, User, db, utcnow
 
 RP_NAME = "API-key demo service"
 CHALLENGE_LIFE = datetime.timedelta(minutes=2)

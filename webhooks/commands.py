@@ -3,6 +3,7 @@
 import click
 from flask import current_app
 
+from models import personal_organisation
 from ops.commands import CommandGroup, find_user
 from webhooks import delivery, endpoints
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
@@ -44,7 +45,7 @@ def add_command(username, url, events):
 @click.argument("username")
 def list_command(username):
     """One line per endpoint: ENDPOINT_ID, URL, events, state."""
-    for endpoint in endpoints.owned(find_user(username)):
+    for endpoint in endpoints.owned(personal_organisation(find_user(username).id)):
         click.echo(f"{endpoint.id}\t{endpoint.url}\t{endpoint.events}\t{endpoints.state(endpoint)}")
 
 

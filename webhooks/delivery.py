@@ -32,21 +32,21 @@ ANSWER_BYTES = 1024
 # A claimed message is due again after this, should its process die before recording the attempt.
 LEASE_SECONDS = 30
 POLL_SECONDS = 1.0
-# Attempts a process makes at once, each in its own greenlet. An account with attempts under way in
+# Attempts a process makes at once, each in its own greenlet. An organisation with attempts under way in
 # the process gets another only while more than SLOTS_KEPT slots are free: the kept ones go to
-# accounts with nothing under way, one each, so another account's new message finds a slot however
+# organisations with nothing under way, one each, so another organisation's new message finds a slot however
 # many slow receivers hold the rest.
 CONCURRENCY = 50
 SLOTS_KEPT = 10
 # Within a turn, messages that became due this recently (within their first attempt's promise) go
-# before other accounts' older backlogs.
+# before other organisations' older backlogs.
 RECENT_SECONDS = 5
 # An endpoint whose every attempt has failed for this long is disabled.
 DISABLE_AFTER = datetime.timedelta(days=5)
 ATTEMPTS_KEPT = 50
 USER_AGENT = "api-key-demo-service-webhooks/1"
 
-Claimed = collections.namedtuple("Claimed", "pk message_id event body number endpoint_id user_id url sealed_secret")
+Claimed = collections.namedtuple("Claimed", "pk message_id event body number endpoint_id org_id url sealed_secret")
 Outcome = collections.namedtuple("Outcome", "status error duration_ms")
 
 
@@ -56,9 +56,9 @@ class TimedOut(Exception):
 
 def claim(database, limit, now=None, only=None, busy=(), sending=None, kept=0):
     """Claim up to limit due messages for one attempt each (only: the one with this primary key),
-    the accounts taking turns (first_due); none of an endpoint in busy (those this process is
-    sending to). sending counts each account's attempts under way in this process; the last kept
-    of the limit go only to accounts with none. The claimed messages' attempt count goes up and
+    the organisations taking turns (first_due); none of an endpoint in busy (those this process is
+    sending to). sending counts each organisation's attempts under way in this process; the last kept
+    of the limit go only to organisations with none. The claimed messages' attempt count goes up and
     they are not due again until the lease ends. On PostgreSQL the rows are locked with SKIP
     LOCKED, so processes claiming at once take different messages; on SQLite the claim holds the
     write lock. Return [Claimed]. store/outbox.py holds what this shares with the mail outbox."""
@@ -75,24 +75,24 @@ def claim(database, limit, now=None, only=None, busy=(), sending=None, kept=0):
         outbox.lease(WebhookMessage, ids, due, now, LEASE_SECONDS)
         rows = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.message_id, WebhookMessage.event,
                                       WebhookMessage.body, WebhookMessage.attempts, WebhookEndpoint.id,
-                                      WebhookEndpoint.user, WebhookEndpoint.url, WebhookEndpoint.sealed_secret)
+                                      WebhookEndpoint.org, WebhookEndpoint.url, WebhookEndpoint.sealed_secret)
                 .join(WebhookEndpoint).where(WebhookMessage.id.in_(ids)).tuples())
         return [Claimed(*row) for row in rows]
 
 
 def first_due(database, due, limit, sending, kept, now):
-    """The ids of up to limit messages meeting due, the accounts taking turns. An endpoint has one
+    """The ids of up to limit messages meeting due, the organisations taking turns. An endpoint has one
     at a time, its longest due: a receiver that holds its connections open holds one attempt. An
-    account's turn is a message's place among the account's own here plus the account's attempts
-    under way (sending): every account's first goes before anyone's second, so one account's
-    backlog or slow receivers wait while other accounts' messages go. Within a turn, messages due
+    organisation's turn is a message's place among the organisation's own here plus the organisation's attempts
+    under way (sending): every organisation's first goes before anyone's second, so one organisation's
+    backlog or slow receivers wait while other organisations' messages go. Within a turn, messages due
     for less than RECENT_SECONDS go first, then the longest due. The last kept of the limit go
-    only to first turns: accounts with nothing under way, one message each. PostgreSQL refuses FOR
+    only to first turns: organisations with nothing under way, one message each. PostgreSQL refuses FOR
     UPDATE beside a window function, so there the rows the windows picked are locked by id."""
-    account = WebhookEndpoint.user
+    account = WebhookEndpoint.org
     where = due
     if sending and limit <= kept:
-        # Only first turns may have a slot: the accounts with something under way are not ranked.
+        # Only first turns may have a slot: the organisations with something under way are not ranked.
         where &= account.not_in(list(sending))
     place = fn.ROW_NUMBER().over(partition_by=[WebhookMessage.endpoint],
                                  order_by=[WebhookMessage.next_attempt_at, WebhookMessage.id])
@@ -221,7 +221,7 @@ def disable_if_failing(claimed, now):
     if disabled:
         (WebhookMessage.update(state=FAILED, next_attempt_at=None)
          .where((WebhookMessage.endpoint == claimed.endpoint_id) & (WebhookMessage.state == PENDING)).execute())
-        securitylog.record(claimed.user_id, "webhook.disabled",
+        securitylog.record_in(claimed.org_id, "webhook.disabled",
                            f"{claimed.url} (id {claimed.endpoint_id}): every attempt failed for "
                            f"{DISABLE_AFTER.days} days", address="-")
 
@@ -282,7 +282,7 @@ class Sender:
                     if free and due_exists():
                         under_way = self.in_flight.values()
                         claimed = claim(db.obj, free, busy={message.endpoint_id for message in under_way},
-                                        sending=collections.Counter(message.user_id for message in under_way),
+                                        sending=collections.Counter(message.org_id for message in under_way),
                                         kept=SLOTS_KEPT)
             except Exception:
                 log.exception("Could not claim webhook messages; trying again in %s s.", self.interval)

@@ -4,7 +4,7 @@ removing, and asking for a test event; the CLI, the Security tab and the tests c
 from flask import current_app
 from peewee import fn
 
-from accounts import securitylog, users
+from accounts import organisations, securitylog, users
 from models import db
 from webhooks import addresses, outbox, signing
 from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
@@ -29,8 +29,8 @@ def parse_events(names):
     return ",".join(event for event in outbox.EVENTS if event in names)
 
 
-def add_endpoint(user, url, events=None):
-    """Add an endpoint for the user, subscribed to events (None or empty: every event, those of
+def add_endpoint(user, url, events=None, org=None):
+    """Add an endpoint for the organisation (an id; None: the user's personal one), subscribed to events (None or empty: every event, those of
     later releases included); return (WebhookEndpoint, its signing secret). The secret exists only
     here; the database keeps it sealed. ValueError (RefusedAddress among them) with a sentence for
     a URL or event refused, EndpointCapReached beyond MAX_ENDPOINTS."""
@@ -38,14 +38,15 @@ def add_endpoint(user, url, events=None):
     events = parse_events(events or [])
     url = addresses.check_url(url, current_app.config["WEBHOOK_ALLOW_PRIVATE"])
     secret = signing.new_secret()
+    org_id = org if org is not None else users.personal_organisation_id(user)
     with db.atomic():
-        users.lock_user(user)
-        if WebhookEndpoint.select().where(WebhookEndpoint.user == user.id).count() >= MAX_ENDPOINTS:
-            raise EndpointCapReached(f"An account may have {MAX_ENDPOINTS} webhook endpoints; remove one before "
-                                     "adding another.")
-        endpoint = WebhookEndpoint.create(user=user.id, url=url, events=events, sealed_secret=signing.seal(secret))
+        organisations.lock_organisation(org_id)
+        if WebhookEndpoint.select().where(WebhookEndpoint.org == org_id).count() >= MAX_ENDPOINTS:
+            raise EndpointCapReached(f"An organisation may have {MAX_ENDPOINTS} webhook endpoints; remove one "
+                                     "before adding another.")
+        endpoint = WebhookEndpoint.create(org=org_id, url=url, events=events, sealed_secret=signing.seal(secret))
         subscribed = "all events" if events == ALL_EVENTS else events.replace(",", ", ")
-        securitylog.record(user.id, "webhook.added", f"{url} (id {endpoint.id}; {subscribed})")
+        securitylog.record_in(org_id, "webhook.added", f"{url} (id {endpoint.id}; {subscribed})")
     return endpoint, secret
 
 
@@ -54,7 +55,7 @@ def remove_endpoint(endpoint):
     with db.atomic():
         removed = WebhookEndpoint.delete().where(WebhookEndpoint.id == endpoint.id).execute()
         if removed:
-            securitylog.record(endpoint.user_id, "webhook.removed", f"{endpoint.url} (id {endpoint.id})")
+            securitylog.record_in(endpoint.org_id, "webhook.removed", f"{endpoint.url} (id {endpoint.id})")
     return bool(removed)
 
 
@@ -81,9 +82,9 @@ def waiting_test(endpoint):
                                           & (WebhookMessage.state == PENDING) & ~fn.EXISTS(attempted)).first())
 
 
-def owned(user):
-    """The user's endpoints, oldest first."""
-    return list(WebhookEndpoint.select().where(WebhookEndpoint.user == user.id).order_by(WebhookEndpoint.id))
+def owned(org_id):
+    """The organisation's endpoints, oldest first."""
+    return list(WebhookEndpoint.select().where(WebhookEndpoint.org == org_id).order_by(WebhookEndpoint.id))
 
 
 def recent_attempts(endpoint):

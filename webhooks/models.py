@@ -2,7 +2,7 @@
 
 from peewee import AutoField, BigIntegerField, CharField, DateTimeField, ForeignKeyField, IntegerField, TextField
 
-from models import ApiKey, BaseModel, User, utcnow
+from models import ApiKey, BaseModel, Organisation, utcnow
 
 # A message's states: waiting for its next attempt (or in one), delivered, failed for good.
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
@@ -11,7 +11,7 @@ ALL_EVENTS = "*"
 
 
 class WebhookEndpoint(BaseModel):
-    user = ForeignKeyField(User, on_delete="CASCADE", index=True)
+    org = ForeignKeyField(Organisation, on_delete="CASCADE", index=True)
     url = CharField(max_length=2000)
     # ALL_EVENTS, or the comma-separated names of the events the endpoint is subscribed to.
     events = CharField(max_length=300)

@@ -9,8 +9,9 @@ import logging
 import secrets
 import time
 
+from accounts import organisations, securitylog
 from keys import events as key_events
-from models import iso_ms, utcnow
+from models import Organisation, iso_ms, utcnow
 from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage, subscribes
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Drops:
 
 class DeferredEvents:
     """Events decided on the hot path (metering/thresholds.py's Watcher), where no transaction is
-    open, as (user_id, event, data, when): adding one never blocks and never touches the database.
+    open, as (org_id, event, data, when): adding one never blocks and never touches the database.
     The app's usage counter carries them (metering/usage.py's riders): its next flush, within a
     second, writes their messages in the transaction of its counts, and gives them back when that
     transaction does not commit. A deque: adding and taking need no lock, between greenlets or real
@@ -54,10 +55,10 @@ class DeferredEvents:
         self.waiting = collections.deque(maxlen=kept)
         self.drops = Drops(kept)
 
-    def add(self, user_id, event, data):
+    def add(self, org_id, event, data):
         if len(self.waiting) == self.waiting.maxlen:
             self.drops.count += 1
-        self.waiting.append((user_id, event, data, utcnow()))
+        self.waiting.append((org_id, event, data, utcnow()))
 
     def take(self):
         """The events added so far, taken out of the queue."""
@@ -77,56 +78,64 @@ class DeferredEvents:
     @staticmethod
     def write(events):
         """Write the messages of taken events, inside the caller's transaction: one query finds the
-        endpoints of all their users (most have none, and their events end here)."""
+        endpoints of all their organisations (most have none, and their events end here)."""
         if not events:
             return
         endpoints = collections.defaultdict(list)
-        rows = (WebhookEndpoint.select(WebhookEndpoint.user, WebhookEndpoint.id, WebhookEndpoint.events)
-                .where(WebhookEndpoint.user.in_(list({user_id for user_id, *_ in events}))
+        rows = (WebhookEndpoint.select(WebhookEndpoint.org, WebhookEndpoint.id, WebhookEndpoint.events, Organisation.slug)
+                .join(Organisation)
+                .where(WebhookEndpoint.org.in_(list({org_id for org_id, *_ in events}))
                        & WebhookEndpoint.disabled_at.is_null()).tuples())
-        for user_id, endpoint_id, names in rows:
-            endpoints[user_id].append((endpoint_id, names))
-        for user_id, event, data, when in events:
-            if subscribed_ids := [endpoint_id for endpoint_id, names in endpoints[user_id] if subscribes(names, event)]:
-                write_messages(subscribed_ids, event, data, when)
+        slugs = {}
+        for org_id, endpoint_id, names, slug in rows:
+            endpoints[org_id].append((endpoint_id, names))
+            slugs[org_id] = slug
+        for org_id, event, data, when in events:
+            if subscribed_ids := [endpoint_id for endpoint_id, names in endpoints[org_id] if subscribes(names, event)]:
+                write_messages(subscribed_ids, event, {**data, "org": slugs[org_id]}, when)
 
 
 def init_app(app):
     """Subscribe to key changes, and make the app's queue of deferred events (which app.py hands to
     the limiter's threshold watcher and to the usage counter); return the queue."""
     key_events.key_changed.connect(emit_key_event)
+    organisations.organisations_deleted.connect(forget_endpoints)
     deferred = app.extensions["webhook_events"] = DeferredEvents()
     return deferred
 
 
-def emit_key_event(event, user_id, data=None, **_):
-    """keys/events.py's key_changed: the messages of a key event webhooks send, in its transaction."""
+def forget_endpoints(org_ids):
+    """accounts/organisations.py's organisations_deleted: their endpoints go with them (their
+    messages and attempts by their foreign keys)."""
+    WebhookEndpoint.delete().where(WebhookEndpoint.org.in_(org_ids)).execute()
+
+
+def emit_key_event(event, key, data=None, **_):
+    """keys/events.py's key_changed: the messages of a key event webhooks send, in its transaction,
+    with who acted (a username; None for the service itself, the command line or the API)."""
     if event in EVENTS:
-        emit(user_id, event, data)
+        actor = securitylog.acting_user()
+        emit(key.org_id, event, {**data, "actor": actor.username if actor is not None else None})
 
 
-def emit(user_id, event, data, now=None):
-    """Write one message per enabled endpoint of the user subscribed to the event; call it inside the
-    caller's open transaction (db.atomic()). Return how many were written."""
+def emit(org_id, event, data, now=None):
+    """Write one message per enabled endpoint of the organisation subscribed to the event, its data
+    with the organisation's slug; call it inside the caller's open transaction (db.atomic()).
+    Return how many were written."""
     assert event in EVENTS, event
-    endpoints = subscribed(user_id, event)
+    rows = (WebhookEndpoint.select(WebhookEndpoint.id, WebhookEndpoint.events, Organisation.slug).join(Organisation)
+            .where((WebhookEndpoint.org == org_id) & WebhookEndpoint.disabled_at.is_null()).tuples())
+    endpoints = [(endpoint_id, slug) for endpoint_id, events, slug in rows if subscribes(events, event)]
     if endpoints:
-        write_messages(endpoints, event, data, now or utcnow())
+        write_messages([endpoint_id for endpoint_id, _ in endpoints], event, {**data, "org": endpoints[0][1]},
+                       now or utcnow())
     return len(endpoints)
-
-
-def subscribed(user_id, event):
-    """The ids of the user's enabled endpoints subscribed to the event: one indexed query, none found
-    for most accounts."""
-    rows = (WebhookEndpoint.select(WebhookEndpoint.id, WebhookEndpoint.events)
-            .where((WebhookEndpoint.user == user_id) & WebhookEndpoint.disabled_at.is_null()).tuples())
-    return [endpoint_id for endpoint_id, events in rows if subscribes(events, event)]
 
 
 def write_test(endpoint):
     """Write a webhook.test message for the endpoint (inside the caller's transaction); return it."""
     now = utcnow()
-    return write_messages([endpoint.id], "webhook.test", {"endpoint_id": endpoint.id, "url": endpoint.url}, now)[0]
+    return write_messages([endpoint.id], "webhook.test", {"endpoint_id": endpoint.id, "url": endpoint.url, "org": endpoint.org.slug}, now)[0]
 
 
 def write_messages(endpoint_ids, event, data, now):

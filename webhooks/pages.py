@@ -7,6 +7,7 @@ import json
 from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import users
+from orgs import roles
 from web import pages
 from web.pages import MAX_ID, login_required, render_security_tab
 from webhooks import endpoints, outbox
@@ -29,7 +30,7 @@ def webhook_section():
     """webhook_section(): what templates/_webhooks.html shows, read only where it is included."""
 
     def section():
-        owned = endpoints.owned(g.user)
+        owned = endpoints.owned(g.org.id)
         return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint),
                                endpoints.waiting_test(endpoint)) for endpoint in owned],
                 "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS}
@@ -50,7 +51,9 @@ def add_endpoint():
         events = form.getlist("events") if subscribe == "chosen" else []
         if subscribe == "chosen" and "events_shown" in form and not events:
             raise ValueError("Choose at least one event.")
-        endpoint, secret = endpoints.add_endpoint(g.user, form.get("url", ""), events)
+        if not roles.allows(g.membership.role, roles.WEBHOOK_MANAGE):
+            abort(403)
+        endpoint, secret = endpoints.add_endpoint(g.user, form.get("url", ""), events, org=g.org.id)
     except ValueError as error:
         flash(str(error), "error")
         return render_security_tab(status=400)
@@ -63,7 +66,7 @@ def add_endpoint():
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/test")
 @login_required
 def send_test(endpoint_id):
-    endpoint = own_endpoint(endpoint_id)
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     try:
         message = endpoints.send_test(endpoint)
     except ValueError as error:
@@ -81,7 +84,7 @@ def attempts(endpoint_id):
     if g.user is None:
         # No flash and no redirect to the log-in page: a script asks, not a person.
         abort(401)
-    endpoint = own_endpoint(endpoint_id)
+    endpoint = org_endpoint(endpoint_id, roles.VIEW)
     return render_template("_webhook_attempts.html", endpoint=endpoint, attempts=endpoints.recent_attempts(endpoint),
                            waiting=endpoints.waiting_test(endpoint))
 
@@ -89,15 +92,18 @@ def attempts(endpoint_id):
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/remove")
 @login_required
 def remove_endpoint(endpoint_id):
-    endpoint = own_endpoint(endpoint_id)
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     endpoints.remove_endpoint(endpoint)
     flash(f"Removed the webhook endpoint {endpoint.url}.")
     return redirect(url_for("web.settings_security") + SECTION)
 
 
-def own_endpoint(endpoint_id):
-    """The logged-in user's endpoint with this id; another user's, or none, is a 404."""
-    endpoint = WebhookEndpoint.get_or_none((WebhookEndpoint.id == endpoint_id) & (WebhookEndpoint.user == g.user.id))
+def org_endpoint(endpoint_id, action):
+    """The current organisation's endpoint with this id (another organisation's, or none, is a
+    404), when the member's role allows the action on it (else 403)."""
+    endpoint = WebhookEndpoint.get_or_none((WebhookEndpoint.id == endpoint_id) & (WebhookEndpoint.org == g.org.id))
     if endpoint is None:
         abort(404)
+    if not roles.allows(g.membership.role, action):
+        abort(403)
     return endpoint

@@ -60,14 +60,14 @@ def send_once(event, condition, now):
     """Emit the event for each key that meets condition and has no marker for it yet, the marker
     written in the same transaction: once per key, whichever process gets there first."""
     marked = WebhookMarker.select(WebhookMarker.api_key).where(WebhookMarker.event == event)
-    keys = list(ApiKey.select(ApiKey.id, ApiKey.user, ApiKey.name, ApiKey.display_prefix, ApiKey.expires_at)
+    keys = list(ApiKey.select(ApiKey.id, ApiKey.org, ApiKey.user, ApiKey.name, ApiKey.display_prefix, ApiKey.expires_at)
                 .where(condition & ApiKey.id.not_in(marked)).limit(BATCH))
     sent = 0
     for key in keys:
         try:
             with write_transaction(db.obj):
                 WebhookMarker.create(api_key=key.id, event=event)
-                key_events.key_changed.send(event, user_id=key.user_id,
+                key_events.key_changed.send(event, key=key,
                                             data=key_events.key_data(key, expires_at=iso_seconds(key.expires_at)))
             sent += 1
         except IntegrityError:

@@ -141,10 +141,10 @@ def test_the_key_cap_holds_in_the_web_application_and_the_cli(server, env):
         assert browser.create_key(f"key {n}").status_code == 302
     refused = browser.create_key("one too many")
     assert refused.status_code == 400
-    assert "An account may hold 20 active keys; revoke one before creating another." in refused.text
+    assert "An organisation may hold 20 active keys; revoke one before creating another." in refused.text
     result = run_cli(env, "keys", "create", browser.username, "--name", "cli key", "--type", "development")
     assert result.returncode != 0
-    assert "An account may hold 20 active keys" in result.stderr and "Traceback" not in result.stderr
+    assert "An organisation may hold 20 active keys" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("field", ["username", "email", "password"])

@@ -33,15 +33,17 @@ def hold(server, secret):
 def insert_keys(connection, mark, username, count, expires_at=None):
     """Make `count` keys for the user straight in the database (the web application would refuse as
     many) through a DB-API connection whose parameter mark is `mark`; return [(id, secret)]."""
-    user_id = connection.execute(f"SELECT id FROM users WHERE username = {mark}", (username,)).fetchone()[0]
+    user_id, org_id = connection.execute(
+        f"SELECT u.id, o.id FROM users u JOIN organisations o ON o.personal_for_id = u.id WHERE u.username = {mark}",
+        (username,)).fetchone()
     keys = []
     for number in range(count):
         secret = auth.generate_secret("production")
         key_id = connection.execute(
-            "INSERT INTO api_keys (user_id, name, key_type, rate_limit_tier, display_prefix, key_hash, created_at, "
-            f"total_requests, expires_at) VALUES ({mark}, {mark}, 'production', 'free', {mark}, {mark}, {mark}, 0, "
-            f"{mark}) RETURNING id",
-            (user_id, f"cached {number}", secret[:12], auth.hash_key(secret), utcnow(), expires_at)).fetchone()[0]
+            "INSERT INTO api_keys (org_id, user_id, name, key_type, rate_limit_tier, display_prefix, key_hash, "
+            f"created_at, total_requests, expires_at) VALUES ({mark}, {mark}, {mark}, 'production', 'free', {mark}, "
+            f"{mark}, {mark}, 0, {mark}) RETURNING id",
+            (org_id, user_id, f"cached {number}", secret[:12], auth.hash_key(secret), utcnow(), expires_at)).fetchone()[0]
         keys.append((key_id, secret))
     return keys
 

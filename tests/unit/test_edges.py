@@ -123,8 +123,8 @@ def test_the_security_log_keeps_its_newest_events_at_every_write(user, monkeypat
     key, _ = auth.issue_key(user, "Busy", "production")
     for _ in range(8):
         auth.roll_key(ApiKey.get_by_id(key.id), 0)
-        assert SecurityEvent.select().where(SecurityEvent.user == user.id).count() <= 5
-    events = securitylog.recent(user.id, limit=None)
+        assert SecurityEvent.select().where(SecurityEvent.org == key.org_id).count() <= 5
+    events = securitylog.recent_in(key.org_id, limit=None)
     assert [event.event for event in events] == ["key.rolled"] * 5
     assert events[0].id == max(event.id for event in SecurityEvent.select())
 

@@ -12,7 +12,7 @@ import auth
 import cli
 from accounts import securitylog, users
 from keys import keycache, lookup
-from models import SCOPES, ApiKey, User, utcnow
+from models import SCOPES, ApiKey, User, personal_organisation, utcnow
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -53,7 +53,7 @@ def test_a_bad_checksum_is_refused_without_a_lookup(client, api_key, monkeypatch
 
 def test_keys_issued_before_checksums_keep_working(client, user):
     legacy = "sk_live_" + "L" * 40
-    ApiKey.create(user=user, name="Legacy", key_type="production", display_prefix=legacy[:12],
+    ApiKey.create(org=personal_organisation(user.id), user=user, name="Legacy", key_type="production", display_prefix=legacy[:12],
                   key_hash=auth.hash_key(legacy))
     assert get(client, "/api/v1/protected/test", legacy).json["api_key_name"] == "Legacy"
 

@@ -11,8 +11,9 @@ from twofactorsteps import code_at, confirm, enable, is_logged_in, start_setup
 
 import settings
 from accounts import securitylog, twofactor
+from accounts.models import PendingLogin, RecoveryCode, TwoFactor, WebAuthnChallenge
 from metering import lifecycle
-from models import PendingLogin, RecoveryCode, Session, TwoFactor, WebAuthnChallenge, utcnow
+from models import Session, utcnow
 from web import passkeys, webprotection
 
 PASSWORD = "correct horse battery"
@@ -198,7 +199,7 @@ def test_webauthn_settings_default_to_the_request():
 
 
 def test_removing_a_passkey_ends_the_other_sessions(logged_in, app, user):
-    from models import Passkey
+    from accounts.models import Passkey
 
     other = app.test_client()
     log_in(other)

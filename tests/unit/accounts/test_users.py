@@ -80,7 +80,7 @@ def test_the_key_cap_follows_max_keys_per_user(app, user):
     app.config["MAX_KEYS_PER_USER"] = 2
     first, _ = auth.issue_key(user, "one", "development")
     auth.issue_key(user, "two", "development")
-    with pytest.raises(auth.KeyCapReached, match="An account may hold 2 active keys"):
+    with pytest.raises(auth.KeyCapReached, match="An organisation may hold 2 active keys"):
         auth.issue_key(user, "three", "development")
     auth.revoke_key(first)
     auth.issue_key(user, "three", "development")

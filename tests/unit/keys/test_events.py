@@ -8,17 +8,17 @@ import auth
 from accounts import securitylog
 from keys import events
 from mail import notices
-from models import ApiKey, SecurityEvent, db
+from models import ApiKey, SecurityEvent, db, personal_organisation
 from webhooks import outbox
 
 
 @pytest.fixture
 def sent():
-    """(event, user_id, detail, data, in a transaction) for each key_changed sent while the test runs."""
+    """(event, the key's organisation, detail, data, in a transaction) for each key_changed sent while the test runs."""
     received = []
 
-    def listen(event, user_id, detail=None, data=None):
-        received.append((event, user_id, detail, data, db.obj.in_transaction()))
+    def listen(event, key, detail=None, data=None):
+        received.append((event, key.org_id, detail, data, db.obj.in_transaction()))
 
     with events.key_changed.connected_to(listen):
         yield received
@@ -34,10 +34,11 @@ def test_each_key_action_sends_one_signal_inside_its_transaction(app, user, sent
     key.presented_hash = key.previous_key_hash
     auth.revoke_previous_secret(key)
     auth.revoke_key(key)
-    assert [(event, user_id, in_transaction) for event, user_id, _, _, in_transaction in sent] == [
-        ("key.created", user.id, True), ("key.rolled", user.id, True), ("key.limit_changed", user.id, True),
-        ("key.credits_changed", user.id, True), ("key.previous_secret_revoked", user.id, True),
-        ("key.revoked", user.id, True)]
+    org = personal_organisation(user.id).id
+    assert [(event, org_id, in_transaction) for event, org_id, _, _, in_transaction in sent] == [
+        ("key.created", org, True), ("key.rolled", org, True), ("key.limit_changed", org, True),
+        ("key.credits_changed", org, True), ("key.previous_secret_revoked", org, True),
+        ("key.revoked", org, True)]
     # What the security log records is the signal's detail, event for event.
     logged = [(row.event, row.detail) for row in SecurityEvent.select().where(SecurityEvent.event.startswith("key."))
               .order_by(SecurityEvent.id)]

@@ -150,12 +150,12 @@ def test_a_spent_credit_keeps_the_key_and_a_grant_makes_it_stale(sqlite_app, sql
     assert lookups == [key_hash, key_hash]
 
 
-def test_a_key_deleted_with_its_account_by_another_connection_is_gone(sqlite_app, sqlite_user, lookups):
+def test_a_key_deleted_with_its_organisation_by_another_connection_is_gone(sqlite_app, sqlite_user, lookups):
     key, key_hash = new_key(sqlite_user)
     find(key_hash)
     with other_connection(sqlite_app) as other:
         other.execute("PRAGMA foreign_keys = ON")
-        other.execute("DELETE FROM users WHERE id = ?", (sqlite_user.id,))
+        other.execute("DELETE FROM organisations WHERE id = ?", (key.org_id,))
     assert find(key_hash) == (None, None)
 
 

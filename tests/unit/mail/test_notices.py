@@ -8,9 +8,10 @@ import pytest
 
 import auth
 from accounts import emailtokens, recovery, securitylog, twofactor, users
+from accounts.models import Passkey
 from mail import notices, sender
 from mail.models import MailMessage
-from models import ApiKey, Passkey, User, db, utcnow
+from models import ApiKey, User, db, utcnow
 from webhooks import periodic
 
 

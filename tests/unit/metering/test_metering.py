@@ -206,7 +206,7 @@ def test_a_key_change_whose_security_event_fails_is_not_made(metered, owner, mon
     def refuse(*args, **kwargs):
         raise OperationalError("disk I/O error")
 
-    monkeypatch.setattr(securitylog, "record", refuse)
+    monkeypatch.setattr(securitylog, "record_in", refuse)
     result = metered.test_cli_runner().invoke(args=["keys", command[0], str(key.id), *command[1:]])
     assert result.exit_code == 1 and "The database cannot be used right now: disk I/O error" in result.output
     stored = ApiKey.get_by_id(key.id)

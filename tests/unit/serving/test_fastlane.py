@@ -209,7 +209,7 @@ def test_the_storage_s_and_the_database_s_errors_are_flask_s(lane_app, monkeypat
     through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/demo/year"))
     assert through_lane == through_flask_alone and through_lane[0] == "200 OK"
     monkeypatch.undo()
-    monkeypatch.setattr(api.User, "get_or_none", database_down)
+    monkeypatch.setattr(api.ApiKey, "select", database_down)
     through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/user/me"))
     assert through_lane == through_flask_alone and through_lane[0] == "503 SERVICE UNAVAILABLE"
 

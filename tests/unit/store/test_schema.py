@@ -23,7 +23,8 @@ from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 import auth
 import models
 from accounts import users
-from models import ApiKey, Passkey, RecoveryCode, TwoFactor, User, db
+from accounts.models import Passkey, RecoveryCode, TwoFactor
+from models import ApiKey, User, db
 from store import connections, schema
 from webhooks import endpoints
 from webhooks.models import WebhookMarker
@@ -249,14 +250,23 @@ def test_a_ninth_version_sqlite_database_keeps_every_row_and_gives_no_id_again(t
     app = make_app({"DATABASE_URL": f"sqlite:///{path}", "RATE_LIMIT_TIERS": TEST_TIERS, "WEBHOOK_ALLOW_PRIVATE": True})
     assert app.extensions["schema"] == (9, schema.LATEST)
     _, indexes_after, autoincrement = tables_of(path)
-    # Later versions may add columns: the columns version 9 had keep every value.
+    # Later versions may add columns: the columns version 9 had keep every value, but an endpoint's
+    # account, which version 13 made its account's personal organisation.
+    moved = before["webhook_endpoints"][0].index("user_id")
+    before["webhook_endpoints"] = ([name for name in before["webhook_endpoints"][0] if name != "user_id"],
+                                   [row[:moved] + row[moved + 1:] for row in before["webhook_endpoints"][1]])
     with contextlib.closing(sqlite3.connect(path)) as connection:
         kept = {table: (columns, connection.execute(f'SELECT {", ".join(columns)} FROM "{table}" ORDER BY rowid')
                         .fetchall()) for table, (columns, _) in before.items()}
+        endpoint_owners = connection.execute(
+            "SELECT count(*) FROM webhook_endpoints e JOIN organisations o ON o.id = e.org_id "
+            "WHERE o.personal_for_id IS NOT NULL").fetchone()
     assert kept == before
-    assert indexes_after >= indexes_before
+    assert endpoint_owners == (len(before["webhook_endpoints"][1]),)
+    assert indexes_after >= {index for index in indexes_before if index[1] != "webhookendpoint_user_id"}
     # Tables added after version 10 are made with AUTOINCREMENT from the start.
-    assert autoincrement == tables_of(tmp_path / "new.db")[2] == {*schema.NEVER_REUSED_IDS, "mail_messages"}
+    assert autoincrement == tables_of(tmp_path / "new.db")[2] == {*schema.NEVER_REUSED_IDS, "mail_messages",
+                                                                  "organisations", "memberships"}
     highest = {table: max(row[0] for row in before[table][1]) for table in schema.NEVER_REUSED_IDS}
     with app.app_context():
         assert db.execute_sql("PRAGMA foreign_key_check").fetchall() == []
@@ -315,9 +325,10 @@ def test_a_sqlite_database_keeps_a_key_generation_that_only_key_changes_move(tmp
         with contextlib.closing(sqlite3.connect(path)) as connection, connection:
             connection.execute("INSERT INTO users (username, email, password_hash, created_at) "
                                "VALUES ('kim', 'kim@example.com', 'x', '2026-01-01')")
-            connection.execute("INSERT INTO api_keys (user_id, name, key_type, rate_limit_tier, display_prefix, "
+            connection.execute("INSERT INTO organisations (name, slug, created_at) VALUES ('kim', 'kim', '2026-01-01')")
+            connection.execute("INSERT INTO api_keys (org_id, user_id, name, key_type, rate_limit_tier, display_prefix, "
                                "key_hash, created_at, total_requests) "
-                               "VALUES (1, 'k', 'development', 'free', 'sk_test_abcd', 'h', '2026-01-01', 0)")
+                               "VALUES (1, 1, 'k', 'development', 'free', 'sk_test_abcd', 'h', '2026-01-01', 0)")
     with contextlib.closing(sqlite3.connect(path)) as connection, connection:
         connection.execute("UPDATE api_keys SET total_requests = total_requests + 1, last_used_at = '2026-02-01'")
     assert key_generation_of(path)[0] == [(1,)]

@@ -10,8 +10,9 @@ from softauthenticator import USER_PRESENT, SoftAuthenticator
 from twofactorsteps import is_logged_in
 
 from accounts import users
+from accounts.models import Passkey
 from app import load_config
-from models import Passkey, db
+from models import db
 
 PASSWORD = "correct horse battery"
 

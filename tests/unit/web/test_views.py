@@ -12,7 +12,7 @@ from webforms import SECRET_PATTERN, create_key, page
 
 import auth
 from accounts import users
-from models import ApiKey, UsageHour, User, start_of_hour, utcnow
+from models import ApiKey, UsageHour, User, personal_organisation, start_of_hour, utcnow
 from serving import envelope
 from web import pages, throttles
 
@@ -181,7 +181,7 @@ def test_every_form_rejects_a_post_without_a_valid_csrf_token(app, logged_in, pa
         assert response.status_code == 400
         assert "CSRF" in page(response)
     assert User.select().count() == 1
-    assert ApiKey.active_for(User.get(User.username == "alice")).count() == 1
+    assert ApiKey.active_in(personal_organisation(User.get(User.username == "alice").id)).count() == 1
 
 
 def test_every_route_that_takes_a_post_outside_the_api_asks_for_the_csrf_token(app, logged_in):

@@ -27,7 +27,7 @@ import auth
 import settings
 from accounts import users
 from keys import events as key_events
-from models import ApiKey, SecurityEvent, db, utcnow
+from models import ApiKey, SecurityEvent, db, personal_organisation, utcnow
 from webhooks import addresses, delivery, endpoints, outbox, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
@@ -105,7 +105,7 @@ def test_a_delivery_verifies_with_the_library_and_keeps_its_bytes(app, hook, rec
     [received] = receiver.received()
     assert received.error is None, received.error
     assert received.verified == {"type": "webhook.test", "timestamp": received.payload["timestamp"],
-                                 "data": {"endpoint_id": endpoint.id, "url": endpoint.url}}
+                                 "data": {"endpoint_id": endpoint.id, "url": endpoint.url, "org": "alice"}}
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", received.payload["timestamp"])
     assert received.headers["content-type"] == "application/json"
     assert received.message_id == message.message_id and received.message_id.startswith("msg_")
@@ -137,7 +137,8 @@ def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, 
     by_type = {delivery.payload["type"]: delivery for delivery in receiver.wait_for(5)
                if delivery.payload["data"]["key_name"] == "Laptop" or delivery.payload["type"] != "key.created"}
     assert all(delivery.error is None for delivery in by_type.values())
-    names = {"key_id": key.id, "key_name": "Laptop"}
+    # Made from the command line (no one logged in acted): no actor; the organisation is alice's own.
+    names = {"key_id": key.id, "key_name": "Laptop", "org": "alice", "actor": None}
     created = by_type["key.created"].verified["data"]
     assert created == {**names, "key_prefix": secret[:12], "key_type": "production", "scopes": ["test:read"],
                        "expires_at": created["expires_at"]}
@@ -171,8 +172,9 @@ def test_an_endpoint_of_every_event_gets_the_events_of_later_releases(app, user,
     assert WebhookEndpoint.get_by_id(everything.id).events == "*"
     assert WebhookEndpoint.get_by_id(named.id).events == ",".join(outbox.EVENTS)
     later = "key.renamed"
-    assert later not in outbox.EVENTS and outbox.subscribed(user.id, later) == [everything.id]
-    outbox.DeferredEvents.write([(user.id, later, {"key_id": 7}, utcnow())])
+    assert later not in outbox.EVENTS
+    org = personal_organisation(user.id).id
+    outbox.DeferredEvents.write([(org, later, {"key_id": 7}, utcnow())])
     assert [(message.endpoint_id, message.event) for message in WebhookMessage.select()] == [(everything.id, later)]
     deliver(app)
     assert [delivery.verified["type"] for delivery in receiver.wait_for(1)] == [later]
@@ -203,7 +205,8 @@ def test_expiring_and_expired_are_sent_once_each(app, user, hook, receiver):
     assert expiring.payload["type"] == "key.expiring" and expired.payload["type"] == "key.expired"
     for event in (expiring, expired):
         assert event.verified["data"] == {"key_id": soon.id, "key_name": "Soon", "key_prefix": soon.display_prefix,
-                                          "expires_at": event.verified["data"]["expires_at"]}
+                                          "expires_at": event.verified["data"]["expires_at"], "org": "alice",
+                                          "actor": None}
 
 
 def test_deferred_events_are_written_once_by_the_usage_flush_with_its_counts(app, user, hook, monkeypatch):
@@ -246,7 +249,7 @@ def test_usage_threshold_at_80_and_100_percent_once_per_window(app, client, user
     assert [(data["window"], data["used"], data["percent"]) for data in thresholds] == [(window, 4, 80), (window, 5, 100)]
     assert thresholds[0] == {"key_id": key.id, "key_name": "Busy", "key_prefix": key.display_prefix, "window": window,
                              "limit": 5, "window_seconds": 60, "used": 4, "percent": 80,
-                             "reset_at": thresholds[0]["reset_at"]}
+                             "reset_at": thresholds[0]["reset_at"], "org": "alice"}
 
 
 def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client, user, hook, receiver):
@@ -262,7 +265,7 @@ def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client,
         ("credits.low", 2), ("credits.exhausted", 0)]
     assert events[0]["data"]["credits_granted"] == 20
     assert events[1]["data"] == {"key_id": key.id, "key_name": "Metered", "key_prefix": key.display_prefix,
-                                 "credits_remaining": 0, "next_refill_at": None}
+                                 "credits_remaining": 0, "next_refill_at": None, "org": "alice"}
 
 
 def test_threshold_marks_for_small_and_large_allowances():

@@ -1,0 +1,74 @@
+"""What an account's life does to its organisations: the personal one made with the account, and
+on deletion the organisations it alone belonged to deleted, its keys elsewhere kept for their
+organisations. Member changes are orgs/'s."""
+
+from blinker import Namespace
+from peewee import PostgresqlDatabase
+
+from models import OWNER, ApiKey, Membership, Organisation, SecurityEvent, db
+
+signals = Namespace()
+# Sent inside the deleting transaction with org_ids: the rooms above delete what those organisations
+# held (webhook endpoints), which an upgraded SQLite database has no foreign key to cascade to.
+organisations_deleted = signals.signal("organisations-deleted")
+
+
+class SoleOwner(Exception):
+    """The account is the only owner of an organisation that has other members."""
+
+
+class OrganisationGone(Exception):
+    """The organisation was deleted since it was read."""
+
+
+def lock_organisation(org_id):
+    """Hold the organisation's row until the transaction ends, so two requests cannot both pass a
+    cap (keys, endpoints, owners); a write first on SQLite (accounts.users.lock_user says why).
+    Raise OrganisationGone when it no longer exists."""
+    if isinstance(db.obj, PostgresqlDatabase):
+        found = Organisation.select(Organisation.id).where(Organisation.id == org_id).for_update().first() is not None
+    else:
+        found = Organisation.update(created_at=Organisation.created_at).where(Organisation.id == org_id).execute() > 0
+    if not found:
+        raise OrganisationGone()
+
+
+def current_membership(user, session_org_id=None):
+    """The membership a logged-in user works in: the session's organisation while the user belongs
+    to it, else the personal one (the one whose membership is oldest, where there is none)."""
+    memberships = Membership.select(Membership, Organisation).join(Organisation).where(Membership.user == user.id)
+    if session_org_id is not None:
+        chosen = memberships.where(Membership.org == session_org_id).first()
+        if chosen is not None:
+            return chosen
+    return memberships.order_by((Organisation.personal_for == user.id).desc(), Membership.id).first()
+
+
+def leave_for_deletion(user):
+    """Inside the deletion's transaction: delete the organisations the account alone belongs to,
+    with their keys; keep the keys it made in the others, working, their creator forgotten. Raise
+    SoleOwner, changing nothing, where the account is the only owner of others' organisation."""
+    memberships = list(Membership.select(Membership.org).where(Membership.user == user.id))
+    alone = []
+    for membership in memberships:
+        lock_organisation(membership.org_id)
+        others = list(Membership.select(Membership.role).where(
+            (Membership.org == membership.org_id) & (Membership.user != user.id)))
+        if not others:
+            alone.append(membership.org_id)
+        elif not any(other.role == OWNER for other in others):
+            name = Organisation.get_by_id(membership.org_id).name
+            raise SoleOwner(f"You are the only owner of {name}: make another member an owner first.")
+    if alone:
+        if isinstance(db.obj, PostgresqlDatabase):
+            # In id order, as the usage flush locks keys (a DELETE alone could deadlock with it).
+            list(ApiKey.select(ApiKey.id).where(ApiKey.org.in_(alone)).order_by(ApiKey.id).for_update())
+        ApiKey.delete().where(ApiKey.org.in_(alone)).execute()
+        SecurityEvent.delete().where(SecurityEvent.org.in_(alone)).execute()
+        organisations_deleted.send(alone)
+        Organisation.delete().where(Organisation.id.in_(alone)).execute()
+    ApiKey.update(user=None).where(ApiKey.user == user.id).execute()
+    SecurityEvent.delete().where((SecurityEvent.user == user.id) & SecurityEvent.org.is_null()).execute()
+    SecurityEvent.update(user=None).where(SecurityEvent.user == user.id).execute()
+    Organisation.update(personal_for=None).where(Organisation.personal_for == user.id).execute()
+    Membership.delete().where(Membership.user == user.id).execute()

@@ -1,0 +1,2 @@
+"""Organisations: who may do what (roles.py), members and invitations (members.py, invitations.py),
+and their commands (commands.py)."""

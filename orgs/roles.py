@@ -1,0 +1,40 @@
+"""The one authorisation decision: what a member's role allows. Every page, form and command that
+acts in an organisation asks allows() (docs/organisations.md has the table)."""
+
+from models import OWNER, ROLES
+
+# What a member can ask to do in its organisation.
+VIEW = "view"  # its keys, usage, endpoints, members and security log
+KEY_CREATE = "key.create"
+KEY_CHANGE = "key.change"  # roll, revoke, or change a key's limits, credits, allow-list or expiry
+WEBHOOK_MANAGE = "webhook.manage"  # add, remove, enable, test endpoints
+MEMBER_INVITE = "member.invite"  # invite, and revoke or resend an invitation
+MEMBER_ROLE = "member.role"
+MEMBER_REMOVE = "member.remove"
+MEMBER_REVOKE_KEYS = "member.revoke_keys"  # revoke every key a member, or a former member, created
+LEAVE = "member.leave"
+ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE,
+           MEMBER_REVOKE_KEYS, LEAVE)
+# The actions on another member: an admin may take them for members other than owners.
+ON_MEMBERS = {MEMBER_ROLE, MEMBER_REMOVE, MEMBER_REVOKE_KEYS}
+
+
+def allows(role, action, *, own_key=False, target_role=None, new_role=None):
+    """True when a member with this role may take the action. own_key: the key acted on was
+    created by this member (KEY_CHANGE). target_role: the role of the member acted on (None for a
+    former member), new_role: the role given (MEMBER_ROLE). The last owner's protection is
+    orgs/members.py's: it depends on the others, not on the role."""
+    assert action in ACTIONS, action
+    if role not in ROLES:
+        return False
+    if action in (VIEW, LEAVE):
+        return True
+    if role == OWNER:
+        return True
+    if role == "admin":
+        if action in ON_MEMBERS:
+            return target_role != OWNER and new_role != OWNER
+        return True
+    if role == "developer":
+        return action == KEY_CREATE or (action == KEY_CHANGE and own_key)
+    return False
