@@ -63,6 +63,7 @@ from mail.commands import mail_cli
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics, note as request_note, services
+from orgs import models as org_models
 from serving import cors, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import (
@@ -176,7 +177,7 @@ def create_app(overrides=None):
     # Before every room: their init_app register their background services.
     services.init_app(app)
     models.init_app(app, [*account_models.PROTECTION_MODELS, *webhook_models.MODELS, *mail_models.MODELS,
-                          *emailtokens.MODELS])
+                          *emailtokens.MODELS, *org_models.MODELS])
     # Key changes reach the security log, webhooks and mail's notices through keys/events.py's signal,
     # account events reach the notices through the security log's; what the hot path decides (usage
     # and credit thresholds) waits in webhooks' queue for the usage flush.

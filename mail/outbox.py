@@ -29,6 +29,7 @@ SUBJECTS = {
     "key_expired": "An API key has expired",
     "two_factor_off": "Two-factor log-in was turned off",
     "passkey_added": "A passkey was added to your account",
+    "invitation": "You are invited to join an organisation",
 }
 
 

@@ -21,7 +21,7 @@ SECRET = re.compile(r"(api_key=)[^&\s']*|((?i:sk_(?:live|test)_))[A-Za-z0-9]+|[A
 # starts with one is logged without the rest. Not right after a host: MAIL_URL=console writes each
 # mail's links whole, as it promises. A pass of its own (~0.3 us a line): as one more alternative
 # of SECRET it costs every line ~1.5 us.
-MAILED_LINK_PATHS = ("/password/reset/", "/email/verify/", "/email/change/")
+MAILED_LINK_PATHS = ("/password/reset/", "/email/verify/", "/email/change/", "/invitations/")
 MAILED_LINK = re.compile(r"/(?<![A-Za-z0-9.\]-]/)((?i:" + "|".join(re.escape(path[1:]) for path in MAILED_LINK_PATHS)
                          + r"))[^\s\"'?#]+")
 # A run of hex digits alone is not a key's body (base62: all 32 characters hex by chance is

@@ -15,14 +15,15 @@ MEMBER_REVOKE_KEYS = "member.revoke_keys"  # revoke every key a member, or a for
 LEAVE = "member.leave"
 ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE,
            MEMBER_REVOKE_KEYS, LEAVE)
-# The actions on another member: an admin may take them for members other than owners.
-ON_MEMBERS = {MEMBER_ROLE, MEMBER_REMOVE, MEMBER_REVOKE_KEYS}
+# The actions on another member, or giving a role: an admin may take them for members other than
+# owners, and give any role but owner.
+ON_MEMBERS = {MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE, MEMBER_REVOKE_KEYS}
 
 
 def allows(role, action, *, own_key=False, target_role=None, new_role=None):
     """True when a member with this role may take the action. own_key: the key acted on was
     created by this member (KEY_CHANGE). target_role: the role of the member acted on (None for a
-    former member), new_role: the role given (MEMBER_ROLE). The last owner's protection is
+    former member), new_role: the role given (MEMBER_ROLE, MEMBER_INVITE). The last owner's protection is
     orgs/members.py's: it depends on the others, not on the role."""
     assert action in ACTIONS, action
     if role not in ROLES:
