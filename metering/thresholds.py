@@ -18,7 +18,7 @@ def marks(amount):
     return {amount - math.ceil(amount * percent / 100): percent for percent in PERCENTS}
 
 
-def ignore(user_id, event, data):
+def ignore(org_id, event, data):
     """Where no one listens (a Limiter made without a watcher): the event goes nowhere."""
 
 

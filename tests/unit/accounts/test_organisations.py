@@ -68,3 +68,14 @@ def test_the_team_log_keeps_what_a_deleted_member_did_without_naming_it(app, use
     [event] = securitylog.recent_in(acme.id)
     assert (event.event, event.user_id) == ("member.invited", None)
     assert not SecurityEvent.select().where(SecurityEvent.user == bob.id).exists()
+
+
+def test_an_account_s_own_log_keeps_its_size_without_touching_what_it_did_in_a_team(app, user, monkeypatch):
+    monkeypatch.setattr(securitylog, "KEPT", 3)
+    acme = team(user)
+    for number in range(3):
+        securitylog.record_in(acme.id, "member.invited", f"guest{number}@example.com as viewer", actor_id=user.id)
+    for _ in range(4):
+        securitylog.record(user.id, "user.login")
+    assert [event.event for event in securitylog.recent_in(acme.id)] == ["member.invited"] * 3
+    assert SecurityEvent.select().where((SecurityEvent.user == user.id) & SecurityEvent.org.is_null()).count() == 3
