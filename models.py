@@ -128,6 +128,8 @@ class Organisation(BaseModel):
     created_at = DateTimeField(default=utcnow)
     # The user whose personal organisation this is; None for one made with /orgs or `orgs create`.
     personal_for = ForeignKeyField(User, null=True, unique=True, on_delete="SET NULL")
+    # Who made it (orgs/members.py caps how many one account makes, whoever owns them since).
+    created_by = ForeignKeyField(User, null=True, on_delete="SET NULL", backref="organisations_created")
 
     class Meta:
         table_name = "organisations"

@@ -3,9 +3,18 @@ on deletion the organisations it alone belonged to deleted, its keys elsewhere k
 organisations. Member changes are orgs/'s."""
 
 from blinker import Namespace
-from peewee import PostgresqlDatabase
+from peewee import PostgresqlDatabase, fn
 
-from models import OWNER, ApiKey, Membership, Organisation, SecurityEvent, db
+from models import (
+    OWNER,
+    ApiKey,
+    Membership,
+    Organisation,
+    SecurityEvent,
+    create_personal_organisation,
+    db,
+    personal_organisation,
+)
 
 signals = Namespace()
 # Sent inside the deleting transaction with org_ids: the rooms above delete what those organisations
@@ -13,7 +22,7 @@ signals = Namespace()
 organisations_deleted = signals.signal("organisations-deleted")
 
 
-class SoleOwner(Exception):
+class SoleOwner(ValueError):
     """The account is the only owner of an organisation that has other members."""
 
 
@@ -33,22 +42,39 @@ def lock_organisation(org_id):
         raise OrganisationGone()
 
 
+def personal_first(user_id):
+    """An ORDER BY term that puts the user's personal organisation first: the comparison alone is
+    NULL for the others, which PostgreSQL sorts before TRUE in descending order."""
+    return fn.COALESCE(Organisation.personal_for == user_id, False).desc()
+
+
 def current_membership(user, session_org_id=None):
     """The membership a logged-in user works in: the session's organisation while the user belongs
-    to it, else the personal one (the one whose membership is oldest, where there is none)."""
+    to it, else the personal one (made for an account that belongs to none, which only a row
+    written outside the service can leave)."""
     memberships = Membership.select(Membership, Organisation).join(Organisation).where(Membership.user == user.id)
     if session_org_id is not None:
         chosen = memberships.where(Membership.org == session_org_id).first()
         if chosen is not None:
             return chosen
-    return memberships.order_by((Organisation.personal_for == user.id).desc(), Membership.id).first()
+    found = memberships.order_by(personal_first(user.id), Membership.id).first()
+    if found is None:
+        with db.atomic():
+            personal = personal_organisation(user.id)
+            if personal is None:
+                create_personal_organisation(user)
+            else:
+                Membership.create(org=personal.id, user=user.id, role=OWNER)
+        found = memberships.order_by(personal_first(user.id), Membership.id).first()
+    return found
 
 
 def leave_for_deletion(user):
     """Inside the deletion's transaction: delete the organisations the account alone belongs to,
     with their keys; keep the keys it made in the others, working, their creator forgotten. Raise
     SoleOwner, changing nothing, where the account is the only owner of others' organisation."""
-    memberships = list(Membership.select(Membership.org).where(Membership.user == user.id))
+    # In the organisations' order, as every deletion locks them: two at once must not deadlock.
+    memberships = list(Membership.select(Membership.org).where(Membership.user == user.id).order_by(Membership.org))
     alone = []
     for membership in memberships:
         lock_organisation(membership.org_id)

@@ -6,14 +6,19 @@ import datetime
 
 from accounts import emailtokens, organisations, securitylog, users
 from mail import outbox
-from models import ROLES, Membership, Organisation, User, db, utcnow
+from mail.models import MailMessage
+from models import ROLES, Membership, Organisation, SecurityEvent, User, db, utcnow
+from orgs import members, roles
 from orgs.models import Invitation
 
 LIFETIME = datetime.timedelta(days=7)
-# Pending invitations an organisation may hold, and links it may mail an hour: each mails a
-# stranger, so an account must not turn the service into a mail cannon.
+# Pending invitations an organisation may hold, links it may mail an hour, invitations one address
+# may receive an hour (from every organisation), and the wait before a link is sent again: each
+# mails a stranger, so no account may turn the service into a mail cannon.
 MAX_PENDING = 50
 MAILS_PER_HOUR = 20
+MAILS_PER_ADDRESS_PER_HOUR = 3
+RESEND_AFTER = datetime.timedelta(minutes=1)
 # Why a link cannot be used, as its page says (emailtokens' words).
 UNKNOWN, USED, VOIDED, EXPIRED = emailtokens.UNKNOWN, emailtokens.USED, emailtokens.VOIDED, emailtokens.EXPIRED
 
@@ -31,9 +36,10 @@ class Unusable(Exception):
 
 
 def invite(org_id, email, role, inviter=None):
-    """Invite the address with the role; return (Invitation, link: an absolute URL, or the path
-    when no PUBLIC_URL is known). ValueError with a sentence for an address or role refused, a
-    member's or an invited address, or a cap reached."""
+    """Invite the address with the role, when the inviter's role allows it (inviter None: the
+    command line); return (Invitation, link: an absolute URL, or the path when no PUBLIC_URL is
+    known). ValueError with a sentence for an address or role refused, a member's or an invited
+    address, or a cap reached; members.NotAllowed."""
     email = users.checked_email(email)
     outbox.checked_address(email)
     if role not in ROLES:
@@ -41,6 +47,7 @@ def invite(org_id, email, role, inviter=None):
     now = utcnow()
     with db.atomic():
         organisations.lock_organisation(org_id)
+        members.require(org_id, inviter, roles.MEMBER_INVITE, target_role=None, new_role=role)
         if (Membership.select().join(User).where((Membership.org == org_id) & (User.email == email)).exists()):
             raise ValueError(f"{email} is already a member.")
         pending = pending_in(org_id)
@@ -48,35 +55,44 @@ def invite(org_id, email, role, inviter=None):
             raise ValueError(f"{email} is already invited: send that invitation again from the list.")
         if pending.count() >= MAX_PENDING:
             raise ValueError(f"An organisation may have {MAX_PENDING} pending invitations; revoke one first.")
-        refuse_beyond_hourly_mails(org_id, now)
+        refuse_beyond_hourly_mails(org_id, email, now)
         token = emailtokens.new_token()
         invitation = Invitation.create(org=org_id, email=email, role=role, token_hash=emailtokens.hashed(token),
                                        invited_by=inviter and inviter.id, created_at=now, sent_at=now,
                                        expires_at=now + LIFETIME)
         link = mail(invitation, token)
-        securitylog.record_in(org_id, "member.invited", f"{email} as {role}")
+        securitylog.record_in(org_id, "member.invited", f"{email} as {role}", actor_id=inviter and inviter.id)
     return invitation, link
 
 
-def send_again(invitation):
-    """A new link for a pending invitation, mailed; the old link stops working. Return the link."""
+def send_again(invitation, actor=None):
+    """A new link for a pending invitation, mailed, when the actor's role allows it (actor None:
+    the command line); the old link stops working. Return the link."""
     now = utcnow()
     with db.atomic():
         organisations.lock_organisation(invitation.org_id)
-        refuse_beyond_hourly_mails(invitation.org_id, now)
+        members.require(invitation.org_id, actor, roles.MEMBER_INVITE, target_role=None, new_role=invitation.role)
+        if invitation.sent_at > now - RESEND_AFTER:
+            raise ValueError("That invitation was sent less than a minute ago; wait a moment before sending it again.")
+        refuse_beyond_hourly_mails(invitation.org_id, invitation.email, now)
         token = emailtokens.new_token()
         sent = (Invitation.update(token_hash=emailtokens.hashed(token), sent_at=now, expires_at=now + LIFETIME)
                 .where((Invitation.id == invitation.id) & Invitation.accepted_at.is_null()
                        & Invitation.revoked_at.is_null()).execute())
         if not sent:
             raise ValueError("That invitation was accepted or revoked meanwhile.")
-        invitation.expires_at = now + LIFETIME
+        invitation.expires_at, invitation.sent_at = now + LIFETIME, now
+        securitylog.record_in(invitation.org_id, "member.invited",
+                              f"{invitation.email} as {invitation.role} (sent again)", actor_id=actor and actor.id)
         return mail(invitation, token)
 
 
-def revoke(invitation):
-    """Revoke a pending invitation; its link stops working. False when it was no longer pending."""
+def revoke(invitation, actor=None):
+    """Revoke a pending invitation, when the actor's role allows it (actor None: the command line);
+    its link stops working. False when it was no longer pending."""
     with db.atomic():
+        organisations.lock_organisation(invitation.org_id)
+        members.require(invitation.org_id, actor, roles.MEMBER_INVITE, target_role=None, new_role=invitation.role)
         revoked = (Invitation.update(revoked_at=utcnow())
                    .where((Invitation.id == invitation.id) & Invitation.accepted_at.is_null()
                           & Invitation.revoked_at.is_null()).execute())
@@ -105,8 +121,10 @@ def find(token, now=None):
 
 def accept(token, user):
     """The logged-in user joins the organisation with the invitation's role; the link works once,
-    and following it confirms the address. Return the Membership; Unusable when the link cannot
-    be used, WrongAddress for an account with another address."""
+    for an account with the invited address only. It does not confirm that address: whoever
+    invited saw the link too, and could have made an account with someone else's address. Return
+    the Membership; Unusable when the link cannot be used, WrongAddress for an account with
+    another address, ValueError past MAX_MEMBERSHIPS."""
     with db.atomic():
         users.lock_user(user)
         row, why = find(token)
@@ -115,12 +133,15 @@ def accept(token, user):
         organisations.lock_organisation(row.org_id)
         if User.get_by_id(user.id).email != row.email:
             raise WrongAddress()
+        members.refuse_beyond_memberships(user.id)
         now = utcnow()
+        # The token again: a link sent anew since find read the row is void.
         if not (Invitation.update(accepted_at=now)
-                .where((Invitation.id == row.id) & Invitation.accepted_at.is_null() & Invitation.revoked_at.is_null())
+                .where((Invitation.id == row.id) & (Invitation.token_hash == emailtokens.hashed(token))
+                       & Invitation.accepted_at.is_null() & Invitation.revoked_at.is_null()
+                       & (Invitation.expires_at > now))
                 .execute()):
             raise Unusable(row, USED)
-        User.update(email_verified_at=now).where((User.id == user.id) & User.email_verified_at.is_null()).execute()
         membership = Membership.get_or_none((Membership.org == row.org_id) & (Membership.user == user.id))
         if membership is None:
             membership = Membership.create(org=row.org_id, user=user.id, role=row.role, created_at=now)
@@ -135,9 +156,18 @@ def pending_in(org_id):
             .order_by(Invitation.id))
 
 
-def refuse_beyond_hourly_mails(org_id, now):
-    sent = Invitation.select().where((Invitation.org == org_id)
-                                     & (Invitation.sent_at > now - datetime.timedelta(hours=1))).count()
+def refuse_beyond_hourly_mails(org_id, email, now):
+    """The caps on invitation mails: per organisation (each invitation, and each sent again, is a
+    member.invited event of its log) and per address, from every organisation (the mail outbox's
+    rows)."""
+    since = now - datetime.timedelta(hours=1)
+    mailed = MailMessage.select().where((MailMessage.subject == outbox.SUBJECTS["invitation"])
+                                        & (MailMessage.created_at > since))
+    if mailed.where(MailMessage.recipient == email).count() >= MAILS_PER_ADDRESS_PER_HOUR:
+        raise ValueError(f"{email} was sent {MAILS_PER_ADDRESS_PER_HOUR} invitations in the last hour; try again "
+                         "later.")
+    sent = SecurityEvent.select().where((SecurityEvent.org == org_id) & (SecurityEvent.event == "member.invited")
+                                        & (SecurityEvent.created_at > since)).count()
     if sent >= MAILS_PER_HOUR:
         raise ValueError(f"An organisation may send {MAILS_PER_HOUR} invitations an hour; try again later.")
 

@@ -1,16 +1,23 @@
 """Organisations and their members: create, switch, change a role, remove, leave, and revoke the
 keys a member (or a former member) made. Every change happens with the organisation's row held
-(accounts/organisations.lock_organisation), so two admins at once cannot leave it without an owner;
-each writes its event to the organisation's security log. Callers ask orgs/roles.py first."""
+(accounts/organisations.lock_organisation), so two admins at once cannot leave it without an owner,
+and the acting member's role is read again under it (a role changed meanwhile decides); each writes
+its event to the organisation's security log."""
+
+from peewee import IntegrityError
 
 import auth
 from accounts import organisations, securitylog, users
-from models import OWNER, ROLES, ApiKey, Membership, Organisation, Session, User, db
+from models import OWNER, ROLES, ApiKey, Membership, Organisation, Session, User, db, utcnow
+from orgs import roles
+from orgs.models import Invitation
 from store import slugs
 
 MAX_NAME_LENGTH = 64
-# Organisations one user may own: each is a row and a slug, so a script must not make them without end.
-MAX_OWNED = 20
+# Organisations one account may make, and belong to: each organisation has its own allowances, so
+# a script must not make them without end.
+MAX_CREATED = 20
+MAX_MEMBERSHIPS = 100
 
 
 class LastOwner(Exception):
@@ -21,9 +28,17 @@ class NotMember(Exception):
     """The user is not (or no longer) a member of the organisation (HTTP 404)."""
 
 
+class NotAllowed(Exception):
+    """The acting member's role does not allow the change (HTTP 403)."""
+
+
+class PersonalOwner(LastOwner):
+    """The change would take a personal organisation from the user it belongs to (HTTP 409)."""
+
+
 def create(name, owner):
     """Make an organisation owned by owner; return it. ValueError with a sentence for a name
-    refused or taken, or an owner of MAX_OWNED already."""
+    refused or taken, or an account that made MAX_CREATED or belongs to MAX_MEMBERSHIPS already."""
     name = name.strip()
     users.refuse_control_characters(name, "An organisation's name")
     if not 0 < len(name) <= MAX_NAME_LENGTH:
@@ -31,23 +46,32 @@ def create(name, owner):
     slug = slugs.slug_of(name)
     if not slug:
         raise ValueError("An organisation's name needs a letter or a digit.")
-    with db.atomic():
-        users.lock_user(owner)
-        owned = Membership.select().where((Membership.user == owner.id) & (Membership.role == OWNER)).count()
-        if owned >= MAX_OWNED:
-            raise ValueError(f"One account may own {MAX_OWNED} organisations.")
-        if Organisation.select().where(Organisation.slug == slug).exists():
-            raise ValueError(f"The name {slug!r} is taken; choose another.")
-        org = Organisation.create(name=name, slug=slug)
-        Membership.create(org=org.id, user=owner.id, role=OWNER)
-        securitylog.record_in(org.id, "org.created", name, actor_id=owner.id)
+    taken = ValueError(f"The name {slug!r} is taken; choose another.")
+    try:
+        with db.atomic():
+            users.lock_user(owner)
+            if Organisation.select().where(Organisation.created_by == owner.id).count() >= MAX_CREATED:
+                raise ValueError(f"One account may make {MAX_CREATED} organisations.")
+            refuse_beyond_memberships(owner.id)
+            if Organisation.select().where(Organisation.slug == slug).exists():
+                raise taken
+            org = Organisation.create(name=name, slug=slug, created_by=owner.id)
+            Membership.create(org=org.id, user=owner.id, role=OWNER)
+            securitylog.record_in(org.id, "org.created", name, actor_id=owner.id)
+    except IntegrityError:
+        raise taken from None  # another request made it meanwhile
     return org
+
+
+def refuse_beyond_memberships(user_id):
+    if Membership.select().where(Membership.user == user_id).count() >= MAX_MEMBERSHIPS:
+        raise ValueError(f"One account may belong to {MAX_MEMBERSHIPS} organisations.")
 
 
 def memberships_of(user):
     """The user's memberships with their organisations, the personal one first, then by name."""
     return list(Membership.select(Membership, Organisation).join(Organisation).where(Membership.user == user.id)
-                .order_by((Organisation.personal_for == user.id).desc(), Organisation.name, Organisation.id))
+                .order_by(organisations.personal_first(user.id), Organisation.name, Organisation.id))
 
 
 def find_membership(user, slug):
@@ -96,60 +120,94 @@ def former_members_keys(org_id):
     return [(user_id, username, count) for (user_id, username), count in sorted(counts.items(), key=str)]
 
 
-def change_role(org_id, user_id, role):
-    """Give the member the role; LastOwner when it is the last owner's and role is not owner."""
+def change_role(org_id, user_id, role, actor=None):
+    """Give the member the role, when the actor's role allows it (actor None: the command line);
+    LastOwner when it is the last owner's, or the personal organisation's own, and role is not owner."""
     if role not in ROLES:
         raise ValueError(f"The roles are {', '.join(ROLES)}.")
     with db.atomic():
         organisations.lock_organisation(org_id)
         target = member(org_id, user_id)
+        require(org_id, actor, roles.MEMBER_ROLE, target_role=target.role, new_role=role)
         if target.role == role:
             return target
         if target.role == OWNER:
             refuse_last_owner(org_id, user_id, "lose the role")
         Membership.update(role=role).where(Membership.id == target.id).execute()
         securitylog.record_in(org_id, "member.role_changed", f"{target.user.username}: {target.role} to {role}")
+        if role not in ("owner", "admin"):
+            revoke_invitations_by(org_id, user_id)
     target.role = role
     return target
 
 
-def remove(org_id, user_id, revoke_keys=False):
-    """Remove the member, its keys left working (revoke_keys: revoked too); return how many keys
-    were revoked. LastOwner for the last owner."""
+def remove(org_id, user_id, revoke_keys=False, actor=None):
+    """Remove the member, when the actor's role allows it (actor None: the command line), its keys
+    left working (revoke_keys: revoked too) and the invitations it sent revoked; return how many
+    keys were revoked. LastOwner for the last owner, or the personal organisation's own."""
     with db.atomic():
         organisations.lock_organisation(org_id)
         target = member(org_id, user_id)
+        require(org_id, actor, roles.MEMBER_REMOVE, target_role=target.role, new_role=None)
         if target.role == OWNER:
             refuse_last_owner(org_id, user_id, "be removed")
         Membership.delete().where(Membership.id == target.id).execute()
+        revoke_invitations_by(org_id, user_id)
         securitylog.record_in(org_id, "member.removed", f"{target.user.username} ({target.role})"
                               + ("; its keys revoked" if revoke_keys else ""))
     return revoke_keys_of(org_id, user_id) if revoke_keys else 0
 
 
 def leave(org_id, user):
-    """The user leaves the organisation, its keys left working. LastOwner for the last owner;
-    ValueError for the user's personal organisation."""
+    """The user leaves the organisation, its keys left working and the invitations it sent revoked.
+    LastOwner for the last owner, and for the user's own personal organisation."""
     with db.atomic():
         organisations.lock_organisation(org_id)
         target = member(org_id, user.id)
-        if Organisation.get_by_id(org_id).personal_for_id == user.id:
-            raise ValueError("You cannot leave your personal organisation.")
         if target.role == OWNER:
             refuse_last_owner(org_id, user.id, "leave")
         Membership.delete().where(Membership.id == target.id).execute()
+        revoke_invitations_by(org_id, user.id)
         securitylog.record_in(org_id, "member.left", f"{user.username} ({target.role})", actor_id=user.id)
 
 
-def revoke_keys_of(org_id, user_id):
-    """Revoke every active key the user (a member or a former one) made in the organisation; return how many."""
+def revoke_keys_of(org_id, user_id, actor=None):
+    """Revoke every active key the user (a member or a former one) made in the organisation, when
+    the actor's role allows it (actor None: the command line); return how many."""
+    if actor is not None:
+        with db.atomic():
+            organisations.lock_organisation(org_id)
+            target = Membership.get_or_none((Membership.org == org_id) & (Membership.user == user_id))
+            require(org_id, actor, roles.MEMBER_REVOKE_KEYS, target_role=target and target.role, new_role=None)
     revoked = 0
     for key in ApiKey.active_in(org_id, created_by=user_id):
         revoked += auth.revoke_key(key)
     return revoked
 
 
+def require(org_id, actor, action, **context):
+    """Raise NotAllowed unless the actor (a User; None: the command line, which may) is a member
+    whose role, read now, allows the action; call with the organisation's row held."""
+    if actor is None:
+        return
+    acting = Membership.get_or_none((Membership.org == org_id) & (Membership.user == actor.id))
+    if acting is None:
+        raise NotMember()
+    if not roles.allows(acting.role, action, **context):
+        raise NotAllowed()
+
+
+def revoke_invitations_by(org_id, user_id):
+    """Revoke the pending invitations a member sent, once it may no longer invite (removed, or no
+    longer an owner or admin): it must not come back through an address of its own."""
+    (Invitation.update(revoked_at=utcnow())
+     .where((Invitation.org == org_id) & (Invitation.invited_by == user_id) & Invitation.accepted_at.is_null()
+            & Invitation.revoked_at.is_null()).execute())
+
+
 def refuse_last_owner(org_id, user_id, change):
+    if Organisation.select().where((Organisation.id == org_id) & (Organisation.personal_for == user_id)).exists():
+        raise PersonalOwner(f"A personal organisation always keeps its own user as an owner: it cannot {change}.")
     others = Membership.select().where((Membership.org == org_id) & (Membership.role == OWNER)
                                        & (Membership.user != user_id))
     if not others.exists():

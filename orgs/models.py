@@ -14,8 +14,8 @@ class Invitation(BaseModel):
     token_hash = CharField(max_length=64, unique=True)
     invited_by = ForeignKeyField(User, null=True, on_delete="SET NULL")
     created_at = DateTimeField(default=utcnow)
-    # When the current link was made and mailed: the hourly cap on mails counts these.
-    sent_at = DateTimeField(default=utcnow, index=True)
+    # When the current link was made and mailed: it is sent again a minute later at the soonest.
+    sent_at = DateTimeField(default=utcnow)
     expires_at = DateTimeField()
     accepted_at = DateTimeField(null=True)
     revoked_at = DateTimeField(null=True)

@@ -20,10 +20,16 @@ ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_R
 ON_MEMBERS = {MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE, MEMBER_REVOKE_KEYS}
 
 
-def allows(role, action, *, own_key=False, target_role=None, new_role=None):
+# target_role or new_role not given: an action on members must say whom it acts on and what it
+# gives, or an admin would pass for an owner's case.
+UNSAID = object()
+
+
+def allows(role, action, *, own_key=False, target_role=UNSAID, new_role=UNSAID):
     """True when a member with this role may take the action. own_key: the key acted on was
-    created by this member (KEY_CHANGE). target_role: the role of the member acted on (None for a
-    former member), new_role: the role given (MEMBER_ROLE, MEMBER_INVITE). The last owner's protection is
+    created by this member (KEY_CHANGE). For the actions on members, both are said: target_role
+    the role of the member acted on (None for a former member or an invitation), new_role the role
+    given (None where none is: removing, revoking keys). The last owner's protection is
     orgs/members.py's: it depends on the others, not on the role."""
     assert action in ACTIONS, action
     if role not in ROLES:
@@ -34,7 +40,7 @@ def allows(role, action, *, own_key=False, target_role=None, new_role=None):
         return True
     if role == "admin":
         if action in ON_MEMBERS:
-            return target_role != OWNER and new_role != OWNER
+            return UNSAID not in (target_role, new_role) and OWNER not in (target_role, new_role)
         return True
     if role == "developer":
         return action == KEY_CREATE or (action == KEY_CHANGE and own_key)

@@ -171,10 +171,20 @@ def move_into_personal_organisations(database):
         if "user_id" in {column.name for column in database.get_columns(table)}:
             database.execute_sql(f"UPDATE {table} SET org_id = {personal.format(table=table)} "
                                  f"WHERE org_id IS NULL{which}")
-    # Rows of an account deleted outside the service (the foreign keys off) belong to no one: they go.
-    for table in ("api_keys", "webhook_endpoints"):
+    # Rows of an account deleted outside the service (the foreign keys off) belong to no one: they
+    # go, with the rows that name them (the foreign keys are off here too), or a pending message of
+    # theirs would keep every sender claiming in vain.
+    children = {"api_keys": ("usage_hours", "usage_days", "webhook_markers"),
+                "webhook_endpoints": ("webhook_messages", "webhook_attempts")}
+    for table, named_by in children.items():
+        orphans = f"(SELECT id FROM {table} WHERE org_id IS NULL)"
+        column = "api_key_id" if table == "api_keys" else "endpoint_id"
+        for child in named_by:
+            if database.table_exists(child):
+                database.execute_sql(f"DELETE FROM {child} WHERE {column} IN {orphans}")
         if gone := database.execute_sql(f"DELETE FROM {table} WHERE org_id IS NULL").rowcount:
             log.warning("Deleted %d rows of %s whose account no longer exists.", gone, table)
+    database.execute_sql("DELETE FROM security_events WHERE user_id IS NOT NULL AND user_id NOT IN (SELECT id FROM users)")
     postgresql = isinstance(database, PostgresqlDatabase)
     migrator = PostgresqlMigrator(database) if postgresql else SqliteMigrator(database)
     # An endpoint belongs to its organisation alone.
