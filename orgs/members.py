@@ -4,11 +4,13 @@ keys a member (or a former member) made. Every change happens with the organisat
 and the acting member's role is read again under it (a role changed meanwhile decides); each writes
 its event to the organisation's security log."""
 
+import datetime
+
 from peewee import IntegrityError
 
 import auth
 from accounts import organisations, securitylog, users
-from models import OWNER, ROLES, ApiKey, Membership, Organisation, Session, User, db, utcnow
+from models import OWNER, ROLES, ApiKey, Membership, Organisation, SecurityEvent, Session, User, db, utcnow
 from orgs import roles
 from orgs.models import Invitation
 from store import slugs
@@ -18,6 +20,9 @@ MAX_NAME_LENGTH = 64
 # a script must not make them without end.
 MAX_CREATED = 20
 MAX_MEMBERSHIPS = 100
+# Role changes and removals an organisation makes an hour: its log keeps its newest 1,000 events,
+# which an admin flipping a role at will could otherwise push out in a minute.
+CHANGES_PER_HOUR = 60
 
 
 class LastOwner(Exception):
@@ -133,6 +138,7 @@ def change_role(org_id, user_id, role, actor=None):
             return target
         if target.role == OWNER:
             refuse_last_owner(org_id, user_id, "lose the role")
+        refuse_beyond_hourly_changes(org_id)
         Membership.update(role=role).where(Membership.id == target.id).execute()
         securitylog.record_in(org_id, "member.role_changed", f"{target.user.username}: {target.role} to {role}")
         if role not in ("owner", "admin"):
@@ -151,6 +157,7 @@ def remove(org_id, user_id, revoke_keys=False, actor=None):
         require(org_id, actor, roles.MEMBER_REMOVE, target_role=target.role, new_role=None)
         if target.role == OWNER:
             refuse_last_owner(org_id, user_id, "be removed")
+        refuse_beyond_hourly_changes(org_id)
         Membership.delete().where(Membership.id == target.id).execute()
         revoke_invitations_by(org_id, user_id)
         securitylog.record_in(org_id, "member.removed", f"{target.user.username} ({target.role})"
@@ -195,6 +202,15 @@ def require(org_id, actor, action, **context):
         raise NotMember()
     if not roles.allows(acting.role, action, **context):
         raise NotAllowed()
+
+
+def refuse_beyond_hourly_changes(org_id):
+    since = utcnow() - datetime.timedelta(hours=1)
+    changes = SecurityEvent.select().where((SecurityEvent.org == org_id) & (SecurityEvent.created_at > since)
+                                           & SecurityEvent.event.in_(["member.role_changed", "member.removed"]))
+    if changes.count() >= CHANGES_PER_HOUR:
+        raise ValueError(f"An organisation may change roles or remove members {CHANGES_PER_HOUR} times an hour; "
+                         "try again later.")
 
 
 def revoke_invitations_by(org_id, user_id):

@@ -78,3 +78,14 @@ def test_the_only_owner_of_a_team_is_told_why_the_account_stays(app, logged_in, 
     response = logged_in.post("/settings/profile/delete", data={"password": PASSWORD})
     assert response.status_code == 400 and b"only owner of Acme" in response.data
     assert Organisation.get_by_id(acme.id) is not None
+
+
+def test_an_admin_cannot_flip_roles_fast_enough_to_push_its_deeds_out_of_the_log(app, user, monkeypatch):
+    monkeypatch.setattr(members, "CHANGES_PER_HOUR", 4)
+    acme = members.create("Acme", user)
+    dev = users.create_user("devi", "devi@example.com", PASSWORD)
+    member_of(acme, dev, "developer")
+    for role in ("viewer", "developer", "viewer", "developer"):
+        members.change_role(acme.id, dev.id, role, actor=user)
+    with pytest.raises(ValueError, match="4 times an hour"):
+        members.change_role(acme.id, dev.id, "viewer", actor=user)
