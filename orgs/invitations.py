@@ -19,6 +19,9 @@ MAX_PENDING = 50
 MAILS_PER_HOUR = 20
 MAILS_PER_ADDRESS_PER_HOUR = 3
 RESEND_AFTER = datetime.timedelta(minutes=1)
+# Invitations accepted, revoked or expired are kept this long (the Members tab does not list them),
+# then deleted at the organisation's next invitation.
+KEPT_AFTER_END = datetime.timedelta(days=30)
 # Why a link cannot be used, as its page says (emailtokens' words).
 UNKNOWN, USED, VOIDED, EXPIRED = emailtokens.UNKNOWN, emailtokens.USED, emailtokens.VOIDED, emailtokens.EXPIRED
 
@@ -56,6 +59,7 @@ def invite(org_id, email, role, inviter=None):
         if pending.count() >= MAX_PENDING:
             raise ValueError(f"An organisation may have {MAX_PENDING} pending invitations; revoke one first.")
         refuse_beyond_hourly_mails(org_id, email, now)
+        forget_ended(org_id, now)
         token = emailtokens.new_token()
         invitation = Invitation.create(org=org_id, email=email, role=role, token_hash=emailtokens.hashed(token),
                                        invited_by=inviter and inviter.id, created_at=now, sent_at=now,
@@ -147,6 +151,13 @@ def accept(token, user):
             membership = Membership.create(org=row.org_id, user=user.id, role=row.role, created_at=now)
             securitylog.record_in(row.org_id, "member.joined", f"{user.username} as {row.role}", actor_id=user.id)
     return membership
+
+
+def forget_ended(org_id, now):
+    before = now - KEPT_AFTER_END
+    (Invitation.delete().where((Invitation.org == org_id) & ((Invitation.accepted_at < before)
+                                                              | (Invitation.revoked_at < before)
+                                                              | (Invitation.expires_at < before))).execute())
 
 
 def pending_in(org_id):
