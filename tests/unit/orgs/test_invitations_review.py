@@ -56,3 +56,14 @@ def test_a_link_sent_anew_while_the_old_one_is_being_accepted_voids_it(acme, use
 
 def reloaded(invitation):
     return invitations.Invitation.get_by_id(invitation.id)
+
+
+def test_invitations_that_ended_a_month_ago_are_deleted_at_the_next_one(acme, user):
+    old, _ = invitations.invite(acme.id, "old@example.org", "viewer", inviter=user)
+    recent, _ = invitations.invite(acme.id, "recent@example.org", "viewer", inviter=user)
+    month_ago = invitations.utcnow() - invitations.KEPT_AFTER_END - invitations.datetime.timedelta(seconds=1)
+    invitations.Invitation.update(revoked_at=month_ago).where(invitations.Invitation.id == old.id).execute()
+    invitations.Invitation.update(revoked_at=invitations.utcnow()).where(invitations.Invitation.id == recent.id).execute()
+    invitations.invite(acme.id, "new@example.org", "viewer", inviter=user)
+    assert [row.email for row in invitations.Invitation.select().order_by(invitations.Invitation.id)] == [
+        "recent@example.org", "new@example.org"]
