@@ -14,11 +14,10 @@ from flask import current_app
 import auth
 import ratelimit
 from accounts import securitylog, users
-from keys import keycache
 from metering import analytics, credits, lifecycle
 from models import SCOPES, ApiKey, display_time, iso_seconds, personal_organisation
 from ops import logs
-from ops.commands import Command, CommandGroup, find_user
+from ops.commands import Command, CommandGroup, find_user, warn_if_servers_may_not_hear
 
 users_cli = CommandGroup("users", help="Manage users.")
 keys_cli = CommandGroup("keys", help="Manage API keys.")
@@ -132,14 +131,6 @@ def roll_key_command(key_id, grace, end_previous):
     click.echo(f"Rolled key {key_id} ({key.name!r}); the previous secret works {until}.")
     click.echo("Copy the new secret now; it is not stored and cannot be shown again:")
     click.echo(secret)
-
-
-def warn_if_servers_may_not_hear():
-    """On PostgreSQL without Redis here, this command could not tell servers that use Redis."""
-    if isinstance(current_app.extensions["keys"], keycache.Uncached):
-        click.echo("Note: RATELIMIT_STORAGE_URL is not Redis here. Servers that keep keys in memory (PostgreSQL "
-                   "with Redis) learn of this change only when run with theirs; otherwise within 10 seconds.",
-                   err=True)
 
 
 def find_key(key_id):
