@@ -3,7 +3,7 @@ on deletion the organisations it alone belonged to deleted, its keys elsewhere k
 organisations. Member changes are orgs/'s."""
 
 from blinker import Namespace
-from peewee import PostgresqlDatabase
+from peewee import Case, PostgresqlDatabase
 
 from models import OWNER, ApiKey, Membership, Organisation, SecurityEvent, db
 
@@ -33,6 +33,13 @@ def lock_organisation(org_id):
         raise OrganisationGone()
 
 
+def personal_first(user_id):
+    """An order_by term that puts the user's personal organisation before the others. Not
+    `(personal_for == user_id).desc()`: that is NULL for every other organisation, and PostgreSQL
+    sorts NULL first when descending."""
+    return Case(None, [(Organisation.personal_for == user_id, 0)], 1)
+
+
 def current_membership(user, session_org_id=None):
     """The membership a logged-in user works in: the session's organisation while the user belongs
     to it, else the personal one (the one whose membership is oldest, where there is none)."""
@@ -41,7 +48,7 @@ def current_membership(user, session_org_id=None):
         chosen = memberships.where(Membership.org == session_org_id).first()
         if chosen is not None:
             return chosen
-    return memberships.order_by((Organisation.personal_for == user.id).desc(), Membership.id).first()
+    return memberships.order_by(personal_first(user.id), Membership.id).first()
 
 
 def leave_for_deletion(user):

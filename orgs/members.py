@@ -3,6 +3,8 @@ keys a member (or a former member) made. Every change happens with the organisat
 (accounts/organisations.lock_organisation), so two admins at once cannot leave it without an owner;
 each writes its event to the organisation's security log. Callers ask orgs/roles.py first."""
 
+from peewee import JOIN
+
 import auth
 from accounts import organisations, securitylog, users
 from models import OWNER, ROLES, ApiKey, Membership, Organisation, Session, User, db
@@ -40,14 +42,14 @@ def create(name, owner):
             raise ValueError(f"The name {slug!r} is taken; choose another.")
         org = Organisation.create(name=name, slug=slug)
         Membership.create(org=org.id, user=owner.id, role=OWNER)
-        securitylog.record_in(org.id, "org.created", name, actor_id=owner.id)
+        securitylog.record_in(org.id, "org.created", name)
     return org
 
 
 def memberships_of(user):
     """The user's memberships with their organisations, the personal one first, then by name."""
     return list(Membership.select(Membership, Organisation).join(Organisation).where(Membership.user == user.id)
-                .order_by((Organisation.personal_for == user.id).desc(), Organisation.name, Organisation.id))
+                .order_by(organisations.personal_first(user.id), Organisation.name, Organisation.id))
 
 
 def find_membership(user, slug):
@@ -86,8 +88,8 @@ def former_members_keys(org_id):
     """[(creator's user id or None, username or None, active key count)] for the active keys made
     by users who are no longer members (None: an account since deleted)."""
     current = Membership.select(Membership.user).where(Membership.org == org_id)
-    keys = (ApiKey.active_in(org_id).select(ApiKey.user, User.username).join(User, on=(ApiKey.user == User.id),
-                                                                             join_type="LEFT OUTER")
+    keys = (ApiKey.active_in(org_id).select(ApiKey.user, User.username)
+            .join(User, JOIN.LEFT_OUTER, on=(ApiKey.user == User.id))
             .where(ApiKey.user.is_null() | ApiKey.user.not_in(current)).objects())
     counts = {}
     for key in keys:
