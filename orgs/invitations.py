@@ -59,19 +59,23 @@ def invite(org_id, email, role, inviter=None):
 
 
 def send_again(invitation):
-    """A new link for a pending invitation, mailed; the old link stops working. Return the link."""
+    """A new link for a pending invitation, mailed as invite()'s; return it. The invitation is made
+    anew (a new row, which the hourly cap counts as the mail it is) and the old one voided with its
+    link."""
     now = utcnow()
     with db.atomic():
         organisations.lock_organisation(invitation.org_id)
         refuse_beyond_hourly_mails(invitation.org_id, now)
-        token = emailtokens.new_token()
-        sent = (Invitation.update(token_hash=emailtokens.hashed(token), sent_at=now, expires_at=now + LIFETIME)
-                .where((Invitation.id == invitation.id) & Invitation.accepted_at.is_null()
-                       & Invitation.revoked_at.is_null()).execute())
-        if not sent:
+        voided = (Invitation.update(revoked_at=now)
+                  .where((Invitation.id == invitation.id) & Invitation.accepted_at.is_null()
+                         & Invitation.revoked_at.is_null()).execute())
+        if not voided:
             raise ValueError("That invitation was accepted or revoked meanwhile.")
-        invitation.expires_at = now + LIFETIME
-        return mail(invitation, token)
+        token = emailtokens.new_token()
+        renewed = Invitation.create(org=invitation.org_id, email=invitation.email, role=invitation.role,
+                                    token_hash=emailtokens.hashed(token), invited_by=invitation.invited_by_id,
+                                    created_at=invitation.created_at, sent_at=now, expires_at=now + LIFETIME)
+        return mail(renewed, token)
 
 
 def revoke(invitation):
