@@ -68,3 +68,14 @@ def test_the_team_log_keeps_what_a_deleted_member_did_without_naming_it(app, use
     [event] = securitylog.recent_in(acme.id)
     assert (event.event, event.user_id) == ("member.invited", None)
     assert not SecurityEvent.select().where(SecurityEvent.user == bob.id).exists()
+
+
+def test_a_session_works_in_the_personal_organisation_until_another_is_chosen(app, user):
+    """The personal one comes first on PostgreSQL too, where a team's NULL personal_for compared
+    with the user's id would sort before it."""
+    bob = users.create_user("bob", "bob@example.com", PASSWORD)
+    acme = team(bob, (user, "viewer"))
+    assert organisations.current_membership(user).org.personal_for_id == user.id
+    assert organisations.current_membership(user, session_org_id=acme.id).org_id == acme.id
+    Membership.delete().where((Membership.org == acme.id) & (Membership.user == user.id)).execute()
+    assert organisations.current_membership(user, session_org_id=acme.id).org.personal_for_id == user.id
