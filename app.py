@@ -64,6 +64,7 @@ from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics, note as request_note, services
 from orgs import models as org_models
+from orgs.commands import orgs_cli
 from serving import cors, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import (
@@ -210,6 +211,7 @@ def create_app(overrides=None):
     app.cli.add_command(cli.audit_command)
     app.cli.add_command(webhooks_cli)
     app.cli.add_command(mail_cli)
+    app.cli.add_command(orgs_cli)
 
     # Last: the lane serves only while every hook registered by now would do nothing for its requests.
     app.wsgi_app = fastlane.Lane(app, app.wsgi_app)

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import click
 from flask import current_app
+from peewee import JOIN
 
 import auth
 import ratelimit
 from accounts import securitylog, users
-from keys import keycache
 from metering import analytics, credits, lifecycle
-from models import SCOPES, ApiKey, display_time, iso_seconds, personal_organisation
+from models import SCOPES, ApiKey, User, display_time, iso_seconds, personal_organisation
 from ops import logs
-from ops.commands import Command, CommandGroup, find_user
+from ops.commands import Command, CommandGroup, find_user, warn_if_servers_may_not_hear
+from orgs import roles
+from orgs.commands import find_organisation, org_option, organisation_for
 
 users_cli = CommandGroup("users", help="Manage users.")
 keys_cli = CommandGroup("keys", help="Manage API keys.")
@@ -72,19 +74,23 @@ def allowed_password(password):
 @click.option("--credits", "credit_count", metavar="N", help="Requests the key may make in all (default: no limit).")
 @click.option("--refill", default="", metavar="N/day|N/month", help="Set its credits to N at 00:00 UTC each day "
               "or on the 1st of each month.")
-def create_key_command(username, name, key_type, tier, expires_in, scopes, allow_ips, credit_count, refill):
-    """Create an API key; its secret is printed once, alone on the last line."""
+@org_option
+def create_key_command(username, name, key_type, tier, expires_in, scopes, allow_ips, credit_count, refill, org_slug):
+    """Create an API key made by USERNAME, in its personal organisation or --org's (where its role
+    must allow creating keys); its secret is printed once, alone on the last line."""
     user = find_user(username)
+    org = organisation_for(user, org_slug, roles.KEY_CREATE)
     try:
         if not scopes.strip(","):
             raise ValueError("Name at least one scope.")
         key, secret = auth.issue_key(user, name, key_type, tier, expires_in=auth.parse_duration(expires_in),
                                      scopes=scopes.split(","), allow_ips=allow_ips,
                                      credits_given=None if credit_count is None else credits.parse_credits(credit_count),
-                                     refill=credits.parse_refill(refill))
+                                     refill=credits.parse_refill(refill), org=org.id)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    click.echo(f"Created {key.key_type} key {key.name!r} (id {key.id}) for {user.username}.")
+    where = f" in {org.slug}" if org_slug is not None else ""
+    click.echo(f"Created {key.key_type} key {key.name!r} (id {key.id}) for {user.username}{where}.")
     if key.credits_remaining is not None:
         click.echo(f"Its credits: {credits.describe(key, with_next=True)}.")
     click.echo("Copy the secret now; it is not stored and cannot be shown again:")
@@ -93,17 +99,25 @@ def create_key_command(username, name, key_type, tier, expires_in, scopes, allow
 
 @keys_cli.command("list")
 @click.argument("username")
-def list_keys_command(username):
-    """List a user's keys: id, name, type, prefix, tier, status (active, expired or revoked), expiry,
-    scopes, IP allow-list (any when empty), its own windows (limit=10/second+5000/hour) or - for its
-    tier's (tab-separated; never the secret)."""
+@org_option
+def list_keys_command(username, org_slug):
+    """List the keys of a user's personal organisation: id, name, type, prefix, tier, status (active,
+    expired or revoked), expiry, scopes, IP allow-list (any when empty), its own windows
+    (limit=10/second+5000/hour) or - for its tier's (tab-separated; never the secret). With --org,
+    every key of that organisation, of which the user must be a member, each line ending with its
+    creator's username (- for a deleted account)."""
     user = find_user(username)
-    for key in ApiKey.select().where(ApiKey.org == personal_organisation(user.id)).order_by(ApiKey.id):
+    org = organisation_for(user, org_slug, roles.VIEW)
+    keys = (ApiKey.select(ApiKey, User.username).join(User, JOIN.LEFT_OUTER, on=(ApiKey.user == User.id))
+            .where(ApiKey.org == org.id).order_by(ApiKey.id).objects())
+    for key in keys:
         state = "revoked" if key.revoked_at else "expired" if key.is_expired() else "active"
         expiry = iso_seconds(key.expires_at) if key.expires_at else "never"
-        fields = (key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state, expiry,
+        fields = [key.id, key.name, key.key_type, f"{key.display_prefix}...", key.rate_limit_tier, state, expiry,
                   ",".join(key.scope_list()), key.allow_ips or "any",
-                  f"limit={key.rate_limits}" if key.rate_limits else "-")
+                  f"limit={key.rate_limits}" if key.rate_limits else "-"]
+        if org_slug is not None:
+            fields.append(key.username or "-")
         click.echo("\t".join(map(str, fields)))
 
 
@@ -132,14 +146,6 @@ def roll_key_command(key_id, grace, end_previous):
     click.echo(f"Rolled key {key_id} ({key.name!r}); the previous secret works {until}.")
     click.echo("Copy the new secret now; it is not stored and cannot be shown again:")
     click.echo(secret)
-
-
-def warn_if_servers_may_not_hear():
-    """On PostgreSQL without Redis here, this command could not tell servers that use Redis."""
-    if isinstance(current_app.extensions["keys"], keycache.Uncached):
-        click.echo("Note: RATELIMIT_STORAGE_URL is not Redis here. Servers that keep keys in memory (PostgreSQL "
-                   "with Redis) learn of this change only when run with theirs; otherwise within 10 seconds.",
-                   err=True)
 
 
 def find_key(key_id):
@@ -291,14 +297,25 @@ def secrets_in(path):
 
 
 @click.command("audit", cls=Command)
-@click.argument("username")
-def audit_command(username):
-    """Print an account's security log, newest first: ISO time, event, client IP, detail (tab-separated)."""
-    user = find_user(username)
-    for event in securitylog.recent(user.id, limit=None):
+@click.argument("username", required=False)
+@click.option("--org", "org_slug", metavar="SLUG", help="Print this organisation's log instead of an account's.")
+def audit_command(username, org_slug):
+    """Print an account's security log (its own events and its personal organisation's) or, with
+    --org, an organisation's, newest first: ISO time, event, client IP, detail (tab-separated); an
+    organisation's lines end with who acted (- for the command line or the service itself)."""
+    if (username is None) == (org_slug is None):
+        raise click.ClickException("Give either USERNAME or --org SLUG.")
+    if org_slug is None:
+        events = securitylog.recent(find_user(username).id, limit=None)
+    else:
+        events = securitylog.recent_in(find_organisation(org_slug).id, limit=None)
+    for event in events:
         # Rows written before client addresses were checked may hold whatever a client forwarded.
-        click.echo("\t".join((iso_seconds(event.created_at), event.event, logs.escape_controls(event.ip),
-                              logs.escape_controls(event.detail))))
+        fields = [iso_seconds(event.created_at), event.event, logs.escape_controls(event.ip),
+                  logs.escape_controls(event.detail)]
+        if org_slug is not None:
+            fields.append(event.user.username if event.user is not None else "-")
+        click.echo("\t".join(fields))
 
 
 db_cli = CommandGroup("db", help="Manage the database.")

@@ -1,8 +1,9 @@
 """What every command group of the operator's command line (`flask --app app ...`) shares: a
-sentence instead of a traceback when the database or the servers cannot be reached, and users
-named by their username."""
+sentence instead of a traceback when the database or the servers cannot be reached, users named
+by their username, and the note that a key change may reach some servers late."""
 
 import click
+from flask import current_app
 from flask.cli import AppGroup
 
 from accounts import users
@@ -39,3 +40,11 @@ def find_user(username):
     if user is None:
         raise click.ClickException(f"There is no user named {username!r}.")
     return user
+
+
+def warn_if_servers_may_not_hear():
+    """On PostgreSQL without Redis here, this command could not tell servers that use Redis."""
+    if isinstance(current_app.extensions["keys"], keycache.Uncached):
+        click.echo("Note: RATELIMIT_STORAGE_URL is not Redis here. Servers that keep keys in memory (PostgreSQL "
+                   "with Redis) learn of this change only when run with theirs; otherwise within 10 seconds.",
+                   err=True)

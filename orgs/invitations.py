@@ -70,8 +70,9 @@ def invite(org_id, email, role, inviter=None):
 
 
 def send_again(invitation, actor=None):
-    """A new link for a pending invitation, mailed, when the actor's role allows it (actor None:
-    the command line); the old link stops working. Return the link."""
+    """A new link for a pending invitation, mailed as invite()'s, when the actor's role allows it
+    (actor None: the command line); return it. The invitation is made anew (a new row and id) and
+    the old one voided with its link, whose page then says so."""
     now = utcnow()
     with db.atomic():
         organisations.lock_organisation(invitation.org_id)
@@ -79,16 +80,18 @@ def send_again(invitation, actor=None):
         if invitation.sent_at > now - RESEND_AFTER:
             raise ValueError("That invitation was sent less than a minute ago; wait a moment before sending it again.")
         refuse_beyond_hourly_mails(invitation.org_id, invitation.email, now)
-        token = emailtokens.new_token()
-        sent = (Invitation.update(token_hash=emailtokens.hashed(token), sent_at=now, expires_at=now + LIFETIME)
-                .where((Invitation.id == invitation.id) & Invitation.accepted_at.is_null()
-                       & Invitation.revoked_at.is_null()).execute())
-        if not sent:
+        voided = (Invitation.update(revoked_at=now)
+                  .where((Invitation.id == invitation.id) & Invitation.accepted_at.is_null()
+                         & Invitation.revoked_at.is_null()).execute())
+        if not voided:
             raise ValueError("That invitation was accepted or revoked meanwhile.")
-        invitation.expires_at, invitation.sent_at = now + LIFETIME, now
+        token = emailtokens.new_token()
+        renewed = Invitation.create(org=invitation.org_id, email=invitation.email, role=invitation.role,
+                                    token_hash=emailtokens.hashed(token), invited_by=invitation.invited_by_id,
+                                    created_at=invitation.created_at, sent_at=now, expires_at=now + LIFETIME)
         securitylog.record_in(invitation.org_id, "member.invited",
                               f"{invitation.email} as {invitation.role} (sent again)", actor_id=actor and actor.id)
-        return mail(invitation, token)
+        return mail(renewed, token)
 
 
 def revoke(invitation, actor=None):

@@ -6,7 +6,7 @@ its event to the organisation's security log."""
 
 import datetime
 
-from peewee import IntegrityError
+from peewee import JOIN, IntegrityError
 
 import auth
 from accounts import organisations, securitylog, users
@@ -62,7 +62,7 @@ def create(name, owner):
                 raise taken
             org = Organisation.create(name=name, slug=slug, created_by=owner.id)
             Membership.create(org=org.id, user=owner.id, role=OWNER)
-            securitylog.record_in(org.id, "org.created", name, actor_id=owner.id)
+            securitylog.record_in(org.id, "org.created", name)
     except IntegrityError:
         raise taken from None  # another request made it meanwhile
     return org
@@ -115,8 +115,8 @@ def former_members_keys(org_id):
     """[(creator's user id or None, username or None, active key count)] for the active keys made
     by users who are no longer members (None: an account since deleted)."""
     current = Membership.select(Membership.user).where(Membership.org == org_id)
-    keys = (ApiKey.active_in(org_id).select(ApiKey.user, User.username).join(User, on=(ApiKey.user == User.id),
-                                                                             join_type="LEFT OUTER")
+    keys = (ApiKey.active_in(org_id).select(ApiKey.user, User.username)
+            .join(User, JOIN.LEFT_OUTER, on=(ApiKey.user == User.id))
             .where(ApiKey.user.is_null() | ApiKey.user.not_in(current)).objects())
     counts = {}
     for key in keys:

@@ -1,10 +1,11 @@
-"""The `webhooks` command group: add, list, remove and test an account's endpoints."""
+"""The `webhooks` command group: add, list, remove and test an organisation's endpoints."""
 
 import click
 from flask import current_app
 
-from models import personal_organisation
 from ops.commands import CommandGroup, find_user
+from orgs import roles
+from orgs.commands import org_option, organisation_for
 from webhooks import delivery, endpoints
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
 
@@ -29,23 +30,29 @@ def find_endpoint(endpoint_id):
 @click.argument("url")
 @click.option("--events", default="", metavar="E,E",
               help="The events to send (default, or *: every event, those of later releases included).")
-def add_command(username, url, events):
-    """Add a webhook endpoint; its signing secret is printed alone on the last line."""
+@org_option
+def add_command(username, url, events, org_slug):
+    """Add a webhook endpoint to a user's personal organisation or --org's (where its role must allow
+    it); its signing secret is printed alone on the last line."""
     user = find_user(username)
+    org = organisation_for(user, org_slug, roles.WEBHOOK_MANAGE)
     try:
-        endpoint, secret = endpoints.add_endpoint(user, url, events.split(","))
+        endpoint, secret = endpoints.add_endpoint(user, url, events.split(","), org=org.id)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    click.echo(f"Added webhook endpoint {endpoint.id} for {user.username}: {endpoint.url} ({endpoint.events}). "
+    where = f" in {org.slug}" if org_slug is not None else ""
+    click.echo(f"Added webhook endpoint {endpoint.id} for {user.username}{where}: {endpoint.url} ({endpoint.events}). "
                "Its signing secret is shown only this once:")
     click.echo(secret)
 
 
 @webhooks_cli.command("list")
 @click.argument("username")
-def list_command(username):
-    """One line per endpoint: ENDPOINT_ID, URL, events, state."""
-    for endpoint in endpoints.owned(personal_organisation(find_user(username).id)):
+@org_option
+def list_command(username, org_slug):
+    """One line per endpoint of a user's personal organisation or --org's: ENDPOINT_ID, URL, events, state."""
+    user = find_user(username)
+    for endpoint in endpoints.owned(organisation_for(user, org_slug, roles.VIEW).id):
         click.echo(f"{endpoint.id}\t{endpoint.url}\t{endpoint.events}\t{endpoints.state(endpoint)}")
 
 

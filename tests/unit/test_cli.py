@@ -1,15 +1,17 @@
-"""The flask CLI: users create, keys create/list/revoke."""
+"""The flask CLI: users create, keys create/list/revoke, audit; keys and audit in an organisation (--org)."""
 
 import re
 
 import peewee
 import pytest
+from flask import g
 from liveserver import run_cli, service_env
 
 import auth
 import cli
 from accounts import users
-from models import ApiKey, User, db
+from models import ApiKey, Membership, User, db, personal_organisation
+from orgs import members
 
 
 def test_users_create_with_password_stdin(runner):
@@ -141,3 +143,97 @@ def test_users_create_without_a_terminal_says_to_use_password_stdin(tmp_path):
     result = run_cli(service_env(tmp_path), "users", "create", "bob", "--email", "bob@example.com", stdin="")
     assert result.returncode == 1
     assert result.stderr == "Error: No terminal to prompt for a password; use --password-stdin.\n"
+
+
+# --org: acting in an organisation as one of its members
+
+@pytest.fixture
+def acme(user):
+    """Acme, owned by alice, with bob a developer and carol a viewer."""
+    org = members.create("Acme", user)
+    for name, role in [("bob", "developer"), ("carol", "viewer")]:
+        made = users.create_user(name, f"{name}@example.com", "correct horse battery")
+        Membership.create(org=org.id, user=made.id, role=role)
+    return org
+
+
+def test_keys_create_with_org_makes_the_key_there_by_the_user(runner, acme):
+    result = runner.invoke(args=["keys", "create", "bob", "--name", "ci", "--type", "development", "--org", "acme"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].endswith(") for bob in acme.")
+    key = auth.authenticate(result.stdout.splitlines()[-1])
+    assert (key.org_id, key.user.username) == (acme.id, "bob")
+
+
+def test_keys_create_without_org_makes_the_key_in_the_personal_organisation(runner, user):
+    result = runner.invoke(args=["keys", "create", "alice", "--name", "ci", "--type", "development"])
+    key = auth.authenticate(result.stdout.splitlines()[-1])
+    assert result.stdout.splitlines()[0] == f"Created development key 'ci' (id {key.id}) for alice."
+    assert key.org_id == personal_organisation(user.id).id
+
+
+@pytest.mark.parametrize("username, slug, message", [
+    ("carol", "acme", "carol is viewer of acme; a viewer cannot create keys."),
+    ("dave", "acme", "dave is not a member of acme."),
+    ("alice", "nope", "There is no organisation with the slug 'nope'."),
+    ("bob", "alice", "bob is not a member of alice."),
+])
+def test_keys_create_with_org_asks_the_members_role(runner, acme, username, slug, message):
+    users.create_user("dave", "dave@example.com", "correct horse battery")
+    result = runner.invoke(args=["keys", "create", username, "--name", "k", "--type", "development", "--org", slug])
+    assert (result.exit_code, result.stderr, result.stdout) == (1, f"Error: {message}\n", "")
+    assert ApiKey.select().count() == 0
+
+
+def test_keys_list_with_org_lists_every_key_there_with_its_creator(runner, user, acme):
+    bob = users.find_user("bob")
+    mine, _ = auth.issue_key(user, "alice's", "development", org=acme.id)
+    bobs, _ = auth.issue_key(bob, "bob's", "production", "pro", org=acme.id)
+    auth.issue_key(user, "personal", "development")
+    users.delete_account(bob, "correct horse battery")
+    every_scope = "test:read,user:read,usage:read,time:stream"
+    result = runner.invoke(args=["keys", "list", "carol", "--org", "acme"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"{mine.id}\talice's\tdevelopment\t{mine.display_prefix}...\tfree\tactive\tnever\t{every_scope}\tany\t-\talice\n"
+        f"{bobs.id}\tbob's\tproduction\t{bobs.display_prefix}...\tpro\tactive\tnever\t{every_scope}\tany\t-\t-\n")
+
+
+def test_keys_list_with_org_is_refused_to_a_non_member(runner, acme):
+    users.create_user("dave", "dave@example.com", "correct horse battery")
+    result = runner.invoke(args=["keys", "list", "dave", "--org", "acme"])
+    assert (result.exit_code, result.stderr, result.stdout) == (1, "Error: dave is not a member of acme.\n", "")
+
+
+def test_audit_with_org_prints_the_organisations_log_with_who_acted(app, runner, user, acme):
+    with app.app_context(), app.test_request_context(environ_base={"REMOTE_ADDR": "203.0.113.7"}):
+        g.user = user
+        members.change_role(acme.id, users.find_user("carol").id, "admin")
+    runner.invoke(args=["orgs", "remove", "acme", "bob"])
+    result = runner.invoke(args=["audit", "--org", "acme"])
+    assert result.exit_code == 0, result.output
+    lines = [line.split("\t") for line in result.stdout.splitlines()]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", line[0]) for line in lines)
+    assert [line[1:] for line in lines] == [
+        ["member.removed", "cli", "bob (developer)", "-"],
+        ["member.role_changed", "203.0.113.7", "carol: viewer to admin", "alice"],
+        ["org.created", "cli", "Acme", "-"],
+    ]
+
+
+def test_audit_of_a_user_keeps_its_lines(runner, user, acme):
+    auth.issue_key(user, "personal", "development")
+    result = runner.invoke(args=["audit", "alice"])
+    assert [line.split("\t")[1:] for line in result.stdout.splitlines()][0][0] == "key.created"
+    assert all(len(line.split("\t")) == 4 for line in result.stdout.splitlines())
+    assert "org.created" not in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "Give either USERNAME or --org SLUG."),
+    (["alice", "--org", "acme"], "Give either USERNAME or --org SLUG."),
+    (["--org", "nope"], "There is no organisation with the slug 'nope'."),
+])
+def test_audit_takes_a_username_or_an_organisation(runner, acme, args, message):
+    result = runner.invoke(args=["audit", *args])
+    assert (result.exit_code, result.stderr, result.stdout) == (1, f"Error: {message}\n", "")

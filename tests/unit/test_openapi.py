@@ -11,8 +11,10 @@ from openapi_core.validation.response.exceptions import ResponseValidationError
 
 import auth
 import models
+from accounts import users
 from api import VERSION
-from models import ApiKey
+from models import ApiKey, Membership
+from orgs import members
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats", "/api/v1/usage/history"]
 PUBLIC = ["/api/v1/demo/year", "/api/v1/status", "/api/v1/openapi.json"]
@@ -60,6 +62,17 @@ def test_public_success_conforms(client, path):
     response = client.get(path)
     assert response.status_code == 200
     assert_conforms(response)
+
+
+def test_user_me_of_a_key_whose_creator_was_deleted_conforms(client, user, api_key):
+    """The key works on for its organisation; user/me has no one to describe."""
+    bob = users.create_user("bob", "bob@example.com", "correct horse battery")
+    acme = members.create("Acme", user)
+    Membership.create(org=acme.id, user=bob.id, role="developer")
+    _, secret = auth.issue_key(bob, "bob's", "development", org=acme.id)
+    users.delete_account(bob, "correct horse battery")
+    assert assert_conforms(client.get("/api/v1/user/me", headers={"X-API-Key": secret})) == {
+        "user_id": None, "username": None, "email": None, "created_at": None, "api_key_count": 0}
 
 
 @pytest.mark.parametrize("key", ["valid", "invalid"])

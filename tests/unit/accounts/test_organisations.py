@@ -79,3 +79,14 @@ def test_an_account_s_own_log_keeps_its_size_without_touching_what_it_did_in_a_t
         securitylog.record(user.id, "user.login")
     assert [event.event for event in securitylog.recent_in(acme.id)] == ["member.invited"] * 3
     assert SecurityEvent.select().where((SecurityEvent.user == user.id) & SecurityEvent.org.is_null()).count() == 3
+
+
+def test_a_session_works_in_the_personal_organisation_until_another_is_chosen(app, user):
+    """The personal one comes first on PostgreSQL too, where a team's NULL personal_for compared
+    with the user's id would sort before it."""
+    bob = users.create_user("bob", "bob@example.com", PASSWORD)
+    acme = team(bob, (user, "viewer"))
+    assert organisations.current_membership(user).org.personal_for_id == user.id
+    assert organisations.current_membership(user, session_org_id=acme.id).org_id == acme.id
+    Membership.delete().where((Membership.org == acme.id) & (Membership.user == user.id)).execute()
+    assert organisations.current_membership(user, session_org_id=acme.id).org.personal_for_id == user.id

@@ -1,6 +1,7 @@
-"""Notices: the owner's address hears of a key revoked as leaked, expiring or expired, a password
-changed, two-factor log-in turned off and a passkey added, through a real SMTP server; the mail
-names the key or the change and never holds a secret."""
+"""Notices: the owner's address hears of a key revoked as leaked, expiring or expired (a key's
+creator while a member of its organisation, else the organisation's owners), a password changed,
+two-factor log-in turned off and a passkey added, through a real SMTP server; the mail names the
+key or the change and never holds a secret."""
 
 import datetime
 
@@ -11,7 +12,8 @@ from accounts import emailtokens, recovery, securitylog, twofactor, users
 from accounts.models import Passkey
 from mail import notices, sender
 from mail.models import MailMessage
-from models import ApiKey, User, db, utcnow
+from models import ApiKey, Membership, User, db, utcnow
+from orgs import members
 from webhooks import periodic
 
 
@@ -130,3 +132,29 @@ def test_a_reset_of_an_unconfirmed_account_confirms_it_and_names_what_else_signs
     [mail] = mails_sent(notice_app, smtp)
     assert "Besides the password, these sign in to the account: passkeys: Mallory's key." in mail.text
     assert "Mallory&#39;s key" in mail.html or "Mallory&#x27;s key" in mail.html
+
+
+def test_a_key_notice_goes_to_its_creator_while_a_member_then_to_the_owners(notice_app, bob):
+    """A key of an organisation: its creator hears of it while still a member; once removed (or its
+    account deleted), the organisation's owners do, the creator no longer."""
+    alice = users.create_user("alice", "alice@example.com", "correct horse battery")
+    carol = users.create_user("carol", "carol@example.com", "correct horse battery")
+    acme = members.create("Acme", alice)
+    Membership.create(org=acme.id, user=bob.id, role="developer")
+    Membership.create(org=acme.id, user=carol.id, role="owner")
+    key, secret = auth.issue_key(bob, "Deploy", "development", org=acme.id)
+    assert notices.key_recipients(key) == [bob.id]
+    members.remove(acme.id, bob.id)
+    assert sorted(notices.key_recipients(key)) == sorted([alice.id, carol.id])
+    User.update(email_verified_at=utcnow()).where(User.id.in_([alice.id, carol.id])).execute()
+    assert notice_app.test_client().post("/api/v1/keys/revoke", headers={"X-API-Key": secret}).status_code == 200
+    assert sorted(mail.recipient for mail in MailMessage.select()) == ["alice@example.com", "carol@example.com"]
+
+
+def test_a_key_whose_creator_was_deleted_is_told_to_the_owners(notice_app, bob):
+    alice = users.create_user("alice", "alice@example.com", "correct horse battery")
+    acme = members.create("Acme", bob)
+    Membership.create(org=acme.id, user=alice.id, role="developer")
+    key, _ = auth.issue_key(alice, "Deploy", "development", org=acme.id)
+    users.delete_account(alice, "correct horse battery")
+    assert notices.key_recipients(ApiKey.get_by_id(key.id)) == [bob.id]

@@ -1,5 +1,7 @@
-"""orgs/roles.py's decision over every role and action; the forms that ask it are tested through
-the web (tests/unit/web/test_members.py)."""
+"""orgs/roles.py's decision over every role and action, and docs/organisations.md's table of it;
+the forms that ask it are tested through the web (tests/unit/web/test_members.py)."""
+
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +47,50 @@ def test_an_action_on_members_that_does_not_say_whom_it_acts_on_is_an_owner_s_al
 def test_no_role_or_a_made_up_one_allows_nothing():
     for action in roles.ACTIONS:
         assert not roles.allows(None, action) and not roles.allows("superuser", action)
+
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "organisations.md"
+# Each row of the doc's table: the decision it states.
+DOCUMENTED = {
+    "See the keys, usage, endpoints, members and security log": (roles.VIEW, {}),
+    "Create a key": (roles.KEY_CREATE, {}),
+    "Roll, revoke or change a key it created": (roles.KEY_CHANGE, {"own_key": True}),
+    "Roll, revoke or change another member's key": (roles.KEY_CHANGE, {"own_key": False}),
+    "Add, remove or test a webhook endpoint": (roles.WEBHOOK_MANAGE, {}),
+    "Invite, send again or revoke an invitation as admin, developer or viewer": (
+        roles.MEMBER_INVITE, {"target_role": None, "new_role": "admin"}),
+    "Invite, send again or revoke an invitation as owner": (
+        roles.MEMBER_INVITE, {"target_role": None, "new_role": "owner"}),
+    "Change the role of a member other than an owner, to any role but owner": (
+        roles.MEMBER_ROLE, {"target_role": "developer", "new_role": "admin"}),
+    "Make a member an owner, or change an owner's role": (
+        roles.MEMBER_ROLE, {"target_role": "viewer", "new_role": "owner"}),
+    "Remove a member other than an owner": (roles.MEMBER_REMOVE, {"target_role": "admin", "new_role": None}),
+    "Remove an owner": (roles.MEMBER_REMOVE, {"target_role": "owner", "new_role": None}),
+    "Revoke every key a member (not an owner) or a former member created": (
+        roles.MEMBER_REVOKE_KEYS, {"target_role": None, "new_role": None}),
+    "Revoke every key an owner created": (roles.MEMBER_REVOKE_KEYS, {"target_role": "owner", "new_role": None}),
+    "Leave the organisation": (roles.LEAVE, {}),
+}
+
+
+def doc_table():
+    """[(first cell, {role: "yes" or "no"})] of the table under docs/organisations.md's Roles."""
+    section = DOC.read_text(encoding="utf-8").split("## Roles", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|")]
+    header, _, *body = rows
+    assert header == ["action", *ROLES]
+    return [(label, dict(zip(ROLES, cells))) for label, *cells in body]
+
+
+def test_the_docs_table_states_what_allows_decides():
+    table = doc_table()
+    assert [label for label, _ in table] == list(DOCUMENTED)
+    for label, cells in table:
+        action, context = DOCUMENTED[label]
+        assert cells == {role: "yes" if roles.allows(role, action, **context) else "no" for role in ROLES}, label
+
+
+def test_the_docs_table_covers_every_action():
+    assert {action for action, _ in DOCUMENTED.values()} == set(roles.ACTIONS)
