@@ -40,7 +40,7 @@ def record(user_id, event, detail="", address=None):
     address is the request's, else `cli` (the service's own doings give "-")."""
     assert event in EVENTS, event
     SecurityEvent.create(user=user_id, event=event, ip=where_from(address), detail=detail[:200])
-    forget_beyond_kept(SecurityEvent.user == user_id)
+    forget_beyond_kept((SecurityEvent.user == user_id) & SecurityEvent.org.is_null())
     recorded.send(event, user_id=user_id, detail=detail)
 
 
