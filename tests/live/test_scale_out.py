@@ -11,6 +11,10 @@ import websocket
 from liveserver import cli_session, make_key, service_env, start_procfile, stored_total, wait_for
 from tcpproxy import TcpProxy
 
+import auth
+from accounts import users
+from models import Membership, Organisation
+
 
 def get_all(urls, headers):
     """GET every url at once from 50 threads; return the statuses."""
@@ -66,6 +70,40 @@ class TestCluster:
         finally:
             for ws in sockets:
                 ws.close()
+
+
+def test_an_organisation_s_allowance_is_exact_across_its_members_keys_workers_and_instances(tmp_path, make_app):
+    """ACCOUNT_RATE_LIMIT counts per organisation: two members' keys of one organisation, used at
+    once on two instances of two workers each, share its 30 requests exactly (the others are the
+    account window's 429s); a key of another organisation spends none of them."""
+    env = service_env(tmp_path, DATABASE_URL=services.postgres_url(), RATELIMIT_STORAGE_URL=services.redis_url(),
+                      WEB_CONCURRENCY="2", ACCOUNT_RATE_LIMIT="30/minute")
+    with make_app({"DATABASE_URL": env["DATABASE_URL"], "RATELIMIT_STORAGE_URL": env["RATELIMIT_STORAGE_URL"],
+                   "RATE_LIMIT_TIERS": env["RATE_LIMIT_TIERS"]}).app_context():
+        alice, bob, carol = (users.create_user(name, f"{name}@example.com", "a long password")
+                             for name in ("alice", "bob", "carol"))
+        acme = Organisation.create(name="Acme", slug="acme")
+        Membership.create(org=acme, user=alice, role="owner")
+        Membership.create(org=acme, user=bob, role="developer")
+        members = [auth.issue_key(member, f"{member.username}'s", "production", org=acme.id)[1] for member in (alice, bob)]
+        _, other = auth.issue_key(carol, "Own", "production")
+    servers = [start_procfile(tmp_path, env) for _ in range(2)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(50) as pool:
+            responses = list(pool.map(lambda i: requests.get(f"{servers[i % 2].base}/api/v1/protected/test",
+                                                             headers={"X-API-Key": members[i // 2 % 2]}, timeout=30),
+                                      range(100)))
+        elsewhere = requests.get(f"{servers[0].base}/api/v1/protected/test", headers={"X-API-Key": other}, timeout=30)
+    finally:
+        for server in servers:
+            server.stop()
+    assert sorted(response.status_code for response in responses) == [200] * 30 + [429] * 70
+    refused = [response for response in responses if response.status_code == 429]
+    assert {(response.json()["error"]["code"], response.headers["X-RateLimit-Limit"],
+             tuple(response.headers["RateLimit"].split(";")[:2])) for response in refused} == {
+        ("account_rate_limit_exceeded", "30", ('"account"', "r=0"))}
+    assert (elsewhere.status_code, elsewhere.headers["X-RateLimit-Remaining"]) == (200, "29")
+    assert sum(stored_total(env["DATABASE_URL"], secret) for secret in members) == 30
 
 
 def test_sqlite_with_several_workers_loses_nothing(tmp_path):

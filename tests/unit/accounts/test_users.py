@@ -242,3 +242,15 @@ def test_an_account_keeps_its_newest_sessions_and_events_only(user, monkeypatch)
     assert Session.select().where(Session.user == user.id).count() == 3
     assert users.find_session(tokens[-1]) is not None and users.find_session(tokens[0]) is None
     assert len(users.securitylog.recent(user.id, limit=None)) == 5
+
+
+def test_an_account_s_own_events_never_push_out_the_organisation_events_it_acted_in(user, monkeypatch):
+    """Each log keeps its newest KEPT: the account's own events count in the account's, an
+    organisation's (the user their actor, as every key event an upgrade moved) in the organisation's."""
+    monkeypatch.setattr(users.securitylog, "KEPT", 3)
+    org_id = users.personal_organisation_id(user)
+    users.securitylog.record_in(org_id, "key.created", "Kept (id 1)", actor_id=user.id)
+    for _ in range(4):
+        users.start_session(user)
+    assert [event.event for event in users.securitylog.recent_in(org_id, limit=None)] == ["key.created"]
+    assert [event.event for event in users.securitylog.recent(user.id, limit=None)].count("user.login") == 3
