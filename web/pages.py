@@ -189,6 +189,10 @@ def signup():
         flash(str(error), "error")
         return render_template("signup.html"), 400
     log_in(user)
+    # Back where the visitor came from (an invitation's page), else to the first key.
+    if back := local_path(request.args.get("next")):
+        flash(f"Welcome, {user.username}.")
+        return redirect(back)
     flash(f"Welcome, {user.username}. Create your first API key below.")
     return redirect(url_for("web.settings_security"))
 
