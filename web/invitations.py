@@ -8,6 +8,7 @@ import json
 from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import users
+from mail import outbox
 from orgs import invitations, members as org_members, roles
 from orgs.models import Invitation
 from web.members import MEMBERS_TAB, members_tab_error, refuse_unless_allowed
@@ -34,8 +35,8 @@ def invite():
 
 def show_link_once(invitation, link):
     """Keep the link with the session, encrypted, for the Members tab to show once (as a new key's secret)."""
-    users.keep_pending_secret(g.session, session["sid"],
-                              json.dumps({"invitation_link": link, "email": invitation.email, "role": invitation.role}))
+    users.keep_pending_secret(g.session, session["sid"], json.dumps({
+        "invitation_link": link, "email": invitation.email, "role": invitation.role, "mailed": outbox.enabled()}))
 
 
 def pending_invitation(invitation_id):

@@ -45,6 +45,7 @@ def organisation_helpers():
 @bp.get("/settings/members")
 @login_required
 def settings_members():
+    refuse_unless_allowed(roles.VIEW)
     pending = users.take_pending_secret(g.session, session["sid"])
     shown_once = json.loads(pending) if pending else None
     # A key's secret kept for the Security tab is no invitation's link: nothing of it shows here.

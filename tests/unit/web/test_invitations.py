@@ -154,3 +154,11 @@ def test_an_unknown_link_is_a_404_that_changes_nothing(team, log_in, token):
     for response in (client.get(f"/invitations/{token}"), client.post(f"/invitations/{token}")):
         assert response.status_code == 404 and "not one this service sent" in response.text
     assert snapshot() == before
+
+
+def test_where_the_service_sends_no_mail_the_inviter_is_told_to_send_the_link(app, team, owner):
+    app.config["MAIL_URL"] = "off"
+    assert owner.post("/settings/members/invite", data={"email": "nina@example.com", "role": "viewer"}).status_code == 302
+    page = owner.get("/settings/members").text
+    assert SHOWN_LINK.search(page) and "send it to nina@example.com yourself" in page and "was mailed" not in page
+    assert MailMessage.select().where(MailMessage.recipient == "nina@example.com").count() == 0

@@ -276,6 +276,17 @@ def test_two_owners_removing_each_other_one_after_the_other_leave_one(team, log_
     assert member_role(team, "olive") == "owner"
 
 
+def test_two_admins_cannot_remove_the_two_owners(team, log_in):
+    adam = log_in("adam")
+    Membership.update(role="admin").where(Membership.user == team.people["dora"].id).execute()
+    dora = log_in("dora")
+    before = snapshot()
+    for admin, owner in [(adam, "olive"), (dora, "owen")]:
+        assert admin.post(f"/settings/members/{team.people[owner].id}/remove").status_code == 403
+        assert admin.post(f"/settings/members/{team.people[owner].id}/role", data={"role": "viewer"}).status_code == 403
+    assert snapshot() == before
+
+
 @pytest.mark.parametrize("action, data", [("remove", {}), ("role", {"role": "admin"})])
 def test_two_owners_acting_on_each_other_at_once_leave_an_owner(team, log_in, action, data):
     people = team.people
