@@ -130,6 +130,8 @@ def change_role(user_id):
         org_members.change_role(g.org.id, user_id, role)
     except org_members.LastOwner as error:
         return members_tab_error(str(error), 409)
+    except org_members.NotMember:
+        abort(404)  # removed meanwhile
     except ValueError as error:
         return members_tab_error(str(error), 400)
     flash(f"{target.user.username} is now {role}.")
@@ -165,6 +167,8 @@ def leave_organisation():
         org_members.leave(org.id, g.user)
     except org_members.LastOwner as error:
         return members_tab_error(str(error), 409)
+    except org_members.NotMember:
+        abort(404)  # left meanwhile, in another tab
     except ValueError as error:
         return members_tab_error(str(error), 400)
     flash(f"You left {org.name}; the keys you made there keep working for it.")
