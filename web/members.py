@@ -7,8 +7,9 @@ invitations'."""
 
 import json
 
-from flask import abort, flash, g, redirect, render_template, request, session, url_for
+from flask import abort, current_app, flash, g, redirect, render_template, request, session, url_for
 from peewee import fn
+from werkzeug.exceptions import Forbidden, NotFound
 
 from accounts import users
 from models import ROLES, ApiKey, Membership, User
@@ -56,7 +57,8 @@ def render_members_tab(status=200, invitation=None):
     org_id = g.org.id
     key_counts = dict(ApiKey.active_in(org_id).select(ApiKey.user, fn.COUNT(ApiKey.id))
                       .group_by(ApiKey.user).order_by().tuples())
-    invitable = [role for role in ROLES if roles.allows(g.membership.role, roles.MEMBER_INVITE, new_role=role)]
+    invitable = [role for role in ROLES
+                 if roles.allows(g.membership.role, roles.MEMBER_INVITE, target_role=None, new_role=role)]
     return render_template("settings_members.html", memberships=org_members.members(org_id), key_counts=key_counts,
                            invitations=list(invitations.pending_in(org_id)), invitable=invitable,
                            roles_to_give=roles_to_give, former_members=org_members.former_members_keys(org_id),
@@ -80,6 +82,20 @@ def refuse_unless_allowed(action, **context):
         abort(403)
 
 
+# orgs/ decides again with the organisation's row held (a role changed meanwhile decides): its
+# refusals are the pages' 403 and 404, rendered as any other (an error handler cannot abort()).
+@bp.errorhandler(org_members.NotAllowed)
+def not_allowed(error):
+    """The member's role, read under the organisation's row, does not allow the change."""
+    return current_app.handle_http_exception(Forbidden())
+
+
+@bp.errorhandler(org_members.NotMember)
+def not_member(error):
+    """The member acted on, or the one acting, is not (or no longer) in the current organisation."""
+    return current_app.handle_http_exception(NotFound())
+
+
 @bp.post("/orgs")
 @login_required
 def create_organisation():
@@ -99,10 +115,7 @@ def switch_organisation():
     # Only what could be a slug reaches the query (PostgreSQL refuses a NUL with an error).
     if not slug or slugs.slug_of(slug) != slug:
         abort(404)
-    try:
-        membership = org_members.switch(g.session, g.user, slug)
-    except org_members.NotMember:
-        abort(404)
+    membership = org_members.switch(g.session, g.user, slug)
     flash(f"You now work in {membership.org.name}, as {membership.role}.")
     return redirect(page_after_switch(request.form.get("next", "")))
 
@@ -112,26 +125,14 @@ def page_after_switch(path):
     return path if path in {url_for(endpoint) for endpoint in SWITCH_STAYS_ON} else url_for("web.settings_security")
 
 
-def member_here(user_id):
-    """The current organisation's membership of the user (with the user); 404 when there is none."""
-    try:
-        return org_members.member(g.org.id, user_id)
-    except org_members.NotMember:
-        abort(404)
-
-
 @bp.post(f"/settings/members/<int(max={MAX_ID}):user_id>/role")
 @login_required
 def change_role(user_id):
     role = request.form.get("role", "")
-    target = member_here(user_id)
-    refuse_unless_allowed(roles.MEMBER_ROLE, target_role=target.role, new_role=role)
     try:
-        org_members.change_role(g.org.id, user_id, role)
+        target = org_members.change_role(g.org.id, user_id, role, actor=g.user)
     except org_members.LastOwner as error:
         return members_tab_error(str(error), 409)
-    except org_members.NotMember:
-        abort(404)  # removed meanwhile
     except ValueError as error:
         return members_tab_error(str(error), 400)
     flash(f"{target.user.username} is now {role}.")
@@ -141,17 +142,17 @@ def change_role(user_id):
 @bp.post(f"/settings/members/<int(max={MAX_ID}):user_id>/remove")
 @login_required
 def remove_member(user_id):
+    target = org_members.member(g.org.id, user_id)
     revoke_keys = request.form.get("revoke_keys") == "1"
-    target = member_here(user_id)
-    refuse_unless_allowed(roles.MEMBER_REMOVE, target_role=target.role)
+    # orgs/members.remove asks for MEMBER_REMOVE alone, under its lock; revoking too asks this as well.
     if revoke_keys:
-        refuse_unless_allowed(roles.MEMBER_REVOKE_KEYS, target_role=target.role)
+        refuse_unless_allowed(roles.MEMBER_REVOKE_KEYS, target_role=target.role, new_role=None)
     try:
-        revoked = org_members.remove(g.org.id, user_id, revoke_keys=revoke_keys)
+        revoked = org_members.remove(g.org.id, user_id, revoke_keys=revoke_keys, actor=g.user)
     except org_members.LastOwner as error:
         return members_tab_error(str(error), 409)
-    except org_members.NotMember:
-        abort(404)  # removed meanwhile
+    except ValueError as error:
+        return members_tab_error(str(error), 400)
     kept = ("; its keys keep working, listed below as created by a former member" if not revoke_keys
             else f"; {revoked} of its keys revoked")
     flash(f"{target.user.username} is no longer a member{kept}.")
@@ -167,10 +168,6 @@ def leave_organisation():
         org_members.leave(org.id, g.user)
     except org_members.LastOwner as error:
         return members_tab_error(str(error), 409)
-    except org_members.NotMember:
-        abort(404)  # left meanwhile, in another tab
-    except ValueError as error:
-        return members_tab_error(str(error), 400)
     flash(f"You left {org.name}; the keys you made there keep working for it.")
     return redirect(url_for(MEMBERS_TAB))
 
@@ -178,12 +175,11 @@ def leave_organisation():
 @bp.post(f"/settings/members/<int(max={MAX_ID}):user_id>/revoke-keys")
 @login_required
 def revoke_member_keys(user_id):
-    membership = Membership.get_or_none((Membership.org == g.org.id) & (Membership.user == user_id))
     # A former member is one who made a key here; any other user is no business of this organisation.
-    if membership is None and not ApiKey.select().where((ApiKey.org == g.org.id) & (ApiKey.user == user_id)).exists():
+    if not (Membership.select().where((Membership.org == g.org.id) & (Membership.user == user_id)).exists()
+            or ApiKey.select().where((ApiKey.org == g.org.id) & (ApiKey.user == user_id)).exists()):
         abort(404)
-    refuse_unless_allowed(roles.MEMBER_REVOKE_KEYS, target_role=membership.role if membership else None)
-    revoked = org_members.revoke_keys_of(g.org.id, user_id)
+    revoked = org_members.revoke_keys_of(g.org.id, user_id, actor=g.user)
     creator = User.get_or_none(User.id == user_id)
     flash(f"Revoked {revoked} key{'' if revoked == 1 else 's'} made by {creator.username if creator else 'that user'}: "
           "requests with them now fail.")

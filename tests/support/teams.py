@@ -1,11 +1,12 @@
 """An organisation with a member of every role, to act in through the web forms, and what those
 forms could change, to compare before and after (tests/unit/web/test_members.py, test_invitations.py)."""
 
+import datetime
 import types
 
 import auth
 from accounts import users
-from models import ApiKey, Membership, Organisation, SecurityEvent
+from models import ApiKey, Membership, Organisation, SecurityEvent, utcnow
 from orgs import invitations, members as org_members
 from orgs.models import Invitation
 from webhooks import endpoints
@@ -37,6 +38,8 @@ def make_team(app):
     endpoint, _ = endpoints.add_endpoint(people["olive"], "http://127.0.0.1:9/acme", org=acme.id)
     globex_endpoint, _ = endpoints.add_endpoint(people["gina"], "http://127.0.0.1:9/globex", org=globex.id)
     invitation, _ = invitations.invite(acme.id, "newcomer@example.com", "developer", people["olive"])
+    # Mailed minutes ago, so that it may be sent again (orgs/invitations.RESEND_AFTER).
+    Invitation.update(sent_at=utcnow() - datetime.timedelta(minutes=5)).where(Invitation.id == invitation.id).execute()
     globex_invitation, _ = invitations.invite(globex.id, "stranger@example.com", "developer", people["gina"])
     return types.SimpleNamespace(app=app, people=people, acme=acme, globex=globex, keys=keys, endpoint=endpoint,
                                  globex_endpoint=globex_endpoint, invitation=invitation,
