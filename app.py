@@ -51,10 +51,13 @@ import ratelimit
 import settings
 import sockets
 
-# The routes of the key forms, the address pages and the forgotten password are the web blueprint's,
-# in modules of their own: imported before pages.init_app registers the blueprint.
+# The routes of the key forms, the address pages, the forgotten password, the members and the
+# invitations are the web blueprint's, in modules of their own: imported before pages.init_app
+# registers the blueprint.
 import web.emailaddress  # noqa: F401
+import web.invitations  # noqa: F401
 import web.keyforms  # noqa: F401
+import web.members  # noqa: F401
 import web.recovery  # noqa: F401
 from accounts import emailtokens, models as account_models, securitylog, users
 from keys import keycache

@@ -1,7 +1,7 @@
 """A key's own page (/settings/security/keys/<KEY_ID>): its details, its requests per hour and per
 day by outcome and by endpoint as charts drawn on the server (SVG, no script), and its actions."""
 
-from flask import Blueprint, render_template
+from flask import Blueprint, g, render_template
 
 from metering import analytics, credits
 from models import SCOPES, utcnow
@@ -81,6 +81,7 @@ def key_page(key_id):
                  EndpointChart("By endpoint, last 30 days", days)]
     refill = key.credits_refill_interval
     return render_template("key_page.html", key=key, now=now, charts=charts, endpoints=endpoints,
+                           creator=pages.key_creators(g.org.id).get(key.user_id),
                            credits_left=credits.effective_remaining(key, now),
                            next_refill=refill and credits.next_refill_at(refill, now),
                            outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=pages.KEY_TYPES, graces=pages.GRACES,

@@ -17,6 +17,7 @@ from mail import outbox
 from metering import analytics
 from models import SCOPES, ApiKey, personal_organisation, utcnow
 from ops import note as request_note
+from orgs import members as org_members
 from serving import envelope
 from web import addressmails, reference, throttles
 
@@ -189,6 +190,10 @@ def signup():
         flash(str(error), "error")
         return render_template("signup.html"), 400
     log_in(user)
+    # Back where the visitor came from (an invitation's page), else to the first key.
+    if back := local_path(request.args.get("next")):
+        flash(f"Welcome, {user.username}.")
+        return redirect(back)
     flash(f"Welcome, {user.username}. Create your first API key below.")
     return redirect(url_for("web.settings_security"))
 
@@ -353,9 +358,15 @@ def render_security_tab(status=200, new_key=None):
     inactive = [key for key in keys if key.revoked_at or key.is_expired(now)]
     active = [key for key in keys if key not in inactive]
     return render_template("settings_security.html", keys=keys, active_keys=active, inactive_keys=inactive,
-                           totals=account_totals(keys, now), now=now,
+                           totals=account_totals(keys, now), now=now, creators=key_creators(g.org.id),
                            new_key=new_key, key_types=KEY_TYPES, scopes=SCOPES, expiries=EXPIRIES,
                            graces=GRACES, events=org_log()), status
+
+
+def key_creators(org_id):
+    """{user id: username} of the organisation's members: a key made by anyone else was made by a
+    former member (or an account since deleted)."""
+    return {membership.user_id: membership.user.username for membership in org_members.members(org_id)}
 
 
 def org_log():

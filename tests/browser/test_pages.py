@@ -66,6 +66,13 @@ def every_page(page, server):
     page.goto("/settings/profile")
     yield "profile"
 
+    page.goto("/settings/members")
+    yield "Members tab"
+    page.get_by_label("Email address").fill(f"{username}.friend@example.com")
+    page.get_by_role("button", name="Send invitation").click()
+    expect(page.get_by_label("Invitation link")).to_be_visible()
+    yield "Members tab with an invitation's link"
+
     page.goto("/settings/security")
     expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
     yield "Security tab without keys"

@@ -283,7 +283,7 @@ def test_security_tab_lists_each_key_with_its_details(app, logged_in, api_key):
     row = html.split(f'id="key-{dev.id}"', 1)[1].split("</tr>", 1)[0]
     cells = [re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip()
              for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-    assert cells[:5] == ["Alice dev from any address", "Development", f"{api_key[:12]}...",
+    assert cells[:5] == ["Alice dev by alice from any address", "Development", f"{api_key[:12]}...",
                          dev.last_used_at.strftime("%Y-%m-%d %H:%M"), "Active"]
     assert "Revoke" in cells[5] and "Roll" in cells[5]
     assert f'href="/settings/security/keys/{dev.id}"' in row

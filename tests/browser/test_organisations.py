@@ -1,0 +1,139 @@
+"""Organisations in headless Chromium against the real server (the Procfile's gunicorn), the
+invitation mailed through a real SMTP server: an owner makes an organisation and invites an address
+(the link shown once), the invitee signs up from the mailed link, joins, creates a key there and
+switches organisations in the header, at 390 and 1280 px, each page within the window's width and
+clean to axe-core. With UPDATE_SCREENSHOTS=1 the run saves docs/members-tab.png,
+docs/phone-members-tab.png and docs/org-switcher.png."""
+
+import itertools
+import re
+from pprint import pformat
+
+import pytest
+from browsing import DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, sign_up
+from liveserver import service_env, serving
+from mailserver import mail_server
+
+try:
+    from playwright.sync_api import expect
+except ImportError:
+    pass
+
+PASSWORD = "a long password"  # browsing.sign_up's
+LINK = re.compile(r"https://api\.example\.com(/invitations/[A-Za-z0-9_-]{43})")
+SUBJECT = "You are invited to join an organisation"
+numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def smtp():
+    with mail_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server(browser, smtp, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("organisations")
+    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")) as server:
+        yield server
+
+
+@pytest.fixture
+def open_page(browser, server):
+    """open_page(viewport): a page of a fresh browser context (the CSP bypassed for axe-core)."""
+    contexts = []
+
+    def open_page(viewport):
+        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, bypass_csp=True))
+        return contexts[-1].new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+def invite(page, email, role):
+    """Invite from the Members tab; return the link the page shows once."""
+    page.get_by_label("Email address").fill(email)
+    page.get_by_label("Role", exact=True).select_option(role)
+    page.get_by_role("button", name="Send invitation").click()
+    expect(page.get_by_label("Invitation link")).to_be_visible()
+    return page.get_by_label("Invitation link").input_value()
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
+def test_an_invitee_signs_up_from_the_mailed_link_joins_makes_a_key_and_switches(open_page, smtp, viewport,
+                                                                                  screenshots):
+    number = next(numbers)
+    owner_name, invitee, team = f"oona{number}", f"ines{number}", f"Rocket Team {number}"
+    address = f"{invitee}@example.com"
+    phone = viewport == PHONE
+    found = {}
+
+    def look(page, name):
+        page.wait_for_load_state("load")
+        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
+            found[name] = problems
+
+    owner = open_page(viewport)
+    sign_up(owner, owner_name)
+    owner.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Members").click()
+    expect(owner.get_by_role("heading", name=f"Members of {owner_name}")).to_be_visible()
+    look(owner, "the Members tab of a personal organisation")
+    owner.get_by_label("Name", exact=True).fill(team)
+    owner.get_by_role("button", name="Create organisation").click()
+    expect(owner.get_by_role("heading", name=f"Members of {team}")).to_be_visible()
+    expect(owner.get_by_label("Organisation", exact=True)).to_have_value(f"rocket-team-{number}")
+
+    link = invite(owner, address, "developer")
+    look(owner, "the invitation's link, shown once")
+    owner.reload()
+    expect(owner.get_by_label("Invitation link")).to_have_count(0)
+    expect(owner.locator("table.invitations")).to_contain_text(address)
+    [mail] = smtp.wait_for(1, to=address, subject=SUBJECT)
+    path = LINK.search(mail.text)[1]
+    assert link.endswith(path) and f"{owner_name} invites you to join the organisation {team} as developer" in mail.text
+
+    page = open_page(viewport)
+    page.goto(path)
+    expect(page.get_by_role("heading", name=f"Join {team}")).to_be_visible()
+    look(page, "the invitation's page, logged out")
+    page.get_by_role("link", name="Sign up to join").click()
+    expect(page.get_by_label("Email")).to_have_value(address)
+    page.get_by_label("Username").fill(invitee)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Create account").click()
+    expect(page.get_by_role("button", name="Join")).to_be_visible()
+    look(page, "the invitation's page, logged in")
+    page.get_by_role("button", name="Join").click()
+    expect(page.get_by_role("heading", name=f"Members of {team}")).to_be_visible()
+    expect(page.get_by_text(f"You joined {team} as developer")).to_be_visible()
+    look(page, "the Members tab, joined as a developer")
+
+    create_key(page, "Team deploy key")
+    row = page.locator("table.keys tbody tr", has_text="Team deploy key")
+    expect(row).to_contain_text(f"by {invitee}")
+    look(page, "the team's Security tab with the developer's new key")
+    page.get_by_label("Organisation", exact=True).select_option(invitee)
+    page.get_by_role("button", name="Switch").click()
+    expect(page.get_by_text(f"You now work in {invitee}, as owner.")).to_be_visible()
+    expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
+    expect(page.locator("table.keys")).to_have_count(0)
+    look(page, "the Security tab after a switch")
+    page.get_by_label("Organisation", exact=True).select_option(f"rocket-team-{number}")
+    page.get_by_role("button", name="Switch").click()
+    expect(page.locator("table.keys tbody tr", has_text="Team deploy key")).to_be_visible()
+    if not phone:
+        # The header's switcher above the team's key and security log.
+        page.screenshot(path=screenshots / "org-switcher.png", clip={"x": 0, "y": 0, **DESKTOP})
+
+    page.goto(path)
+    expect(page.get_by_role("heading", name="This invitation cannot be used")).to_be_visible()
+    look(page, "a used invitation's page")
+
+    owner.reload()
+    expect(owner.locator("table.members")).to_contain_text(invitee)
+    invite(owner, f"later{number}@example.com", "viewer")
+    look(owner, "the Members tab with a member and an invitation")
+    owner.screenshot(path=screenshots / ("phone-members-tab.png" if phone else "members-tab.png"), full_page=True)
+    assert not found, pformat(found, width=120)

@@ -1,0 +1,60 @@
+"""An organisation with a member of every role, to act in through the web forms, and what those
+forms could change, to compare before and after (tests/unit/web/test_members.py, test_invitations.py)."""
+
+import datetime
+import types
+
+import auth
+from accounts import users
+from models import ApiKey, Membership, Organisation, SecurityEvent, utcnow
+from orgs import invitations, members as org_members
+from orgs.models import Invitation
+from webhooks import endpoints
+from webhooks.models import WebhookEndpoint, WebhookMessage
+
+PASSWORD = "correct horse battery"
+# Who acts in Acme, by role.
+ACTORS = {"owner": "olive", "admin": "adam", "developer": "dora", "viewer": "vic"}
+# Whom they act on: a second owner, a developer, and fred, a former member whose key stays.
+OTHERS = {"owen": "owner", "tess": "developer", "fred": "developer"}
+
+
+def make_team(app):
+    """Acme: a member of every role (ACTORS) and OTHERS, each with a key made in Acme; fred removed
+    since; a webhook endpoint and a pending invitation. Globex: another organisation, with its own
+    owner (gina), member (gus), key, endpoint and invitation, that no one of Acme belongs to."""
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = True
+    people = {name: users.create_user(name, f"{name}@example.com", PASSWORD)
+              for name in [*ACTORS.values(), *OTHERS, "gina", "gus"]}
+    acme = org_members.create("Acme", people["olive"])
+    globex = org_members.create("Globex", people["gina"])
+    for name, role in [*((name, role) for role, name in ACTORS.items() if role != "owner"), *OTHERS.items()]:
+        Membership.create(org=acme.id, user=people[name].id, role=role)
+    Membership.create(org=globex.id, user=people["gus"].id, role="developer")
+    keys = {name: auth.issue_key(people[name], f"{name}'s key", "development", org=acme.id)[0]
+            for name in [*ACTORS.values(), *OTHERS]}
+    keys["gina"] = auth.issue_key(people["gina"], "gina's key", "development", org=globex.id)[0]
+    org_members.remove(acme.id, people["fred"].id)
+    endpoint, _ = endpoints.add_endpoint(people["olive"], "http://127.0.0.1:9/acme", org=acme.id)
+    globex_endpoint, _ = endpoints.add_endpoint(people["gina"], "http://127.0.0.1:9/globex", org=globex.id)
+    invitation, _ = invitations.invite(acme.id, "newcomer@example.com", "developer", people["olive"])
+    # Mailed minutes ago, so that it may be sent again (orgs/invitations.RESEND_AFTER).
+    Invitation.update(sent_at=utcnow() - datetime.timedelta(minutes=5)).where(Invitation.id == invitation.id).execute()
+    globex_invitation, _ = invitations.invite(globex.id, "stranger@example.com", "developer", people["gina"])
+    return types.SimpleNamespace(app=app, people=people, acme=acme, globex=globex, keys=keys, endpoint=endpoint,
+                                 globex_endpoint=globex_endpoint, invitation=invitation,
+                                 globex_invitation=globex_invitation)
+
+
+def snapshot():
+    """Everything a form of the Members or Security tab could change, to compare before and after."""
+    return {
+        "keys": sorted(ApiKey.select(ApiKey.id, ApiKey.key_hash, ApiKey.revoked_at).tuples()),
+        "members": sorted(Membership.select(Membership.org, Membership.user, Membership.role).tuples()),
+        "invitations": sorted(Invitation.select(Invitation.id, Invitation.token_hash, Invitation.revoked_at,
+                                                Invitation.accepted_at).tuples()),
+        "endpoints": sorted(WebhookEndpoint.select(WebhookEndpoint.id).tuples()),
+        "messages": WebhookMessage.select().count(),
+        "organisations": sorted(Organisation.select(Organisation.id, Organisation.slug).tuples()),
+        "org events": SecurityEvent.select().where(SecurityEvent.org.is_null(False)).count(),
+    }

@@ -1,0 +1,354 @@
+"""Organisations through the web forms: every role against every action, the allowed ones made and
+the others refused with 403 and nothing changed (orgs/roles.py decides the expectation, so the table
+and the test cannot drift apart); another organisation's ids are 404s; the last owner stays; a
+removed member's open session loses the organisation at once; bad input is a 400 with a sentence."""
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+from teams import ACTORS, OTHERS, snapshot
+
+from models import ROLES, ApiKey, Membership, Organisation
+from orgs import roles
+from orgs.models import Invitation
+from webhooks.models import WebhookEndpoint, WebhookMessage
+
+
+@dataclass
+class Case:
+    """An action through its form: form(team, actor) gives (path, data); made(team, actor) says whether
+    the change happened; decisions are what orgs/roles.allows must all say yes to."""
+
+    name: str
+    decisions: list
+    form: object
+    made: object
+
+
+def key_of(name):
+    return lambda team, actor: team.keys[actor if name == "actor" else name]
+
+
+def roll(name):
+    def form(team, actor):
+        key = key_of(name)(team, actor)
+        return f"/settings/security/keys/{key.id}/roll", {"grace": "0", "current": key.display_prefix}
+    return form
+
+
+def rolled(name):
+    return lambda team, actor: ApiKey.get_by_id(key_of(name)(team, actor).id).key_hash != key_of(name)(team, actor).key_hash
+
+
+def revoked(name):
+    return lambda team, actor: ApiKey.get_by_id(key_of(name)(team, actor).id).revoked_at is not None
+
+
+def member_role(team, name):
+    found = Membership.get_or_none((Membership.org == team.acme.id) & (Membership.user == team.people[name].id))
+    return found and found.role
+
+
+def invitation(team):
+    return Invitation.get_by_id(team.invitation.id)
+
+
+# What an action on members says it acts on (orgs/roles.allows wants both said).
+ON_TESS = {"target_role": "developer", "new_role": None}
+ON_OWEN = {"target_role": "owner", "new_role": None}
+AN_INVITATION = {"target_role": None, "new_role": "developer"}  # the team's pending one, as developer
+
+CASES = [
+    Case("create a key", [(roles.KEY_CREATE, {})],
+         lambda team, actor: ("/settings/security/keys", {"name": "new key", "type": "development"}),
+         lambda team, actor: ApiKey.select().where((ApiKey.name == "new key") & (ApiKey.org == team.acme.id)
+                                                   & (ApiKey.user == team.people[actor].id)).exists()),
+    Case("roll its own key", [(roles.KEY_CHANGE, {"own_key": True})], roll("actor"), rolled("actor")),
+    Case("roll another member's key", [(roles.KEY_CHANGE, {"own_key": False})], roll("tess"), rolled("tess")),
+    Case("revoke its own key", [(roles.KEY_CHANGE, {"own_key": True})],
+         lambda team, actor: (f"/settings/security/keys/{team.keys[actor].id}/revoke", {}), revoked("actor")),
+    Case("revoke another member's key", [(roles.KEY_CHANGE, {"own_key": False})],
+         lambda team, actor: (f"/settings/security/keys/{team.keys['tess'].id}/revoke", {}), revoked("tess")),
+    Case("add a webhook endpoint", [(roles.WEBHOOK_MANAGE, {})],
+         lambda team, actor: ("/settings/security/webhooks", {"url": "http://127.0.0.1:9/new", "subscribe": "all"}),
+         lambda team, actor: WebhookEndpoint.select().where(WebhookEndpoint.url == "http://127.0.0.1:9/new").exists()),
+    Case("send a test event", [(roles.WEBHOOK_MANAGE, {})],
+         lambda team, actor: (f"/settings/security/webhooks/{team.endpoint.id}/test", {}),
+         lambda team, actor: WebhookMessage.select().where((WebhookMessage.endpoint == team.endpoint.id)
+                                                           & (WebhookMessage.event == "webhook.test")).exists()),
+    Case("remove a webhook endpoint", [(roles.WEBHOOK_MANAGE, {})],
+         lambda team, actor: (f"/settings/security/webhooks/{team.endpoint.id}/remove", {}),
+         lambda team, actor: WebhookEndpoint.get_or_none(WebhookEndpoint.id == team.endpoint.id) is None),
+    *(Case(f"invite an address as {role}", [(roles.MEMBER_INVITE, {"target_role": None, "new_role": role})],
+           lambda team, actor, role=role: ("/settings/members/invite", {"email": "Someone@Example.com", "role": role}),
+           lambda team, actor, role=role: Invitation.select().where((Invitation.email == "someone@example.com")
+                                                                    & (Invitation.role == role)).exists())
+      for role in ("developer", "owner")),
+    *(Case(f"make {target} ({OTHERS[target]}) {role}",
+           [(roles.MEMBER_ROLE, {"target_role": OTHERS[target], "new_role": role})],
+           lambda team, actor, target=target, role=role: (f"/settings/members/{team.people[target].id}/role",
+                                                          {"role": role}),
+           lambda team, actor, target=target, role=role: member_role(team, target) == role)
+      for target, role in [("tess", "viewer"), ("tess", "owner"), ("owen", "admin")]),
+    *(Case(f"remove {target} ({target_role})", [(roles.MEMBER_REMOVE, {"target_role": target_role, "new_role": None})],
+           lambda team, actor, target=target: (f"/settings/members/{team.people[target].id}/remove", {}),
+           lambda team, actor, target=target: member_role(team, target) is None)
+      for target, target_role in [("tess", "developer"), ("owen", "owner")]),
+    Case("remove tess (developer) and revoke her keys",
+         [(roles.MEMBER_REMOVE, ON_TESS), (roles.MEMBER_REVOKE_KEYS, ON_TESS)],
+         lambda team, actor: (f"/settings/members/{team.people['tess'].id}/remove", {"revoke_keys": "1"}),
+         lambda team, actor: member_role(team, "tess") is None and revoked("tess")(team, actor)),
+    *(Case(f"revoke the keys of {target} ({target_role or 'a former member'})",
+           [(roles.MEMBER_REVOKE_KEYS, {"target_role": target_role, "new_role": None})],
+           lambda team, actor, target=target: (f"/settings/members/{team.people[target].id}/revoke-keys", {}),
+           revoked(target))
+      for target, target_role in [("tess", "developer"), ("owen", "owner"), ("fred", None)]),
+    Case("revoke an invitation", [(roles.MEMBER_INVITE, AN_INVITATION)],
+         lambda team, actor: (f"/settings/members/invitations/{team.invitation.id}/revoke", {}),
+         lambda team, actor: invitation(team).revoked_at is not None),
+    Case("send an invitation again", [(roles.MEMBER_INVITE, AN_INVITATION)],
+         lambda team, actor: (f"/settings/members/invitations/{team.invitation.id}/resend", {}),
+         lambda team, actor: invitation(team).revoked_at is not None and Invitation.select().where(
+             (Invitation.email == "newcomer@example.com") & Invitation.revoked_at.is_null()).exists()),
+    Case("leave", [(roles.LEAVE, {})], lambda team, actor: ("/settings/members/leave", {}),
+         lambda team, actor: member_role(team, actor) is None),
+]
+
+
+def test_every_action_of_the_roles_table_has_a_case():
+    assert {action for case in CASES for action, _ in case.decisions} == set(roles.ACTIONS) - {roles.VIEW}
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_each_role_makes_exactly_the_changes_its_role_allows(team, log_in, role, case):
+    actor = ACTORS[role]
+    client = log_in(actor)
+    allowed = all(roles.allows(role, action, **context) for action, context in case.decisions)
+    path, data = case.form(team, actor)
+    before = snapshot()
+    response = client.post(path, data=data)
+    if allowed:
+        assert response.status_code == 302, response.text
+        assert case.made(team, actor)
+    else:
+        assert response.status_code == 403
+        assert not case.made(team, actor)
+        assert snapshot() == before
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_role_sees_every_key_and_the_log_but_only_the_forms_it_may_use(team, log_in, role):
+    actor = ACTORS[role]
+    client = log_in(actor)
+    security = client.get("/settings/security").text
+    assert all(f"{name}&#39;s key" in security for name in ("olive", "tess", "fred"))
+    assert "by tess" in security and "by a former member" in security and "org.created" in security
+    assert ('action="/settings/security/keys"' in security) == roles.allows(role, roles.KEY_CREATE)
+    for name, own in [(actor, True), ("tess", False)]:
+        assert (f'action="/settings/security/keys/{team.keys[name].id}/revoke"' in security
+                ) == roles.allows(role, roles.KEY_CHANGE, own_key=own)
+    assert ('action="/settings/security/webhooks"' in security) == roles.allows(role, roles.WEBHOOK_MANAGE)
+    assert (f'/webhooks/{team.endpoint.id}/remove"' in security) == roles.allows(role, roles.WEBHOOK_MANAGE)
+    key_page = client.get(f"/settings/security/keys/{team.keys['tess'].id}")
+    assert key_page.status_code == 200 and "by tess" in key_page.text
+    assert (f"/keys/{team.keys['tess'].id}/roll" in key_page.text) == roles.allows(role, roles.KEY_CHANGE)
+
+    members = client.get("/settings/members").text
+    assert all(name in members for name in ("olive", "owen", "tess", "vic")) and "newcomer@example.com" in members
+    tess, owen = team.people["tess"].id, team.people["owen"].id
+    assert (f'/settings/members/{tess}/remove"' in members) == roles.allows(role, roles.MEMBER_REMOVE, **ON_TESS)
+    assert (f'/settings/members/{owen}/remove"' in members) == roles.allows(role, roles.MEMBER_REMOVE, **ON_OWEN)
+    assert (f'/settings/members/{owen}/role"' in members) == any(
+        roles.allows(role, roles.MEMBER_ROLE, target_role="owner", new_role=new) for new in ("admin", "viewer"))
+    assert ('action="/settings/members/invite"' in members) == roles.allows(role, roles.MEMBER_INVITE, **AN_INVITATION)
+    assert ('<option value="owner"' in members) == roles.allows(role, roles.MEMBER_INVITE, target_role=None,
+                                                                                new_role="owner")
+    assert (f"/invitations/{team.invitation.id}/revoke" in members) == roles.allows(role, roles.MEMBER_INVITE,
+                                                                                         **AN_INVITATION)
+    assert "fred, a former member" in members
+    assert (f'/settings/members/{team.people["fred"].id}/revoke-keys"' in members
+            ) == roles.allows(role, roles.MEMBER_REVOKE_KEYS, target_role=None, new_role=None)
+    assert 'action="/settings/members/leave"' in members and 'action="/orgs"' in members
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_role_may_create_an_organisation_and_switch_between_its_own(team, log_in, role):
+    actor = ACTORS[role]
+    client = log_in(actor)
+    response = client.post("/orgs", data={"name": f"  {actor.title()}'s Lab  "})
+    assert response.status_code == 302 and response.location == "/settings/members"
+    lab = Organisation.get(Organisation.slug == f"{actor}-s-lab")
+    assert lab.name == f"{actor.title()}'s Lab"
+    assert Membership.get((Membership.org == lab.id) & (Membership.user == team.people[actor].id)).role == "owner"
+    page = client.get("/settings/members").text
+    assert f"Members of {actor.title()}&#39;s Lab" in page and f'<option value="{actor}-s-lab" selected>' in page
+
+    response = client.post("/orgs/switch", data={"org": "acme", "next": "/settings/members"})
+    assert response.status_code == 302 and response.location == "/settings/members"
+    assert "Members of Acme" in client.get("/settings/members").text
+    response = client.post("/orgs/switch", data={"org": actor, "next": f"/settings/security/keys/{team.keys[actor].id}"})
+    # A key's page belongs to the organisation left: the switch goes to the Security tab.
+    assert response.location == "/settings/security"
+    assert f'<option value="{actor}" selected>' in client.get("/settings/security").text
+
+
+def test_switching_to_an_organisation_of_others_or_none_is_a_404(team, log_in):
+    client = log_in("olive")
+    for slug in ["globex", "gina", "no-such-org", "", "Acme", "acme\x00", "../acme", "a" * 5000]:
+        assert client.post("/orgs/switch", data={"org": slug}).status_code == 404, slug
+    assert "Members of Acme" in client.get("/settings/members").text
+
+
+def test_another_organisations_ids_are_404s_in_every_form_and_page_and_change_nothing(team, log_in):
+    client = log_in("olive")  # Acme's owner: every form would be allowed
+    gina, gus = team.people["gina"].id, team.people["gus"].id
+    key, endpoint, invitation = team.keys["gina"].id, team.globex_endpoint.id, team.globex_invitation.id
+    before = snapshot()
+    for path in [f"/settings/security/keys/{key}/roll", f"/settings/security/keys/{key}/revoke",
+                 f"/settings/security/webhooks/{endpoint}/test", f"/settings/security/webhooks/{endpoint}/remove",
+                 *(f"/settings/members/{user_id}/{action}" for user_id in (gina, gus, 999_999)
+                   for action in ("role", "remove", "revoke-keys")),
+                 f"/settings/members/invitations/{invitation}/revoke",
+                 f"/settings/members/invitations/{invitation}/resend"]:
+        assert client.post(path, data={"role": "viewer", "grace": "0", "revoke_keys": "1"}).status_code == 404, path
+    for path in [f"/settings/security/keys/{key}", f"/settings/security/webhooks/{endpoint}/attempts"]:
+        assert client.get(path).status_code == 404, path
+    assert snapshot() == before
+
+
+def test_an_invitation_no_longer_pending_is_a_404_for_its_forms(team, log_in):
+    client = log_in("olive")
+    assert client.post(f"/settings/members/invitations/{team.invitation.id}/revoke").status_code == 302
+    for action in ("revoke", "resend"):
+        assert client.post(f"/settings/members/invitations/{team.invitation.id}/{action}").status_code == 404
+
+
+def test_a_removed_members_open_session_loses_the_organisation_at_once(team, log_in):
+    tess = log_in("tess")
+    key = team.keys["tess"]
+    assert tess.get(f"/settings/security/keys/{key.id}").status_code == 200
+    owner = log_in("olive")
+    assert owner.post(f"/settings/members/{team.people['tess'].id}/remove").status_code == 302
+
+    security = tess.get("/settings/security")
+    assert security.status_code == 200
+    assert '<option value="tess" selected>' in security.text and "Acme" not in security.text
+    assert "Members of tess" in tess.get("/settings/members").text
+    assert tess.get(f"/settings/security/keys/{key.id}").status_code == 404
+    assert tess.post(f"/settings/security/keys/{key.id}/revoke").status_code == 404
+    assert tess.post("/settings/members/invite", data={"email": "x@example.com", "role": "viewer"}).status_code == 302
+    assert not Invitation.select().where((Invitation.org == team.acme.id) & (Invitation.email == "x@example.com")).exists()
+    assert tess.post("/orgs/switch", data={"org": "acme"}).status_code == 404
+    # The key she made stays Acme's, working, listed as a former member's.
+    assert ApiKey.get_by_id(key.id).revoked_at is None
+    assert "tess, a former member" in owner.get("/settings/members").text
+
+
+@pytest.fixture
+def sole_owner(team, log_in):
+    """olive as Acme's only owner: owen made an admin first."""
+    assert log_in("olive").post(f"/settings/members/{team.people['owen'].id}/role",
+                                data={"role": "admin"}).status_code == 302
+    return log_in("olive")
+
+
+@pytest.mark.parametrize("path, data", [
+    ("/settings/members/leave", {}),
+    ("/settings/members/{olive}/remove", {}),
+    ("/settings/members/{olive}/role", {"role": "admin"}),
+])
+def test_the_last_owner_cannot_leave_be_removed_or_lose_the_role(team, sole_owner, path, data):
+    before = snapshot()
+    response = sole_owner.post(path.format(olive=team.people["olive"].id), data=data)
+    assert response.status_code == 409
+    assert "An organisation always has an owner" in response.text
+    assert snapshot() == before
+
+
+def test_no_one_leaves_a_personal_organisation(team, log_in):
+    client = log_in("tess", org=None)
+    response = client.post("/settings/members/leave")
+    assert response.status_code == 409 and "A personal organisation always keeps its own user" in response.text
+    assert "Leave this organisation" not in client.get("/settings/members").text
+
+
+def test_two_owners_removing_each_other_one_after_the_other_leave_one(team, log_in):
+    olive, owen = log_in("olive"), log_in("owen")
+    assert olive.post(f"/settings/members/{team.people['owen'].id}/remove").status_code == 302
+    # owen's page still showed olive; his session no longer works in Acme.
+    assert owen.post(f"/settings/members/{team.people['olive'].id}/remove").status_code == 404
+    assert member_role(team, "olive") == "owner"
+
+
+def test_two_admins_cannot_remove_the_two_owners(team, log_in):
+    adam = log_in("adam")
+    Membership.update(role="admin").where(Membership.user == team.people["dora"].id).execute()
+    dora = log_in("dora")
+    before = snapshot()
+    for admin, owner in [(adam, "olive"), (dora, "owen")]:
+        assert admin.post(f"/settings/members/{team.people[owner].id}/remove").status_code == 403
+        assert admin.post(f"/settings/members/{team.people[owner].id}/role", data={"role": "viewer"}).status_code == 403
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("action, data", [("remove", {}), ("role", {"role": "admin"})])
+def test_two_owners_acting_on_each_other_at_once_leave_an_owner(team, log_in, action, data):
+    people = team.people
+    clients = {name: log_in(name) for name in ("olive", "owen")}
+    targets = {"olive": people["owen"].id, "owen": people["olive"].id}
+    start = threading.Barrier(2)
+    statuses = {}
+
+    def act(name):
+        start.wait()
+        statuses[name] = clients[name].post(f"/settings/members/{targets[name]}/{action}", data=data).status_code
+
+    threads = [threading.Thread(target=act, args=(name,)) for name in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # One of them made the change; the other found itself the last owner (409), or no longer an
+    # owner (403) or a member (404) when its request came after the change.
+    assert sorted(statuses.values())[0] == 302 and list(statuses.values()).count(302) == 1, statuses
+    owners = Membership.select().where((Membership.org == team.acme.id) & (Membership.role == "owner")).count()
+    assert owners == 1
+
+
+@pytest.mark.parametrize("path, data, sentence", [
+    ("/orgs", {"name": ""}, "1 to 64 characters"),
+    ("/orgs", {"name": "   "}, "1 to 64 characters"),
+    ("/orgs", {"name": "x" * 65}, "1 to 64 characters"),
+    ("/orgs", {"name": "!!!"}, "needs a letter or a digit"),
+    ("/orgs", {"name": "Acme"}, "is taken"),
+    ("/orgs", {"name": "bad\x00name"}, "control characters"),
+    ("/orgs", {}, "1 to 64 characters"),
+    ("/settings/members/invite", {"email": "not-an-email", "role": "viewer"}, "does not look like an email"),
+    ("/settings/members/invite", {"email": "", "role": "viewer"}, "does not look like an email"),
+    ("/settings/members/invite", {"email": "a" * 300 + "@example.com", "role": "viewer"}, "does not look like"),
+    ("/settings/members/invite", {"email": "x\x00@example.com", "role": "viewer"}, "control characters"),
+    ("/settings/members/invite", {"email": "tess@example.com", "role": "viewer"}, "already a member"),
+    ("/settings/members/invite", {"email": "newcomer@example.com", "role": "viewer"}, "already invited"),
+    ("/settings/members/invite", {"email": "new@example.com", "role": "superuser"}, "The roles are"),
+    ("/settings/members/invite", {"email": "new@example.com"}, "The roles are"),
+    ("/settings/members/{tess}/role", {"role": "superuser"}, "The roles are"),
+    ("/settings/members/{tess}/role", {"role": "\x00"}, "The roles are"),
+    ("/settings/members/{tess}/role", {}, "The roles are"),
+])
+def test_bad_input_is_a_400_with_a_sentence_and_changes_nothing(team, log_in, path, data, sentence):
+    client = log_in("olive")
+    before = snapshot()
+    response = client.post(path.format(tess=team.people["tess"].id), data=data)
+    assert response.status_code == 400
+    assert sentence in response.text
+    assert snapshot() == before
+
+
+
+def test_a_new_log_in_works_in_the_personal_organisation_listed_first(team, log_in):
+    page = log_in("tess", org=None).get("/settings/members").text
+    assert "Members of tess" in page
+    switcher = page[page.index('id="org-switcher"'):page.index("</select>")]
+    assert switcher.index('value="tess" selected') < switcher.index('value="acme"')
