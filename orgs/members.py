@@ -155,6 +155,8 @@ def remove(org_id, user_id, revoke_keys=False, actor=None):
         organisations.lock_organisation(org_id)
         target = member(org_id, user_id)
         require(org_id, actor, roles.MEMBER_REMOVE, target_role=target.role, new_role=None)
+        if revoke_keys:
+            require(org_id, actor, roles.MEMBER_REVOKE_KEYS, target_role=target.role, new_role=None)
         if target.role == OWNER:
             refuse_last_owner(org_id, user_id, "be removed")
         refuse_beyond_hourly_changes(org_id)
@@ -181,6 +183,8 @@ def leave(org_id, user):
 def revoke_keys_of(org_id, user_id, actor=None):
     """Revoke every active key the user (a member or a former one) made in the organisation, when
     the actor's role allows it (actor None: the command line); return how many."""
+    if user_id is None:
+        raise ValueError("Name whose keys to revoke: a key whose creator's account is gone is revoked on its own.")
     if actor is not None:
         with db.atomic():
             organisations.lock_organisation(org_id)

@@ -3,7 +3,7 @@
 import pytest
 
 from accounts import organisations, users
-from models import Membership, Organisation
+from models import ApiKey, Membership, Organisation
 from orgs import invitations, members
 from orgs.models import Invitation
 
@@ -89,3 +89,27 @@ def test_an_admin_cannot_flip_roles_fast_enough_to_push_its_deeds_out_of_the_log
         members.change_role(acme.id, dev.id, role, actor=user)
     with pytest.raises(ValueError, match="4 times an hour"):
         members.change_role(acme.id, dev.id, "viewer", actor=user)
+
+
+def test_revoking_the_keys_of_no_one_revokes_nothing(app, user):
+    import auth
+
+    acme = members.create("Acme", user)
+    auth.issue_key(user, "CI", "production", org=acme.id)
+    with pytest.raises(ValueError):
+        members.revoke_keys_of(acme.id, None)
+    assert ApiKey.active_in(acme.id).count() == 1
+
+
+def test_removing_with_the_keys_asks_for_both_under_the_lock(app, user, monkeypatch):
+    acme = members.create("Acme", user)
+    admin = users.create_user("adam", "adam@example.com", PASSWORD)
+    dev = users.create_user("devi", "devi@example.com", PASSWORD)
+    member_of(acme, admin, "admin")
+    member_of(acme, dev, "developer")
+    allows = members.roles.allows
+    monkeypatch.setattr(members.roles, "allows", lambda role, action, **context: action != members.roles.MEMBER_REVOKE_KEYS
+                        and allows(role, action, **context))
+    with pytest.raises(members.NotAllowed):
+        members.remove(acme.id, dev.id, revoke_keys=True, actor=admin)
+    assert Membership.get_or_none(Membership.org == acme.id, Membership.user == dev.id) is not None
