@@ -24,6 +24,10 @@ SECRET = re.compile(r"(api_key=)[^&\s']*|((?i:sk_(?:live|test)_))[A-Za-z0-9]+|[A
 MAILED_LINK_PATHS = ("/password/reset/", "/email/verify/", "/email/change/", "/invitations/")
 MAILED_LINK = re.compile(r"/(?<![A-Za-z0-9.\]-]/)((?i:" + "|".join(re.escape(path[1:]) for path in MAILED_LINK_PATHS)
                          + r"))[^\s\"'?#]+")
+# The same path percent-encoded in a query string (a log-in page's `next=%2Finvitations%2F<TOKEN>`):
+# looked for only in a line that holds an encoded slash.
+ENCODED_MAILED_LINK = re.compile(r"(?i:%2F)((?i:" + "|".join(re.escape(path[1:]).replace("/", "%2F")
+                                                              for path in MAILED_LINK_PATHS) + r"))[^\s\"'&#]+")
 # A run of hex digits alone is not a key's body (base62: all 32 characters hex by chance is
 # under 1 in 10^14) but is a common request or trace id, which must stay readable.
 HEX_RUN = re.compile(r"[0-9A-Fa-f]+")
@@ -38,7 +42,10 @@ current_request_id = contextvars.ContextVar("request_id", default=None)
 
 
 def redact(text):
-    return SECRET.sub(redacted, MAILED_LINK.sub(r"/\1[redacted]", text))
+    text = MAILED_LINK.sub(r"/\1[redacted]", text)
+    if "%2" in text:
+        text = ENCODED_MAILED_LINK.sub(r"%2F\1[redacted]", text)
+    return SECRET.sub(redacted, text)
 
 
 def redacted(match):

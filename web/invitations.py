@@ -88,6 +88,10 @@ def accept_invitation(token):
     except invitations.WrongAddress:
         invitation, _ = invitations.find(token)
         return render_template("invitation.html", invitation=invitation, wrong_address=True), 403, LINK_REFERRER_POLICY
+    except ValueError as error:  # a cap of the account's (memberships)
+        flash(str(error), "error")
+        invitation, _ = invitations.find(token)
+        return render_template("invitation.html", invitation=invitation), 400, LINK_REFERRER_POLICY
     org = org_members.switch(g.session, g.user, membership.org.slug).org
     flash(f"You joined {org.name} as {membership.role}; it is now the organisation you work in.")
     return redirect(url_for(MEMBERS_TAB))

@@ -19,11 +19,14 @@ TOKEN = "p35RUWdmc33HkH6hnXICtPHkvszEJ0uFA4n8sojl-eo"
     ("Unhandled error on POST {path}{token}", "Unhandled error on POST {path}[redacted]"),
     ("GET /{path}{token}/more?next=1", "GET /{path}[redacted]?next=1"),
     ("/login?next={path}{token}", "/login?next={path}[redacted]"),
+    ("/login?next={encoded}{token}&email=a%40b.example", "/login?next={encoded}[redacted]&email=a%40b.example"),
     ("Invalid request line: 'GET {path}{token} HTTP/9'", "Invalid request line: 'GET {path}[redacted] HTTP/9'"),
 ])
 def test_a_mailed_links_token_never_reaches_a_line(path, line, redacted):
-    assert logs.redact(line.format(path=path, token=TOKEN)) == redacted.format(path=path)
-    upper = line.format(path=path.upper(), token=TOKEN)
+    encoded = path.replace("/", "%2F")
+    assert logs.redact(line.format(path=path, encoded=encoded, token=TOKEN)) == redacted.format(path=path,
+                                                                                              encoded=encoded)
+    upper = line.format(path=path.upper(), encoded=encoded.lower(), token=TOKEN)
     assert TOKEN not in logs.redact(upper)
 
 

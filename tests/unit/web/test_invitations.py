@@ -13,6 +13,7 @@ from accounts import users
 from mail import outbox
 from mail.models import MailMessage
 from models import Membership, SecurityEvent, User, utcnow
+from orgs import members as org_members
 from orgs.models import Invitation
 
 SHOWN_LINK = re.compile(r'id="invitation-link"[^>]*>http://localhost(/invitations/[A-Za-z0-9_-]{43})<')
@@ -166,3 +167,11 @@ def test_where_the_service_sends_no_mail_the_inviter_is_told_to_send_the_link(ap
     page = owner.get("/settings/members").text
     assert SHOWN_LINK.search(page) and "send it to nina@example.com yourself" in page and "was mailed" not in page
     assert MailMessage.select().where(MailMessage.recipient == "nina@example.com").count() == 0
+
+
+def test_an_account_at_its_cap_of_memberships_is_told_so(team, owner, log_in, nina, monkeypatch):
+    monkeypatch.setattr(org_members, "MAX_MEMBERSHIPS", 1)
+    path = invite(owner)
+    response = log_in("nina", org=None).post(path)
+    assert response.status_code == 400 and "may belong to 1 organisations" in response.text
+    assert not member_of_acme(team, nina)
