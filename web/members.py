@@ -11,7 +11,7 @@ from flask import abort, current_app, flash, g, redirect, render_template, reque
 from peewee import fn
 from werkzeug.exceptions import Forbidden, NotFound
 
-from accounts import users
+from accounts import organisations, users
 from models import ROLES, ApiKey, Membership, User
 from orgs import invitations, members as org_members, roles
 from store import slugs
@@ -94,6 +94,13 @@ def not_allowed(error):
 def not_member(error):
     """The member acted on, or the one acting, is not (or no longer) in the current organisation."""
     return current_app.handle_http_exception(NotFound())
+
+
+@bp.errorhandler(organisations.OrganisationGone)
+def organisation_gone(error):
+    """The organisation was deleted while this request changed it: the session falls back to the personal one."""
+    flash("That organisation no longer exists.")
+    return redirect(url_for("web.settings_security"))
 
 
 @bp.post("/orgs")

@@ -114,13 +114,6 @@ def account_gone(error):
     return redirect(url_for("web.login"))
 
 
-@bp.errorhandler(organisations.OrganisationGone)
-def organisation_gone(error):
-    """The organisation was deleted while this request changed it: the session falls back to the personal one."""
-    flash("That organisation no longer exists.")
-    return redirect(url_for("web.settings_security"))
-
-
 def login_required(view):
     """Send a visitor who is not logged in to the login page, and back here afterwards."""
 

@@ -352,3 +352,17 @@ def test_a_new_log_in_works_in_the_personal_organisation_listed_first(team, log_
     assert "Members of tess" in page
     switcher = page[page.index('id="org-switcher"'):page.index("</select>")]
     assert switcher.index('value="tess" selected') < switcher.index('value="acme"')
+
+
+def test_an_organisation_deleted_while_its_page_makes_a_key_sends_the_browser_back(team, log_in, monkeypatch):
+    """Its only member deleted the account in another tab: the key is not made, and no 500."""
+    from web import throttles
+
+    client = log_in("olive")
+    solo = Organisation.create(name="Solo", slug="solo")
+    Membership.create(org=solo.id, user=team.people["olive"].id, role="owner")
+    assert client.post("/orgs/switch", data={"org": "solo"}).status_code == 302
+    monkeypatch.setattr(throttles, "count_key_creation", lambda user: Organisation.delete_by_id(solo.id))
+    response = client.post("/settings/security/keys", data={"name": "late", "type": "development"})
+    assert response.status_code == 302 and response.location == "/settings/security"
+    assert not ApiKey.select().where(ApiKey.name == "late").exists()
