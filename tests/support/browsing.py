@@ -56,6 +56,9 @@ def axe_violations(page):
     """axe-core's violations on the page as it is (its context must bypass the CSP to let axe-core
     in): [(rule, impact, [target, ...]), ...]."""
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
+    # A click that follows a link returns once the new page starts loading, before it has a <head>
+    # to take the script (CI met "Cannot read properties of null (reading 'appendChild')").
+    page.wait_for_load_state("load")
     page.add_script_tag(path=str(AXE))
     result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", AXE_TAGS)
     ran = {rule["id"] for outcome in ("passes", "violations", "incomplete", "inapplicable") for rule in result[outcome]}
