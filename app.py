@@ -51,9 +51,8 @@ import ratelimit
 import settings
 import sockets
 
-# The routes of the key forms, the address pages, the forgotten password, the members and the
-# invitations are the web blueprint's, in modules of their own: imported before pages.init_app
-# registers the blueprint.
+# The web blueprint's routes in modules of their own (key forms, address pages, password reset,
+# members, invitations): imported before pages.init_app registers the blueprint.
 import web.emailaddress  # noqa: F401
 import web.invitations  # noqa: F401
 import web.keyforms  # noqa: F401
@@ -182,9 +181,8 @@ def create_app(overrides=None):
     services.init_app(app)
     models.init_app(app, [*account_models.PROTECTION_MODELS, *webhook_models.MODELS, *mail_models.MODELS,
                           *emailtokens.MODELS, *org_models.MODELS])
-    # Key changes reach the security log, webhooks and mail's notices through keys/events.py's signal,
-    # account events reach the notices through the security log's; what the hot path decides (usage
-    # and credit thresholds) waits in webhooks' queue for the usage flush.
+    # Key changes reach the security log, webhooks and notices through keys/events.py's signal, account
+    # events the notices through the security log's; the hot path's thresholds wait for the usage flush.
     securitylog.init_app(app)
     notices.init_app(app)
     webhook_events = webhook_outbox.init_app(app)

@@ -1,9 +1,11 @@
-"""The browser every module of this folder drives, and where the runs save their screenshots."""
+"""The browser every module of this folder drives, where the runs save their screenshots, the pages
+opened on each module's own `server`, and the SMTP server of the modules that follow mails."""
 
 import os
 
 import pytest
 from browsing import CHROMIUM, CHROMIUM_ARGS, DOCS, require
+from mailserver import mail_server
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -29,3 +31,25 @@ def browser():
         yield browser
         browser.close()
     expect.set_options(timeout=None)
+
+
+@pytest.fixture
+def open_page(browser, server):
+    """open_page(viewport): a page of a fresh browser context on the module's server (the CSP
+    bypassed for axe-core)."""
+    contexts = []
+
+    def open_page(viewport):
+        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, bypass_csp=True))
+        return contexts[-1].new_page()
+
+    yield open_page
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def smtp():
+    """One SMTP server for a module's mails (the module's server is started with its address)."""
+    with mail_server() as server:
+        yield server

@@ -10,7 +10,6 @@ from pprint import pformat
 import pytest
 from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, require, sign_up
 from liveserver import service_env, serving
-from mailserver import mail_server
 
 try:
     from playwright.sync_api import expect
@@ -23,30 +22,10 @@ usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("ivy", "
 
 
 @pytest.fixture(scope="module")
-def smtp():
-    with mail_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def server(browser, smtp, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("address-pages")
     with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")) as server:
         yield server
-
-
-@pytest.fixture
-def open_page(browser, server):
-    """open_page(viewport): a page of a fresh browser context (the CSP bypassed for axe-core)."""
-    contexts = []
-
-    def open_page(viewport):
-        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, bypass_csp=True))
-        return contexts[-1].new_page()
-
-    yield open_page
-    for context in contexts:
-        context.close()
 
 
 def wait_for_mail(smtp, address, subject):

@@ -9,7 +9,6 @@ from pprint import pformat
 import pytest
 from browsing import TOO_WIDE, axe_violations, sign_up
 from liveserver import service_env, serving
-from mailserver import mail_server
 
 try:
     from playwright.sync_api import expect
@@ -23,31 +22,10 @@ usernames = (f"{name}{n}" for n in itertools.count() for name in ("hana", "ivo")
 
 
 @pytest.fixture(scope="module")
-def smtp():
-    with mail_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def server(browser, smtp, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("reset")
     with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")) as server:
         yield server
-
-
-@pytest.fixture
-def open_page(browser, server):
-    """open_page(viewport): a page of a fresh browser context; the CSP is bypassed so that axe-core
-    can be injected."""
-    contexts = []
-
-    def open_page(viewport):
-        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, bypass_csp=True))
-        return contexts[-1].new_page()
-
-    yield open_page
-    for context in contexts:
-        context.close()
 
 
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
