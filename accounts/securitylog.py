@@ -18,7 +18,7 @@ EVENTS = {
     "key.previous_secret_revoked", "key.limit_changed", "key.credits_changed",
     "user.2fa_enabled", "user.2fa_disabled", "user.2fa_failed", "user.recovery_code_used",
     "user.passkey_added", "user.passkey_removed", "user.passkey_login",
-    "webhook.added", "webhook.removed", "webhook.disabled",
+    "webhook.added", "webhook.removed", "webhook.disabled", "webhook.secret_rotated",
     "user.password_reset_requested", "user.password_reset", "user.email_verified", "user.email_change_requested",
     "user.email_changed",
     "org.created", "member.invited", "member.joined", "member.role_changed", "member.removed", "member.left",

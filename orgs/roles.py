@@ -7,7 +7,7 @@ from models import OWNER, ROLES
 VIEW = "view"  # its keys, usage, endpoints, members and security log
 KEY_CREATE = "key.create"
 KEY_CHANGE = "key.change"  # roll, revoke, or change a key's limits, credits, allow-list or expiry
-WEBHOOK_MANAGE = "webhook.manage"  # add, remove, enable, test endpoints
+WEBHOOK_MANAGE = "webhook.manage"  # add, remove, test endpoints; resend, recover, rotate their secrets
 MEMBER_INVITE = "member.invite"  # invite, and revoke or resend an invitation
 MEMBER_ROLE = "member.role"
 MEMBER_REMOVE = "member.remove"

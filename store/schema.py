@@ -147,6 +147,16 @@ def add_organisations(database, migrator):
                 migrate(migrator.drop_not_null(table, "user_id"))
 
 
+def add_webhook_rotation(database, migrator):
+    """Version 14: an endpoint's previous signing secret during a rotation's overlap; the resends
+    of its messages (a new table)."""
+    if database.table_exists("webhook_endpoints"):
+        have = {column.name for column in database.get_columns("webhook_endpoints")}
+        columns = {"sealed_previous_secret": TextField(null=True), "previous_until": DateTimeField(null=True)}
+        migrate(*(migrator.add_column("webhook_endpoints", name, field) for name, field in columns.items()
+                  if name not in have))
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -234,7 +244,7 @@ def keep_key_generation(database):
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
-         make_ids_never_reused, add_key_generation, add_mail, add_organisations]
+         make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

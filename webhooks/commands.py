@@ -1,12 +1,17 @@
-"""The `webhooks` command group: add, list, remove and test an organisation's endpoints."""
+"""The `webhooks` command group: add, list, remove and test an organisation's endpoints; list their
+attempts, resend a message, recover failed ones, rotate a signing secret."""
+
+import datetime
 
 import click
 from flask import current_app
 
+from auth import parse_duration
+from models import iso_seconds
 from ops.commands import CommandGroup, find_user
 from orgs import roles
 from orgs.commands import org_option, organisation_for
-from webhooks import delivery, endpoints
+from webhooks import delivery, endpoints, recovery
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
 
 webhooks_cli = CommandGroup("webhooks", help="Manage webhook endpoints.")
@@ -74,6 +79,12 @@ def test_command(endpoint_id):
         message = endpoints.send_test(find_endpoint(endpoint_id))
     except ValueError as waiting:
         raise click.ClickException(str(waiting)) from None
+    attempt_now(message)
+
+
+def attempt_now(message):
+    """Make the message's attempt here and now, and say on one line how the endpoint answered
+    (exit 1 when it failed); when a running service claimed it first, say so."""
     attempts = delivery.deliver_due(current_app._get_current_object(), limit=1, only=message.id)
     if not attempts:
         click.echo(f"Queued {message.message_id}; a running service is sending it.")
@@ -84,4 +95,63 @@ def test_command(endpoint_id):
         raise click.ClickException(f"{message.message_id} not delivered: {answer} ({outcome.duration_ms} ms). "
                                    f"{AFTER_A_FAILURE[state]}")
     click.echo(f"Delivered {message.message_id}: {answer} in {outcome.duration_ms} ms.")
+
+
+@webhooks_cli.command("attempts")
+@click.argument("endpoint_id", type=int)
+def attempts_command(endpoint_id):
+    """The endpoint's last attempts, newest first, one a line: webhook-id, time, event, result, attempt number."""
+    for attempt in endpoints.recent_attempts(find_endpoint(endpoint_id)):
+        click.echo(recovery.attempt_line(attempt))
+
+
+@webhooks_cli.command("resend")
+@click.argument("webhook_id")
+def resend_command(webhook_id):
+    """Send a message (its webhook-id, msg_...) again now, whatever its state, and say how the
+    endpoint answered; at most 10 resends a minute per endpoint."""
+    message = recovery.find_message(webhook_id.strip())
+    if message is None:
+        raise click.ClickException(f"There is no kept webhook message {webhook_id!r} (messages are kept "
+                                   "for a week after they were made).")
+    try:
+        recovery.resend(message)
+    except ValueError as refused:
+        raise click.ClickException(str(refused)) from None
+    attempt_now(message)
+
+
+@webhooks_cli.command("recover")
+@click.argument("endpoint_id", type=int)
+@click.option("--since", required=True, metavar="TIME",
+              help="An ISO 8601 time (UTC unless it says), or a duration back from now: 24h, 90m, 7d.")
+def recover_command(endpoint_id, since):
+    """Try every message of the endpoint that failed, made since TIME, again from the start of the
+    retry schedule (the running service sends them); print how many."""
+    endpoint = find_endpoint(endpoint_id)
+    try:
+        moment = recovery.since_moment(since)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    count = recovery.recover(endpoint, moment)
+    click.echo(f"Recovering {count} failed message{'' if count == 1 else 's'} of endpoint {endpoint.id} "
+               f"made since {iso_seconds(moment)}.")
+
+
+@webhooks_cli.command("rotate")
+@click.argument("endpoint_id", type=int)
+@click.option("--overlap", default="24h", show_default=True, metavar="DURATION",
+              help="How long the old secret signs beside the new one: 24h, 90m, up to 7d, or 0 for not at all.")
+def rotate_command(endpoint_id, overlap):
+    """Give the endpoint a new signing secret, printed once, alone on the last line."""
+    endpoint = find_endpoint(endpoint_id)
+    try:
+        seconds = parse_duration(overlap, allow_never=False)
+        secret, until = endpoints.rotate_secret(endpoint, datetime.timedelta(seconds=seconds))
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    old = f"the old secret signs too until {iso_seconds(until)}" if until else "the old secret no longer signs"
+    click.echo(f"Rotated the signing secret of webhook endpoint {endpoint.id} ({endpoint.url}); {old}. "
+               "The new secret is shown only this once:")
+    click.echo(secret)
 

@@ -46,7 +46,7 @@ DISABLE_AFTER = datetime.timedelta(days=5)
 ATTEMPTS_KEPT = 50
 USER_AGENT = "api-key-demo-service-webhooks/1"
 
-Claimed = collections.namedtuple("Claimed", "pk message_id event body number endpoint_id org_id url sealed_secret")
+Claimed = collections.namedtuple("Claimed", "pk message_id event body number endpoint_id org_id url")
 Outcome = collections.namedtuple("Outcome", "status error duration_ms")
 
 
@@ -75,7 +75,7 @@ def claim(database, limit, now=None, only=None, busy=(), sending=None, kept=0):
         outbox.lease(WebhookMessage, ids, due, now, LEASE_SECONDS)
         rows = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.message_id, WebhookMessage.event,
                                       WebhookMessage.body, WebhookMessage.attempts, WebhookEndpoint.id,
-                                      WebhookEndpoint.org, WebhookEndpoint.url, WebhookEndpoint.sealed_secret)
+                                      WebhookEndpoint.org, WebhookEndpoint.url)
                 .join(WebhookEndpoint).where(WebhookMessage.id.in_(ids)).tuples())
         return [Claimed(*row) for row in rows]
 
@@ -116,12 +116,16 @@ def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
     """Make one attempt of a claimed message; return its Outcome (an HTTP status, or an error)."""
     started = time.monotonic()
     status, error = None, None
-    secret = signing.unseal(claimed.sealed_secret)
-    if secret is None:
+    try:
+        in_force = secrets_in_force(claimed.endpoint_id)
+    finally:
+        # Not held through the attempt's up to DEADLINE_SECONDS: fifty attempts, fifty pooled connections.
+        release_connection()
+    if in_force is None:
         error = "The signing secret cannot be read: SECRET_KEY changed since the endpoint was added."
     else:
         body = claimed.body.encode()
-        headers = signing.headers(secret, claimed.message_id, int(time.time()), body)
+        headers = signing.headers(in_force, claimed.message_id, int(time.time()), body)
         try:
             # The socket deadline holds in every process; the Timeout also cuts a lookup under gevent.
             with gevent.Timeout(deadline, TimedOut):
@@ -131,6 +135,26 @@ def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
         except Exception as failure:  # a receiver's every way of failing is a failed attempt, never a crash
             error = failures.described(failure)
     return Outcome(status, error, round((time.monotonic() - started) * 1000))
+
+
+def secrets_in_force(endpoint_id, now=None):
+    """The endpoint's signing secrets as the attempt is signed, newest first: read now rather than
+    when the message was claimed, so a rotation meanwhile signs this attempt too. The previous one
+    only until its overlap ends, and only while it can be read; None when the current one cannot
+    be (SECRET_KEY changed) or the endpoint is gone."""
+    row = (WebhookEndpoint.select(WebhookEndpoint.sealed_secret, WebhookEndpoint.sealed_previous_secret,
+                                  WebhookEndpoint.previous_until)
+           .where(WebhookEndpoint.id == endpoint_id).tuples().first())
+    if row is None:
+        return None
+    sealed, sealed_previous, previous_until = row
+    current = signing.unseal(sealed)
+    if current is None:
+        return None
+    previous = None
+    if sealed_previous is not None and previous_until is not None and previous_until > (now or utcnow()):
+        previous = signing.unseal(sealed_previous)
+    return [current, previous] if previous else [current]
 
 
 def post(url, body, headers, allow_private, deadline):

@@ -1,19 +1,29 @@
 """Each account's webhook endpoints: adding one (its secret made and shown once), listing,
 removing, and asking for a test event; the CLI, the Security tab and the tests call these."""
 
+import datetime
+
 from flask import current_app
-from peewee import fn
+from peewee import PostgresqlDatabase, fn
 
 from accounts import organisations, securitylog, users
-from models import db
+from models import db, iso_seconds, utcnow
 from webhooks import addresses, outbox, signing
 from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 MAX_ENDPOINTS = 10
+# How long a rotated-out secret goes on signing beside the new one, unless told otherwise, and at most.
+DEFAULT_OVERLAP = datetime.timedelta(hours=24)
+MAX_OVERLAP = datetime.timedelta(days=7)
 
 
 class EndpointCapReached(ValueError):
     pass
+
+
+class EndpointGone(ValueError):
+    def __init__(self):
+        super().__init__("The webhook endpoint was removed.")
 
 
 def parse_events(names):
@@ -59,6 +69,27 @@ def remove_endpoint(endpoint):
     return bool(removed)
 
 
+def rotate_secret(endpoint, overlap=DEFAULT_OVERLAP, now=None):
+    """Give the endpoint a new signing secret; return (it, when the overlap ends or None). The secret
+    exists only here. Until the overlap ends the secret it replaces signs each delivery too; a zero
+    overlap ends that at once. A rotation during an overlap drops the oldest secret: two at most
+    ever sign."""
+    if not datetime.timedelta(0) <= overlap <= MAX_OVERLAP:
+        raise ValueError(f"The overlap is at most {MAX_OVERLAP.days} days (7d), or 0 to end the old secret at once.")
+    now = now or utcnow()
+    secret = signing.new_secret()
+    with db.atomic():
+        lock_endpoint(endpoint.id)
+        current = WebhookEndpoint.select(WebhookEndpoint.sealed_secret).where(WebhookEndpoint.id == endpoint.id).scalar()
+        until = now + overlap if overlap else None
+        (WebhookEndpoint.update(sealed_secret=signing.seal(secret), sealed_previous_secret=current if until else None,
+                                previous_until=until)
+         .where(WebhookEndpoint.id == endpoint.id).execute())
+        ends = f"the old one signs too until {iso_seconds(until)}" if until else "the old one no longer signs"
+        securitylog.record_in(endpoint.org_id, "webhook.secret_rotated", f"{endpoint.url} (id {endpoint.id}; {ends})")
+    return secret, until
+
+
 def send_test(endpoint):
     """Queue a webhook.test message for the endpoint (delivered within seconds); return it. One at
     a time: ValueError while the last one still waits, so a button cannot make the service flood
@@ -80,6 +111,19 @@ def waiting_test(endpoint):
     return (WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
                                           & (WebhookMessage.event == "webhook.test")
                                           & (WebhookMessage.state == PENDING) & ~fn.EXISTS(attempted)).first())
+
+
+def lock_endpoint(endpoint_id):
+    """Hold the endpoint's row until the transaction ends (two rotations, or two resends counted
+    against the allowance, one after the other); a write first on SQLite, which takes the write
+    lock. EndpointGone when it no longer exists."""
+    if isinstance(db.obj, PostgresqlDatabase):
+        found = WebhookEndpoint.select(WebhookEndpoint.id).where(WebhookEndpoint.id == endpoint_id).for_update().first()
+    else:
+        found = (WebhookEndpoint.update(created_at=WebhookEndpoint.created_at)
+                 .where(WebhookEndpoint.id == endpoint_id).execute())
+    if not found:
+        raise EndpointGone()
 
 
 def owned(org_id):

@@ -17,6 +17,9 @@ class WebhookEndpoint(BaseModel):
     events = CharField(max_length=300)
     # The signing secret (whsec_...), sealed by store/sealing.py.
     sealed_secret = TextField()
+    # After a rotation with an overlap, the secret it replaced, which also signs until previous_until.
+    sealed_previous_secret = TextField(null=True)
+    previous_until = DateTimeField(null=True)
     created_at = DateTimeField(default=utcnow)
     # Since when every attempt has failed (None after a success or before any attempt).
     failing_since = DateTimeField(null=True)
@@ -72,6 +75,18 @@ class WebhookAttempt(BaseModel):
         indexes = ((("endpoint", "id"), False),)
 
 
+class WebhookResend(BaseModel):
+    """One resend of a message to the endpoint, kept for a minute: they are counted against the
+    endpoint's allowance of resends."""
+
+    id = AutoField()
+    endpoint = ForeignKeyField(WebhookEndpoint, on_delete="CASCADE", index=True)
+    resent_at = DateTimeField(default=utcnow)
+
+    class Meta:
+        table_name = "webhook_resends"
+
+
 class WebhookMarker(BaseModel):
     """An event about a key that is sent once (key.expiring, key.expired): its row says it was."""
 
@@ -83,4 +98,4 @@ class WebhookMarker(BaseModel):
         indexes = ((("api_key", "event"), True),)
 
 
-MODELS = [WebhookEndpoint, WebhookMessage, WebhookAttempt, WebhookMarker]
+MODELS = [WebhookEndpoint, WebhookMessage, WebhookAttempt, WebhookResend, WebhookMarker]

@@ -1,16 +1,19 @@
 """The Security tab's Webhooks section: add an endpoint (its secret shown once), send a test event,
-remove one; templates/_webhooks.html shows each endpoint with its last attempts, and
-webhooks.attempts serves one endpoint's attempts alone for the page's script to refresh them."""
+resend a message, recover failed ones, rotate the secret, remove one; templates/_webhooks.html
+shows each endpoint with its last attempts, and webhooks.attempts serves one endpoint's attempts
+alone for the page's script to refresh them."""
 
+import datetime
 import json
 
 from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import users
+from auth import parse_duration
 from orgs import roles
 from web import pages
 from web.pages import MAX_ID, login_required, render_security_tab
-from webhooks import endpoints, outbox
+from webhooks import endpoints, outbox, recovery
 from webhooks.models import ALL_EVENTS, WebhookEndpoint
 
 bp = Blueprint("webhooks", __name__)
@@ -19,6 +22,9 @@ bp.after_request(pages.add_page_headers)
 bp.register_error_handler(users.AccountGone, pages.account_gone)
 
 SECTION = "#webhooks"
+# The choices of the Recover and Rotate forms: how far back, and how long the old secret signs too.
+RECOVER_SINCE = {"1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days"}
+OVERLAPS = {"24h": "for 24 hours", "1h": "for an hour", "7d": "for 7 days", "0": "no longer: stop at once"}
 
 
 def init_app(app):
@@ -33,7 +39,8 @@ def webhook_section():
         owned = endpoints.owned(g.org.id)
         return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint),
                                endpoints.waiting_test(endpoint)) for endpoint in owned],
-                "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS}
+                "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS,
+                "recover_since": RECOVER_SINCE, "overlaps": OVERLAPS}
 
     return {"webhook_section": section}
 
@@ -87,6 +94,55 @@ def attempts(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.VIEW)
     return render_template("_webhook_attempts.html", endpoint=endpoint, attempts=endpoints.recent_attempts(endpoint),
                            waiting=endpoints.waiting_test(endpoint))
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/resend")
+@login_required
+def resend(endpoint_id):
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
+    message = recovery.find_message(request.form.get("message_id", "")[:40], endpoint.id)
+    if message is None:
+        abort(404)
+    try:
+        recovery.resend(message)
+    except ValueError as refused:
+        flash(str(refused), "error")
+        return render_security_tab(status=409)
+    flash(f"{message.message_id} is being sent again to {endpoint.url}.")
+    return redirect(url_for("web.settings_security") + f"#webhook-{endpoint.id}")
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/recover")
+@login_required
+def recover(endpoint_id):
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
+    since = request.form.get("since", "24h")
+    if since not in RECOVER_SINCE:
+        flash("Choose how far back to recover failed messages.", "error")
+        return render_security_tab(status=400)
+    count = recovery.recover(endpoint, recovery.since_moment(since))
+    flash(f"{count} failed message{'' if count == 1 else 's'} of {RECOVER_SINCE[since]} "
+          f"{'is' if count == 1 else 'are'} being sent to {endpoint.url} again.")
+    return redirect(url_for("web.settings_security") + f"#webhook-{endpoint.id}")
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/rotate")
+@login_required
+def rotate(endpoint_id):
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
+    overlap = request.form.get("overlap", "24h")
+    if overlap not in OVERLAPS:
+        flash("Choose how long the old secret goes on signing.", "error")
+        return render_security_tab(status=400)
+    try:
+        secret, until = endpoints.rotate_secret(endpoint, datetime.timedelta(seconds=parse_duration(overlap)))
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=409)
+    users.keep_pending_secret(g.session, session["sid"], json.dumps({
+        "webhook_url": endpoint.url, "webhook_secret": secret, "webhook_rotated": True,
+        "webhook_previous_until": until and until.strftime("%Y-%m-%d %H:%M")}))
+    return redirect(url_for("web.settings_security") + SECTION)
 
 
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/remove")

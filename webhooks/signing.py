@@ -25,12 +25,14 @@ def signature(secret, message_id, timestamp, body):
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
-def headers(secret, message_id, timestamp, body):
-    """The headers of one attempt: timestamp is its Unix second, body the exact bytes sent."""
+def headers(secrets_in_force, message_id, timestamp, body):
+    """The headers of one attempt: timestamp is its Unix second, body the exact bytes sent. Each
+    secret in force signs, newest first and space-separated, as Standard Webhooks verifiers expect
+    during a rotation's overlap."""
     return {
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature(secret, message_id, timestamp, body),
+        "webhook-signature": " ".join(signature(secret, message_id, timestamp, body) for secret in secrets_in_force),
     }
 
 

@@ -10,7 +10,7 @@ from models import ApiKey, Membership, Organisation, SecurityEvent, utcnow
 from orgs import invitations, members as org_members
 from orgs.models import Invitation
 from webhooks import endpoints
-from webhooks.models import WebhookEndpoint, WebhookMessage
+from webhooks.models import WebhookEndpoint, WebhookMessage, WebhookResend
 
 PASSWORD = "correct horse battery"
 # Who acts in Acme, by role.
@@ -53,8 +53,11 @@ def snapshot():
         "members": sorted(Membership.select(Membership.org, Membership.user, Membership.role).tuples()),
         "invitations": sorted(Invitation.select(Invitation.id, Invitation.token_hash, Invitation.revoked_at,
                                                 Invitation.accepted_at).tuples()),
-        "endpoints": sorted(WebhookEndpoint.select(WebhookEndpoint.id).tuples()),
-        "messages": WebhookMessage.select().count(),
+        "endpoints": sorted(WebhookEndpoint.select(WebhookEndpoint.id, WebhookEndpoint.sealed_secret,
+                                                   WebhookEndpoint.previous_until).tuples()),
+        "messages": sorted(WebhookMessage.select(WebhookMessage.id, WebhookMessage.state, WebhookMessage.attempts)
+                           .tuples()),
+        "resends": WebhookResend.select().count(),
         "organisations": sorted(Organisation.select(Organisation.id, Organisation.slug).tuples()),
         "org events": SecurityEvent.select().where(SecurityEvent.org.is_null(False)).count(),
     }

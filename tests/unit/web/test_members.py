@@ -9,10 +9,11 @@ from dataclasses import dataclass
 import pytest
 from teams import ACTORS, OTHERS, snapshot
 
-from models import ROLES, ApiKey, Membership, Organisation
+from models import ROLES, ApiKey, Membership, Organisation, utcnow
 from orgs import roles
 from orgs.models import Invitation
-from webhooks.models import WebhookEndpoint, WebhookMessage
+from webhooks import outbox
+from webhooks.models import DELIVERED, FAILED, WebhookEndpoint, WebhookMessage, WebhookResend
 
 
 @dataclass
@@ -54,6 +55,13 @@ def invitation(team):
     return Invitation.get_by_id(team.invitation.id)
 
 
+def ended_message(team, state):
+    """A message of the team's endpoint that ended in the state (DELIVERED or FAILED)."""
+    [message] = outbox.write_messages([team.endpoint.id], "webhook.test", {}, utcnow())
+    WebhookMessage.update(state=state, next_attempt_at=None).where(WebhookMessage.id == message.id).execute()
+    return message
+
+
 # What an action on members says it acts on (orgs/roles.allows wants both said).
 ON_TESS = {"target_role": "developer", "new_role": None}
 ON_OWEN = {"target_role": "owner", "new_role": None}
@@ -77,6 +85,17 @@ CASES = [
          lambda team, actor: (f"/settings/security/webhooks/{team.endpoint.id}/test", {}),
          lambda team, actor: WebhookMessage.select().where((WebhookMessage.endpoint == team.endpoint.id)
                                                            & (WebhookMessage.event == "webhook.test")).exists()),
+    Case("resend a message", [(roles.WEBHOOK_MANAGE, {})],
+         lambda team, actor: (f"/settings/security/webhooks/{team.endpoint.id}/resend",
+                              {"message_id": ended_message(team, DELIVERED).message_id}),
+         lambda team, actor: WebhookResend.select().where(WebhookResend.endpoint == team.endpoint.id).exists()),
+    Case("recover failed messages", [(roles.WEBHOOK_MANAGE, {})],
+         lambda team, actor: (f"/settings/security/webhooks/{team.endpoint.id}/recover",
+                              {"since": "24h", "made": ended_message(team, FAILED).message_id}),
+         lambda team, actor: not WebhookMessage.select().where(WebhookMessage.state == FAILED).exists()),
+    Case("rotate a webhook secret", [(roles.WEBHOOK_MANAGE, {})],
+         lambda team, actor: (f"/settings/security/webhooks/{team.endpoint.id}/rotate", {"overlap": "1h"}),
+         lambda team, actor: WebhookEndpoint.get_by_id(team.endpoint.id).previous_until is not None),
     Case("remove a webhook endpoint", [(roles.WEBHOOK_MANAGE, {})],
          lambda team, actor: (f"/settings/security/webhooks/{team.endpoint.id}/remove", {}),
          lambda team, actor: WebhookEndpoint.get_or_none(WebhookEndpoint.id == team.endpoint.id) is None),
@@ -207,7 +226,8 @@ def test_another_organisations_ids_are_404s_in_every_form_and_page_and_change_no
     key, endpoint, invitation = team.keys["gina"].id, team.globex_endpoint.id, team.globex_invitation.id
     before = snapshot()
     for path in [f"/settings/security/keys/{key}/roll", f"/settings/security/keys/{key}/revoke",
-                 f"/settings/security/webhooks/{endpoint}/test", f"/settings/security/webhooks/{endpoint}/remove",
+                 *(f"/settings/security/webhooks/{endpoint}/{action}"
+                   for action in ("test", "remove", "resend", "recover", "rotate")),
                  *(f"/settings/members/{user_id}/{action}" for user_id in (gina, gus, 999_999)
                    for action in ("role", "remove", "revoke-keys")),
                  f"/settings/members/invitations/{invitation}/revoke",

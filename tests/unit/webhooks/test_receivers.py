@@ -72,17 +72,17 @@ def post(url, body, headers):
 def test_every_receiver_answers_2xx_to_every_event(receiver, event):
     url, secret = receiver
     body = outbox.message_body(event, DATA[event], utcnow()).encode()
-    status = post(url, body, signing.headers(secret, outbox.new_message_id(), int(time.time()), body))
+    status = post(url, body, signing.headers([secret], outbox.new_message_id(), int(time.time()), body))
     assert 200 <= status < 300
 
 
 def forgeries(secret, body):
     now = int(time.time())
-    signed = signing.headers(secret, "msg_forged", now, body)
+    signed = signing.headers([secret], "msg_forged", now, body)
     return {
         "no headers": {},
-        "another secret": signing.headers(signing.new_secret(), "msg_forged", now, body),
-        "an hour old": signing.headers(secret, "msg_forged", now - 3600, body),
+        "another secret": signing.headers([signing.new_secret()], "msg_forged", now, body),
+        "an hour old": signing.headers([secret], "msg_forged", now - 3600, body),
         "a signature without a version": {**signed, "webhook-signature": "garbage"},
         "a timestamp that is not a number": {**signed, "webhook-timestamp": "soon"},
     }

@@ -89,7 +89,7 @@ def test_a_secret_is_whsec_and_the_base64_of_24_random_bytes():
 def test_the_signature_is_hmac_sha256_of_id_timestamp_body_as_the_library_computes_it():
     secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     body = b'{"type":"webhook.test","timestamp":"2026-11-22T00:53:39.123Z","data":{}}'
-    headers = signing.headers(secret, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body)
+    headers = signing.headers([secret], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body)
     # The library's own signing of the same message, and a known answer, computed independently.
     expected = Webhook(secret).sign("msg_p5jXN8AQM9LWM0D4loKWxJek",
                                     datetime.datetime.fromtimestamp(1614265330, datetime.UTC), body.decode())
