@@ -139,6 +139,19 @@ def every_page(page, server):
     [delivery] = server.receiver.received(path)
     assert delivery.error is None and delivery.verified["type"] == "webhook.test"
     yield "Security tab with a webhook endpoint's attempts"
+    article = page.locator("#webhooks article.webhook")
+    article.locator("tr.attempt").first.get_by_role("button", name="Resend").click()
+    expect(page.get_by_text(f"{delivery.message_id} is being sent again")).to_be_visible()
+    article.get_by_text("Rotate secret", exact=True).click()
+    article.get_by_label("The old secret signs too").select_option("1h")
+    article.get_by_role("button", name="Rotate the secret").click()
+    server.receiver.secrets[path] = page.get_by_label("Signing secret").input_value()
+    expect(page.get_by_text("each delivery carries two signatures")).to_be_visible()
+    yield "Security tab with a rotated webhook secret"
+    page.goto("/settings/security")
+    expect(article).to_contain_text("The secret was rotated: the old one signs each delivery too until")
+    article.get_by_text("Recover failed messages", exact=True).click()
+    yield "Security tab with the webhook recover form open"
 
     page.locator("table.keys tbody tr", has_text="Nightly report").get_by_role("link", name="Nightly report").click()
     chart = page.locator("figure", has=page.get_by_role("heading", name="Requests per hour, last 24 hours"))
