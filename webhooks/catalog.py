@@ -11,7 +11,7 @@ from auth import DISPLAY_PREFIX_LENGTH, KEY_PREFIXES, MAX_KEY_NAME_LENGTH
 from models import SCOPES
 from store.slugs import MAX_SLUG_LENGTH
 
-SECONDS = {"type": "string", "format": "date-time", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$",
+SECONDS = {"type": "string", "format": "date-time", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",
            "examples": ["2026-11-22T23:20:00Z"]}
 PREFIX = {"type": "string", "pattern": f"^sk_(live|test)_[A-Za-z0-9]{{{DISPLAY_PREFIX_LENGTH - len('sk_live_')}}}$",
           "examples": ["sk_live_3uXP"]}
@@ -19,7 +19,7 @@ ORG = {"org": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$", "maxLeng
                "description": "The slug of the organisation whose key or endpoint the event is about.",
                "examples": ["acme"]}}
 KEY = {
-    "key_id": {"type": "integer", "minimum": 1, "description": "The key's id (KEY_ID), as `keys list` prints it.",
+    "key_id": {"type": "integer", "minimum": 1, "description": "The key's id (KEY_ID), as keys list prints it.",
                "examples": [42]},
     "key_name": {"type": "string", "maxLength": MAX_KEY_NAME_LENGTH, "description": "The key's name.", "examples": ["CI"]},
     "key_prefix": {**PREFIX, "description": "The key's display prefix, the start of its secret; never the secret."},
@@ -90,7 +90,7 @@ CATALOG = {
         "credits_remaining": {"type": "integer", "const": 0, "description": "Credits left: none."},
         "next_refill_at": {**SECONDS, "type": ["string", "null"], "description": "The next refill; null: none."},
     }, actor=False),
-    "webhook.test": {"summary": "Send test event, or `webhooks test`: to that endpoint, whatever its events.",
+    "webhook.test": {"summary": "Send test event, or webhooks test: to that endpoint, whatever its events.",
                      "properties": {
                          "endpoint_id": {"type": "integer", "minimum": 1, "description": "The endpoint's id.",
                                          "examples": [3]},
@@ -132,7 +132,7 @@ def operation(event, described):
             "required": ["type", "timestamp", "data"],
             "properties": {"type": {"type": "string", "const": event},
                            "timestamp": {"type": "string", "format": "date-time",
-                                         "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$",
+                                         "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$",
                                          "description": "When the event happened, with milliseconds."},
                            "data": data}}
     sample = {"type": event, "timestamp": "2026-11-22T23:20:00.123Z", "data": example(described["properties"])}
@@ -148,7 +148,7 @@ def operation(event, described):
 
 
 def webhooks():
-    """openapi.json's `webhooks`: one POST a event, named by the event's type."""
+    """openapi.json's `webhooks`: one POST per event, named by the event's type."""
     return {event: operation(event, described) for event, described in CATALOG.items()}
 
 
