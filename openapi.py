@@ -4,6 +4,7 @@ API reference page shows it. The standard library only."""
 import json
 from pathlib import Path
 
-OPENAPI = json.loads((Path(__file__).resolve().parent / "openapi.json").read_text())
+PATH = Path(__file__).resolve().parent / "openapi.json"
+OPENAPI = json.loads(PATH.read_text())
 # The version's one place is the API description; status reports it, `python app.py --version` prints it.
 VERSION = OPENAPI["info"]["version"]

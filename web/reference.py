@@ -9,11 +9,13 @@ Operation = collections.namedtuple(
     "Operation", "method path anchor summary description tag auth key_header parameters responses")
 Response = collections.namedtuple("Response", "status description body codes headers")
 Reference = collections.namedtuple("Reference", "schema anchor")
-Field = collections.namedtuple("Field", "name type link required notes")
+Field = collections.namedtuple("Field", "name type link required notes description", defaults=("",))
 Schema = collections.namedtuple("Schema", "name anchor description type notes fields")
 Header = collections.namedtuple("Header", "name anchor sent_as description type notes")
 Parameter = collections.namedtuple("Parameter", "name where required type description")
-Page = collections.namedtuple("Page", "version description licence security tags other_responses schemas headers")
+Page = collections.namedtuple(
+    "Page", "version description licence security tags other_responses schemas headers events webhook_headers")
+Event = collections.namedtuple("Event", "name anchor summary description fields")
 
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 # The document describes these answers once, in its components, rather than on every operation.
@@ -50,6 +52,8 @@ def build(document):
         schemas=[schema_view(document, name, schema) for name, schema in components.get("schemas", {}).items()],
         headers=[header_view(name, header, sent_as(document, name))
                  for name, header in components.get("headers", {}).items()],
+        events=[event_view(document, name, item["post"]) for name, item in document.get("webhooks", {}).items()],
+        webhook_headers=webhook_headers(document),
     )
 
 
@@ -149,10 +153,26 @@ def fields(document, schema, prefix=""):
     for name, child in schema.get("properties", {}).items():
         kind, link = type_text(child)
         target = resolve(document, child)
-        rows.append(Field(prefix + name, kind, link, name in required, notes(target)))
+        rows.append(Field(prefix + name, kind, link, name in required, notes(target), target.get("description", "")))
         if "$ref" not in child and child.get("properties"):
             rows += fields(document, child, f"{prefix}{name}.")
     return rows
+
+
+def event_view(document, name, operation):
+    """A webhook event: when it is sent, and the fields of its data."""
+    body = resolve(document, operation["requestBody"]["content"]["application/json"]["schema"])
+    data = resolve(document, body["properties"]["data"])
+    return Event(name, f"event-{name}", operation.get("summary", ""), data.get("description", ""),
+                 fields(document, data))
+
+
+def webhook_headers(document):
+    """The headers every delivery carries (each event's operation names the same): (name, type, meaning)."""
+    for item in document.get("webhooks", {}).values():
+        return [(parameter["name"], type_text(parameter.get("schema", {}))[0], parameter.get("description", ""))
+                for parameter in item["post"].get("parameters", []) if parameter["in"] == "header"]
+    return []
 
 
 def type_text(schema):
@@ -165,6 +185,8 @@ def type_text(schema):
     if "enum" in schema:
         return " | ".join(json.dumps(value) for value in schema["enum"]), None
     kind = schema.get("type", "any")
+    if kind == "array" and "items" in schema:
+        return f"array of {type_text(schema['items'])[0]}", None
     return (" or ".join(kind) if isinstance(kind, list) else kind), None
 
 

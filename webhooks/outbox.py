@@ -12,12 +12,12 @@ import time
 from accounts import organisations, securitylog
 from keys import events as key_events
 from models import Organisation, iso_ms, utcnow
+from webhooks import catalog
 from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage, subscribes
 
 log = logging.getLogger(__name__)
 
-EVENTS = ("key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked", "key.expiring", "key.expired",
-          "usage.threshold", "credits.low", "credits.exhausted", "webhook.test")
+EVENTS = catalog.EVENTS
 # The events the Security tab offers to choose: webhook.test goes to the endpoint it was asked for,
 # whatever that endpoint is subscribed to, so a box for it would change nothing.
 SUBSCRIBABLE = EVENTS[:-1]

@@ -78,7 +78,15 @@ def test_a_receiver_that_never_answers_is_cut_at_10_s_and_holds_no_other_deliver
         assert len(receiver.received("/silent")) == 1
 
 
-SLOW_ACCOUNTS = """
+# The scripts below write key.revoked messages without revoking keys: each with the data the catalog
+# gives the event (openapi.json's webhooks, which the receiver checks), numbered n by its key_id.
+REVOKED = """
+def revoked(n):
+    return {"key_id": n + 1, "key_name": f"Key {n}", "key_prefix": "sk_live_AAAA", "revoked_at": "2026-11-22T23:20:00Z",
+            "actor": None}
+"""
+
+SLOW_ACCOUNTS = REVOKED + """
 import sys
 from app import create_app
 from models import db
@@ -93,19 +101,19 @@ with app.app_context():
             endpoints.add_endpoint(user, f"{url}/slow/{number}/{endpoint}", ["key.revoked"])
         with db.atomic():
             for n in range(backlog):
-                outbox.emit(user.id, "key.revoked", {"n": n})
+                outbox.emit(user.id, "key.revoked", revoked(n))
     user = users.create_user("fast", "fast@example.com", "a long password")
     print(user.id, endpoints.add_endpoint(user, f"{url}/fast", ["key.revoked"])[1])
 """
 
-EMIT_ONE = """
+EMIT_ONE = REVOKED + """
 import sys
 from app import create_app
 from models import db
 from webhooks import outbox
 app = create_app()
 with app.app_context(), db.atomic():
-    outbox.emit(int(sys.argv[1]), "key.revoked", {"n": 0})
+    outbox.emit(int(sys.argv[1]), "key.revoked", revoked(0))
 """
 
 
@@ -207,7 +215,7 @@ def test_a_message_written_while_no_server_runs_is_sent_when_one_starts(tmp_path
     assert delivery.verified["data"]["key_name"] == "offline"
 
 
-EMIT_MANY = """
+EMIT_MANY = REVOKED + """
 import sys
 from app import create_app
 from models import db
@@ -215,7 +223,7 @@ from webhooks import outbox
 app = create_app()
 with app.app_context(), db.atomic():
     for n in range(int(sys.argv[1])):
-        outbox.emit(1, "key.revoked", {"n": n})
+        outbox.emit(1, "key.revoked", revoked(n))
 """
 
 
@@ -231,7 +239,7 @@ def assert_each_first_delivery_once(receiver, count):
     per_message = collections.Counter(delivery.message_id for delivery in deliveries)
     assert len(per_message) == count and set(per_message.values()) == {1}
     assert all(delivery.error is None for delivery in deliveries)
-    assert sorted(delivery.verified["data"]["n"] for delivery in deliveries) == list(range(count))
+    assert sorted(delivery.verified["data"]["key_id"] for delivery in deliveries) == list(range(1, count + 1))
 
 
 def test_two_workers_deliver_each_message_once(tmp_path, receiver):

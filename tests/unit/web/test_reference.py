@@ -1,16 +1,16 @@
 """GET /docs: the API reference rendered from openapi.json shows every operation with its
 authentication, parameters and every documented response (status, body schema, error codes,
-headers), every schema and header, and the webhooks (each event with the data docs/webhooks.md
-gives it, the headers, how to verify a delivery); needs no script and no other host, and is
+headers), every schema and header, and the webhooks (each event of openapi.json's `webhooks` with
+every field of its data, the headers, how to verify a delivery); needs no script and no other host, and is
 linked from the landing page."""
 
 import base64
 import hashlib
 import hmac
 import html as markup
+import json
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 from contract import DOCUMENT
@@ -110,41 +110,41 @@ def test_the_page_needs_no_script_and_no_other_host(page):
         assert link.startswith(("/", "#")) and not link.startswith("//"), link
 
 
-WEBHOOKS_MD = (Path(__file__).resolve().parents[3] / "docs" / "webhooks.md").read_text(encoding="utf-8")
-
-
-def documented_fields():
-    """{event: the data fields docs/webhooks.md's events table names (in backticks, outside parentheses)}."""
-    table = WEBHOOKS_MD[WEBHOOKS_MD.index("## Events"):WEBHOOKS_MD.index("## A delivery")]
-    return {event: set(re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", said))) - {"null"}
-            for event, said in re.findall(r"^\| `([a-z_.]+)` \|[^|]*\| (.*) \|$", table, re.M)}
-
-
 def webhooks_section(page):
     html = page.get_data(as_text=True)
     section = html[html.index('<section aria-labelledby="webhooks">'):]
     return section[:section.index("</section>")]
 
 
-def test_the_webhooks_section_shows_every_event_with_the_data_the_docs_give_it(page):
+def test_the_webhooks_section_shows_every_event_of_the_catalog_with_its_data_fields(page):
     section = webhooks_section(page)
-    rows = re.findall(r'<tr id="event-([a-z_.]+)">(.*?)</tr>', section, re.S)
-    assert [event for event, _ in rows] == list(outbox.EVENTS)
-    documented = documented_fields()
-    assert list(documented) == list(outbox.EVENTS)
-    for event, row in rows:
-        assert documented[event] <= set(re.findall(r"<code>([^<]+)</code>", row)), event
-    text = squeeze(re.sub(r"<[^>]+>", " ", section))
-    for field in ("key_id", "key_name", "key_prefix"):
-        assert field in text
+    articles = Articles(section).articles
+    assert [anchor.removeprefix("event-") for anchor in articles] == list(DOCUMENT["webhooks"]) == list(outbox.EVENTS)
+    for event, item in DOCUMENT["webhooks"].items():
+        post = item["post"]
+        data = post["requestBody"]["content"]["application/json"]["schema"]["properties"]["data"]
+        text = squeeze(markup.unescape(articles[f"event-{event}"]))
+        assert post["summary"] in text, event
+        for name, field in data["properties"].items():
+            shown = f"{name} {reference.type_text(field)[0]} {'yes' if name in data['required'] else 'no'} {field.get('description', '')}"
+            assert shown in text, (event, shown)
+        assert f'href="#event-{event}"' in page.get_data(as_text=True)
+    created = squeeze(markup.unescape(articles["event-key.created"]))
+    assert 'scopes array of "test:read" | "user:read" | "usage:read" | "time:stream" yes' in created
+    assert "expires_at string or null yes" in created and "actor string or null yes" in created
+    leaked = squeeze(markup.unescape(articles["event-key.revoked_as_leaked"]))
+    assert 'source "github" no' in leaked and "url string no" in leaked
     assert 'href="#webhooks"' in page.get_data(as_text=True)
 
 
 def test_the_webhooks_section_gives_the_headers_and_a_signature_the_service_makes(page):
     section = webhooks_section(page)
     text = squeeze(re.sub(r"<[^>]+>", " ", section))
-    for header in ("webhook-id", "webhook-timestamp", "webhook-signature", "User-Agent: api-key-demo-service-webhooks/1"):
+    for header in ("User-Agent: api-key-demo-service-webhooks/1", "Content-Type: application/json"):
         assert header in text
+    [parameters] = {json.dumps(item["post"]["parameters"]) for item in DOCUMENT["webhooks"].values()}
+    for parameter in json.loads(parameters):
+        assert f"{parameter['name']} {parameter['schema']['type']} {parameter['description']}" in markup.unescape(text)
     assert "within 5 minutes" in text and "raw body" in text and "2xx answer within 10 seconds" in text
     # The page's recipe, run: it makes the signature the service sends.
     [recipe] = [markup.unescape(code) for code in re.findall(r"<pre><code>(.*?)</code></pre>", section, re.S)

@@ -1,7 +1,8 @@
 """The receivers docs/webhooks.md shows, taken from its Python code blocks as they stand and served on a
-local port: each answers 2xx to every event the service sends (outbox.EVENTS, with the data the
-events table gives each), sent and signed as the service sends them, and 4xx to a forged one."""
+local port: each answers 2xx to every event the service sends (outbox.EVENTS, each with the example
+data of openapi.json's webhooks), sent and signed as the service sends them, and 4xx to a forged one."""
 
+import json
 import re
 import threading
 import time
@@ -11,7 +12,6 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from keys import events as key_events
 from models import utcnow
 from webhooks import deadlines, delivery, outbox, signing
 
@@ -19,27 +19,15 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "webhooks.md"
 TEXT = DOCS.read_text(encoding="utf-8")
 BLOCKS = re.findall(r"^```python\n(.*?)^```", TEXT, re.M | re.S)
 EVENTS_TABLE = TEXT[TEXT.index("## Events"):TEXT.index("## A delivery")]
-SAMPLE_KEY = types.SimpleNamespace(id=42, name="CI", display_prefix="sk_live_3uXP")
-
-
-def documented_data():
-    """{event: its data}: each row of the events table, its fields (the names in backticks outside
-    parentheses) with sample values; key events start with the key's fields."""
-    data = {}
-    for event, said in re.findall(r"^\| `([a-z_.]+)` \|[^|]*\| (.*) \|$", EVENTS_TABLE, re.M):
-        names = [name for name in re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", said)) if name != "null"]
-        fields = {name: f"sample {name}" for name in names}
-        data[event] = fields if "(no key)" in said else key_events.key_data(SAMPLE_KEY, **fields)
-    return data
-
-
-DATA = documented_data()
+WEBHOOKS = json.loads((DOCS.parents[1] / "openapi.json").read_text(encoding="utf-8"))["webhooks"]
+# {event: its example data, as the catalog gives it}
+DATA = {event: item["post"]["requestBody"]["content"]["application/json"]["example"]["data"]
+        for event, item in WEBHOOKS.items()}
 
 
 def test_the_events_table_gives_every_event_and_the_docs_show_receivers():
-    assert list(DATA) == list(outbox.EVENTS)
-    assert set(DATA["webhook.test"]) == {"endpoint_id", "url"}
-    assert set(DATA["key.rolled"]) >= {"key_id", "key_name", "key_prefix", "previous_key_prefix"}
+    assert re.findall(r"^\| `([a-z_.]+)` \|", EVENTS_TABLE, re.M) == list(outbox.EVENTS) == list(DATA)
+    assert "key_id" not in DATA["webhook.test"] and all("key_id" in DATA[event] for event in outbox.EVENTS[:-1])
     assert len(BLOCKS) >= 2
 
 
