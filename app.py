@@ -51,6 +51,7 @@ import web.keyforms  # noqa: F401
 import web.members  # noqa: F401
 import web.recovery  # noqa: F401
 from accounts import emailtokens, models as account_models, securitylog, users
+from integrations import github
 from keys import keycache
 from mail import models as mail_models, notices, sender as mail_sender
 from mail.commands import mail_cli
@@ -179,6 +180,7 @@ def create_app(overrides=None):
     usage.init_app(app, riders=[webhook_events])
     lifecycle.init_app(app)
     app.register_blueprint(api.api)
+    github.init_app(app)
     cors.init_app(app)
     health.init_app(app)
     metrics.init_app(app)
