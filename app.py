@@ -21,26 +21,18 @@ from store import pgdriver
 
 pgdriver.import_peewee_without_driver()
 
-import io
 import logging
 import os
 import secrets
 import sys
 import tempfile
-import time
 from json import JSONEncoder
 from pathlib import Path
 
 import click
-from flask import Flask, current_app, json, render_template, request
+from flask import Flask, json, render_template, request
 from flask.json.provider import DefaultJSONProvider
-from werkzeug.exceptions import (
-    BadRequest,
-    HTTPException,
-    InternalServerError,
-    RequestEntityTooLarge,
-    ServiceUnavailable,
-)
+from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import api
@@ -59,15 +51,16 @@ import web.keyforms  # noqa: F401
 import web.members  # noqa: F401
 import web.recovery  # noqa: F401
 from accounts import emailtokens, models as account_models, securitylog, users
+from integrations import github
 from keys import keycache
 from mail import models as mail_models, notices, sender as mail_sender
 from mail.commands import mail_cli
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
-from ops import health, logs, metrics, note as request_note, services
+from ops import health, logs, metrics, services
 from orgs import models as org_models
 from orgs.commands import orgs_cli
-from serving import cors, envelope, fastlane, startup
+from serving import bodylimit, cors, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import (
     delivery as webhook_delivery,
@@ -168,15 +161,11 @@ def create_app(overrides=None):
     app.config.from_mapping(load_config())
     if overrides:
         app.config.update(overrides)
-    # Werkzeug's own bounds, for bodies read after refuse_large_bodies: a form or file part past
-    # them is a 413 too, and never spooled to a temporary file (that starts at 500 KB).
-    app.config["MAX_CONTENT_LENGTH"] = app.config["MAX_FORM_MEMORY_SIZE"] = app.config["MAX_BODY_BYTES"]
     configure_logging(app.config["LOG_FORMAT"])
     if app.config["DATABASE_URL"].startswith(f"sqlite:///{INSTANCE}"):
         make_instance_folder()
 
-    # First of every hook: nothing (the CSRF check's form parsing included) reads a body before it.
-    app.before_request(refuse_large_bodies)
+    bodylimit.init_app(app)
     # Before every room: their init_app register their background services.
     services.init_app(app)
     models.init_app(app, [*account_models.PROTECTION_MODELS, *webhook_models.MODELS, *mail_models.MODELS,
@@ -191,6 +180,7 @@ def create_app(overrides=None):
     usage.init_app(app, riders=[webhook_events])
     lifecycle.init_app(app)
     app.register_blueprint(api.api)
+    github.init_app(app)
     cors.init_app(app)
     health.init_app(app)
     metrics.init_app(app)
@@ -257,52 +247,6 @@ def configure_logging(log_format):
         logs.prepare_handlers(root, log_format, logs.text_formatter())
     else:
         logs.prepare_handlers(root, log_format)
-
-
-class PayloadTooLarge(RequestEntityTooLarge):
-    """A request body larger than MAX_BODY_BYTES (HTTP 413)."""
-
-    error_code = "payload_too_large"
-
-
-def refuse_large_bodies():
-    """Refuse a body larger than MAX_BODY_BYTES before it is read: a declared one at once, a chunked
-    one once that many bytes came (they are kept for the view, in memory). Only a POST's chunked
-    body is read: no other view takes one, and the server closes the connection after it."""
-    # Runs on every request: the environ without a context proxy (see ops/note.py).
-    environ = request_note.current_environ.get()
-    if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
-        if request_note.request_method(environ) != "POST":
-            return
-        limit = current_app.config["MAX_BODY_BYTES"]
-        # Werkzeug would stop reading at the limit without a word, and the form would be cut short.
-        body = read_chunked(environ["wsgi.input"], limit + 1)
-        if len(body) > limit:
-            raise PayloadTooLarge(body_limit_sentence(limit))
-        environ["wsgi.input"] = io.BytesIO(body)
-    elif environ.get("CONTENT_LENGTH") and (request.content_length or 0) > current_app.config["MAX_BODY_BYTES"]:
-        raise PayloadTooLarge(body_limit_sentence(current_app.config["MAX_BODY_BYTES"]))
-
-
-def read_chunked(stream, size):
-    """Up to size bytes of a chunked body, fewer only where it ends; BadRequest when the server
-    cannot parse it (gunicorn's and gevent's parsers raise errors of their own, with no common
-    class but Exception)."""
-    pieces, left = [], size
-    try:
-        while left > 0 and (piece := stream.read(min(left, 4096))):
-            pieces.append(piece)
-            left -= len(piece)
-            # A body of one-byte chunks costs the parser far more than its size: let others run.
-            time.sleep(0)
-    except Exception as error:
-        log.info("A chunked request body could not be read: %s", error)
-        raise BadRequest("The chunked request body is malformed or was cut short.") from None
-    return b"".join(pieces)
-
-
-def body_limit_sentence(limit):
-    return f"The request body is larger than the {limit} bytes this service accepts."
 
 
 def render_http_error(error):

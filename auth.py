@@ -213,13 +213,14 @@ def roll_key(key, grace, end_previous=False, current=None):
     return secret
 
 
-def revoke_key(key, leaked=False, again=False):
+def revoke_key(key, leaked=False, again=False, report=None):
     """Mark the key revoked, its current and previous secrets alike; they fail from the very next
     request on; return True when this call revoked it. leaked: revoked through POST
-    /api/v1/keys/revoke by whoever held the secret, which must still be the key's current one (a
-    roll may have made it the previous one meanwhile). again: announce a key already revoked once
-    more (the CLI: repeating a revocation whose announcement failed helps; the web application
-    does not, or a button could move every worker's key generation at will)."""
+    /api/v1/keys/revoke by whoever held the secret, or reported by GitHub, which must still be the
+    key's current one (a roll may have made it the previous one meanwhile); report: GitHub's
+    report ({"source": "github", "url": ...}), added to the event's data. again: announce a
+    key already revoked once more (the CLI: repeating a revocation whose announcement failed helps;
+    the web application does not, or a button could move every worker's key generation at will)."""
     revoked = False
     if key.revoked_at is None:
         key.revoked_at = utcnow()
@@ -232,8 +233,8 @@ def revoke_key(key, leaked=False, again=False):
             if revoked:
                 events.key_changed.send(
                     "key.revoked_as_leaked" if leaked else "key.revoked", key=key,
-                    detail=f"{key.name} (id {key.id}, {key.display_prefix}...)",
-                    data=events.key_data(key, revoked_at=iso_seconds(key.revoked_at)))
+                    detail=f"{key.name} (id {key.id}, {key.display_prefix}...)" + (" reported by GitHub" if report else ""),
+                    data=events.key_data(key, revoked_at=iso_seconds(key.revoked_at), **(report or {})))
     if revoked or again:
         keycache.announce_change()
     return revoked

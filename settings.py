@@ -39,6 +39,7 @@ MAIL_FROM_ADDRESS = re.compile(r"[^@\s<>,;\"]{1,64}@[^@\s<>,;\"]{1,253}")
 DURATION_PATTERN = re.compile(r"\s*([0-9]{1,6})\s*(s|m|h|d)\s*")
 DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_RETRIES = 20
+DEFAULT_GITHUB_KEYS_URL = "https://api.github.com/meta/public_keys/secret_scanning"
 STORAGE_SCHEMES = frozenset({
     "memory", "redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel", "valkey", "valkeys",
     "valkey+unix", "valkey+cluster", "valkey+sentinel", "memcached", "mongodb", "mongodb+srv"})
@@ -83,6 +84,9 @@ def load(environ):
         "MAIL_RETRY_SCHEDULE": checked(mail_retry_schedule, environ.get("MAIL_RETRY_SCHEDULE")
                                        or DEFAULT_MAIL_RETRY_SCHEDULE),
         "WEBHOOK_ALLOW_PRIVATE": switch(environ, "WEBHOOK_ALLOW_PRIVATE"),
+        "GITHUB_SECRET_SCANNING": on_off(environ, "GITHUB_SECRET_SCANNING"),
+        "GITHUB_SECRET_SCANNING_KEYS_URL": keys_url(environ.get("GITHUB_SECRET_SCANNING_KEYS_URL")
+                                                    or DEFAULT_GITHUB_KEYS_URL),
     }
     if mail_url(config["MAIL_URL"]).scheme in MAIL_SCHEMES and not (config["PUBLIC_URL"] or webauthn_origin):
         raise ConfigError("PUBLIC_URL must be the site's address, such as https://api.example.com, when MAIL_URL "
@@ -290,6 +294,31 @@ def switch(environ, name):
     if text not in ("1", "true", "yes", "0", "false", "no"):
         raise ConfigError(f"{name} must be 1 or 0, not {environ.get(name)!r}.")
     return text in ("1", "true", "yes")
+
+
+def on_off(environ, name):
+    """An on-or-off variable: on, or off (the default)."""
+    text = (environ.get(name) or "off").strip().lower()
+    if text not in ("on", "off"):
+        raise ConfigError(f"{name} must be on or off, not {environ.get(name)!r}.")
+    return text == "on"
+
+
+def keys_url(text):
+    """GITHUB_SECRET_SCANNING_KEYS_URL: an http or https URL with a host. Only its scheme is ever
+    quoted: the operator's URL may carry a token."""
+    url = text.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http"):
+        raise ConfigError("GITHUB_SECRET_SCANNING_KEYS_URL must be an http or https URL such as "
+                          f"{DEFAULT_GITHUB_KEYS_URL}, not {described(parts.scheme)}.")
+    try:
+        _ = parts.port  # read for its ValueError alone
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if not parts.hostname:
+        raise ConfigError("GITHUB_SECRET_SCANNING_KEYS_URL must name a host (and a port from 0 to 65535, if any).")
+    return url
 
 
 def mail_retry_schedule(text):

@@ -36,7 +36,7 @@ WEBSOCKET_SCHEMES = frozenset({"ws", "wss"})
 # and the CSRF checks (only for form methods; flask-wtf's own is off, as web/pages.py checks forms
 # itself).
 NO_OPS_FOR_A_PLAIN_GET = frozenset({
-    ("app", "refuse_large_bodies"),
+    ("serving.bodylimit", "refuse_large_bodies"),
     ("web.pages", "protect_forms"),
     ("flask_wtf.csrf", "CSRFProtect.init_app.<locals>.csrf_protect"),
 })

@@ -6,7 +6,7 @@ import json
 import openapi
 
 Operation = collections.namedtuple(
-    "Operation", "method path anchor summary description tag auth key_header parameters responses")
+    "Operation", "method path anchor summary description tag auth key_header parameters request_body responses")
 Response = collections.namedtuple("Response", "status description body codes headers")
 Reference = collections.namedtuple("Reference", "schema anchor")
 Field = collections.namedtuple("Field", "name type link required notes description", defaults=("",))
@@ -22,7 +22,7 @@ METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 OTHER_RESPONSES = [("404", "NotFound", "A path the document does not list"),
                    ("405", "MethodNotAllowed", "A method the document does not list for its path")]
 NOTES = {"pattern": "pattern {}", "format": "format {}", "minimum": "at least {}", "maximum": "at most {}",
-         "minLength": "at least {} characters", "maxLength": "at most {} characters"}
+         "minLength": "at least {} characters", "maxLength": "at most {} characters", "maxItems": "at most {} items"}
 NOT_EMPTY = "not empty"
 
 
@@ -70,6 +70,7 @@ def operation_view(document, path, method, operation):
         auth=auth_text(document, security),
         key_header=key_header(document, security),
         parameters=[parameter_view(document, resolve(document, parameter)) for parameter in parameters],
+        request_body=request_body_view(document, operation),
         responses=[response_view(document, status, response) for status, response in operation["responses"].items()],
     )
 
@@ -111,6 +112,13 @@ def parameter_view(document, parameter):
     schema = parameter.get("schema", {})
     return Parameter(parameter["name"], parameter["in"], parameter.get("required", False),
                      type_text(schema)[0], parameter.get("description", ""))
+
+
+def request_body_view(document, operation):
+    """A Reference to the schema of the operation's JSON body (or its fields, inline); None without one."""
+    for content in resolve(document, operation.get("requestBody", {})).get("content", {}).values():
+        return body_view(document, content.get("schema", {}))
+    return None
 
 
 def response_view(document, status, response):
@@ -184,6 +192,9 @@ def type_text(schema):
         return json.dumps(schema["const"]), None
     if "enum" in schema:
         return " | ".join(json.dumps(value) for value in schema["enum"]), None
+    if schema.get("type") == "array" and "items" in schema:
+        item, link = type_text(schema["items"])
+        return f"array of {item}", link
     kind = schema.get("type", "any")
     if kind == "array" and "items" in schema:
         return f"array of {type_text(schema['items'])[0]}", None

@@ -15,7 +15,7 @@ CONTEXT = {
     "username": "a-username-of-32-characters-long",
     "link": "https://api.example.com/password/reset/" + "T" * 21 + "-" + "t" * 21,
     "key": {"key_id": 123456, "key_name": "K" * 100, "key_prefix": "sk_live_AbC4",
-            "expires_at": "2026-12-02T10:00:00Z", "found_at": "https://github.com/" + "o" * 39 + "/" + "r" * 100},
+            "expires_at": "2026-12-02T10:00:00Z", "source": "github", "url": "https://github.com/" + "o" * 39 + "/" + "r" * 100},
     "detail": "P" * 64,
     "email": LONG_ADDRESS,
     "new_email": LONG_ADDRESS,

@@ -4,6 +4,7 @@ sends it, parses into that response's model; openapi-typescript makes types that
 with tests/typescript/check.ts. The tools are pinned in requirements-dev.txt and
 tests/typescript/package-lock.json (`npm ci`, run by .ci/run)."""
 
+import contextlib
 import datetime
 import importlib
 import os
@@ -16,6 +17,7 @@ import pytest
 import requests
 import services
 from contract import DOCUMENT
+from githubscanning import PATH as SCANNING_PATH, Signer, report, serving_keys
 from liveserver import BIN, ROOT, addresses, cli_session, free_port, make_key, service_env, serving
 
 PACKAGE = "api_key_demo_service_client"
@@ -43,7 +45,10 @@ def model_name(operation_id, status):
         response = DOCUMENT["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
     schema = response["content"]["application/json"]["schema"]
     if "$ref" in schema:
-        return schema["$ref"].rsplit("/", 1)[1]
+        name = schema["$ref"].rsplit("/", 1)[1]
+        # An array is parsed into a list of its items' model.
+        items = DOCUMENT["components"]["schemas"][name].get("items", {})
+        return "list" if "$ref" in items else name
     return "".join(word.capitalize() for word in operation_id.split("_")) + f"Response{status}"
 
 
@@ -71,10 +76,17 @@ def generated(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
+    with contextlib.ExitStack() as stack:
+        yield from started_servers(tmp_path_factory, stack)
+
+
+def started_servers(tmp_path_factory, stack):
     """The live servers and the keys that make each response happen: one server as deployed, and
     one whose rate-limit storage cannot be reached (keyed requests fail closed with a 503)."""
     tmp_path = tmp_path_factory.mktemp("clients")
-    env = service_env(tmp_path, RATE_LIMIT_TIERS=TINY_TIERS, PUBLIC_RATE_LIMIT="5/minute", TRUSTED_PROXIES="1")
+    github_keys = stack.enter_context(serving_keys(SIGNER))
+    env = service_env(tmp_path, RATE_LIMIT_TIERS=TINY_TIERS, PUBLIC_RATE_LIMIT="5/minute", TRUSTED_PROXIES="1",
+                      GITHUB_SECRET_SCANNING="on", GITHUB_SECRET_SCANNING_KEYS_URL=github_keys.url)
     with cli_session(env) as commands:  # the keys' commands in one process
         keys = {name: make_key(env, tier, commands) for name, tier in
                 [("full", "free"), ("tiny", "tiny"), ("doomed", "free"), ("revoked", "free")]}
@@ -106,7 +118,33 @@ def client(package, base, key=None):
 
 def call(package, operation_id, made):
     tag = operation(operation_id)["tags"][0]
-    return importlib.import_module(f"{PACKAGE}.api.{tag}.{operation_id}").sync_detailed(client=made)
+    return importlib.import_module(f"{PACKAGE}.api.{tag}.{operation_id}").sync_detailed(
+        client=made, **ARGUMENTS.get(operation_id, {}))
+
+
+SIGNER = Signer("a1" * 32)
+# What an operation with a body or header parameters is called with: the generated client sends it;
+# each of its responses is the server's real answer to a report made with requests, replayed.
+ARGUMENTS = {"github_secret_scanning": {"body": [], "github_public_key_identifier": SIGNER.identifier,
+                                        "github_public_key_signature": "MEUCIQ=="}}
+
+
+def scanning_answer(bases, status):
+    """The live server's real answer of that status to a GitHub report."""
+    base, address = bases["server"].base + SCANNING_PATH, {"X-Forwarded-For": next(addresses)}
+    signed = report("sk_live_" + "x" * 38)
+    if status == 404:  # the other server does not serve reports
+        return requests.post(bases["broken"].base + SCANNING_PATH, data=signed, timeout=10, headers=SIGNER.headers(signed))
+    if status == 413:
+        big = b"[" + b" " * (1024 * 1024) + b"]"
+        return requests.post(base, data=big, timeout=10, headers={**SIGNER.headers(big), **address})
+    body = {400: b'{"not": "a report"}'}.get(status, signed)
+    headers = {**SIGNER.headers(body), **address} if status != 401 else address
+    for _ in range(10):
+        answer = requests.post(base, data=body, timeout=10, headers=headers)
+        if answer.status_code == status:
+            return answer
+    raise AssertionError(f"the report never answered {status}")
 
 
 def until(package, operation_id, made, status):
@@ -139,6 +177,10 @@ def respond(package, servers, operation_id, status):
     """The generated client's Response for this operation and status, and the error code expected."""
     bases, keys = servers
     base = bases["server"].base
+    if operation_id == "github_secret_scanning" and status not in (500, 503):
+        codes = {400: "invalid_request", 401: "invalid_signature", 404: "not_found", 413: "payload_too_large",
+                 429: "rate_limit_exceeded"}
+        return call(package, operation_id, replay(package, scanning_answer(bases, status))), codes.get(status)
     if status == 200:
         key = {"revoke_leaked_key": keys["doomed"]}.get(operation_id, keys["full"] if operation_id in KEYED else None)
         return call(package, operation_id, client(package, base, key)), None

@@ -52,6 +52,10 @@ BAD_VALUES = [
     ("PUBLIC_URL", "api.example.com"),
     ("PUBLIC_URL", "https://api.example.com/?next=x"),
     ("MAIL_RETRY_SCHEDULE", "5s,later"),
+    ("GITHUB_SECRET_SCANNING", "yes"),
+    ("GITHUB_SECRET_SCANNING_KEYS_URL", "ftp://user:hunter2@keys.example.com/keys"),
+    ("GITHUB_SECRET_SCANNING_KEYS_URL", "https://user:hunter2@/keys"),
+    ("GITHUB_SECRET_SCANNING_KEYS_URL", "https://user:hunter2@keys.example.com:port/keys"),
 ]
 
 
@@ -99,6 +103,14 @@ def test_the_mail_settings_are_read_as_given():
     assert (config["PUBLIC_URL"], config["MAIL_FROM"]) == ("https://api.example.com", "Demo <no-reply@example.com>")
     assert settings.mail_retry_schedule(config["MAIL_RETRY_SCHEDULE"]) == [60, 3600]
     assert settings.load({})["MAIL_URL"] == "console" and settings.mail_url("Off").scheme == "off"
+
+
+def test_the_github_settings_are_read_as_given():
+    assert {name: value for name, value in settings.load({}).items() if name.startswith("GITHUB_")} == {
+        "GITHUB_SECRET_SCANNING": False,
+        "GITHUB_SECRET_SCANNING_KEYS_URL": "https://api.github.com/meta/public_keys/secret_scanning"}
+    config = settings.load({"GITHUB_SECRET_SCANNING": " On ", "GITHUB_SECRET_SCANNING_KEYS_URL": "http://127.0.0.1:8080/k"})
+    assert (config["GITHUB_SECRET_SCANNING"], config["GITHUB_SECRET_SCANNING_KEYS_URL"]) == (True, "http://127.0.0.1:8080/k")
 
 
 def test_the_schemes_are_those_the_libraries_know():

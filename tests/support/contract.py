@@ -22,6 +22,10 @@ def assert_conforms(response):
         wrapped = RequestsOpenAPIRequest(response.request), RequestsOpenAPIResponse(response)
         body = response.json()
     else:
+        # The view read the request's body: openapi-core reads it again, from the start.
+        stream = response.request.environ.get("wsgi.input")
+        if stream is not None and stream.seekable():
+            stream.seek(0)
         wrapped = WerkzeugOpenAPIRequest(response.request), WerkzeugOpenAPIResponse(response)
         body = response.get_json()
     try:

@@ -21,7 +21,7 @@ from webhooks import outbox, signing
 OPERATIONS = [(method.upper(), path, operation) for path, item in DOCUMENT["paths"].items()
               for method, operation in item.items()]
 # What web/reference.py reads of an operation; anything else openapi.json gains must be shown too.
-RENDERED_KEYS = {"operationId", "summary", "description", "tags", "security", "parameters", "responses"}
+RENDERED_KEYS = {"operationId", "summary", "description", "tags", "security", "parameters", "responses", "requestBody"}
 
 
 class Articles(HTMLParser):
@@ -72,7 +72,13 @@ def test_every_operation_is_shown_with_its_auth_and_every_response(page):
         public = operation.get("security") == []
         assert ("Required: an API key in the X-API-Key header." in text) is keyed
         assert ("Authentication None." in text) is public
-        assert "Parameters None." in text
+        parameters = operation.get("parameters", [])
+        assert ("Parameters None." in text) is not parameters
+        for parameter in parameters:
+            assert f"{parameter['name']} ({parameter['in']}, string, required): {parameter['description']}" in text
+        if "requestBody" in operation:
+            schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            assert f"Request body {reference.component_name(schema['$ref'])} (JSON)" in text
         for status, response in operation["responses"].items():
             described = reference.resolve(DOCUMENT, response)
             assert f"{status} {described['description']}" in text
@@ -80,7 +86,7 @@ def test_every_operation_is_shown_with_its_auth_and_every_response(page):
             if "$ref" in schema:
                 name = reference.component_name(schema["$ref"])
                 assert name in text
-                for code in DOCUMENT["components"]["schemas"][name]["properties"].get("error", {}).get(
+                for code in DOCUMENT["components"]["schemas"][name].get("properties", {}).get("error", {}).get(
                         "properties", {}).get("code", {}).get("enum", []):
                     assert code in text
 
