@@ -29,10 +29,10 @@ def lock_due(database, model, ids, due):
     return ids
 
 
-def lease(model, ids, due, now, seconds):
+def lease(model, ids, due, now, seconds, **marks):
     """Count an attempt of each row and make it due again only after the lease, should its process
-    die before recording the attempt."""
-    (model.update(next_attempt_at=now + datetime.timedelta(seconds=seconds), attempts=model.attempts + 1)
+    die before recording the attempt; marks: other columns to set with it."""
+    (model.update(next_attempt_at=now + datetime.timedelta(seconds=seconds), attempts=model.attempts + 1, **marks)
      .where(model.id.in_(ids) & due).execute())
 
 
@@ -46,10 +46,10 @@ def after_attempt(number, schedule, succeeded, now):
     return GIVEN_UP, None
 
 
-def give_back(model, claims, pending, now):
+def give_back(model, claims, pending, now, **marks):
     """Make rows whose attempt a stop cut short due again at once, that attempt not counted;
-    claims: (primary key, attempt number) pairs. A row whose attempt was recorded just before the
-    cut is left as it is."""
+    claims: (primary key, attempt number) pairs; marks: other columns to set with it. A row whose
+    attempt was recorded just before the cut is left as it is."""
     for pk, number in claims:
-        (model.update(next_attempt_at=now, attempts=model.attempts - 1)
+        (model.update(next_attempt_at=now, attempts=model.attempts - 1, **marks)
          .where((model.id == pk) & (model.attempts == number) & (model.state == pending)).execute())

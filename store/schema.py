@@ -148,13 +148,16 @@ def add_organisations(database, migrator):
 
 
 def add_webhook_rotation(database, migrator):
-    """Version 14: an endpoint's previous signing secret during a rotation's overlap; the resends
-    of its messages (a new table)."""
-    if database.table_exists("webhook_endpoints"):
-        have = {column.name for column in database.get_columns("webhook_endpoints")}
-        columns = {"sealed_previous_secret": TextField(null=True), "previous_until": DateTimeField(null=True)}
-        migrate(*(migrator.add_column("webhook_endpoints", name, field) for name, field in columns.items()
-                  if name not in have))
+    """Version 14: an endpoint's previous signing secret during a rotation's overlap; the end of a
+    message's lease; the resends of messages (a new table)."""
+    columns = {
+        "webhook_endpoints": {"sealed_previous_secret": TextField(null=True), "previous_until": DateTimeField(null=True)},
+        "webhook_messages": {"claimed_until": DateTimeField(null=True)},
+    }
+    for table, wanted in columns.items():
+        if database.table_exists(table):
+            have = {column.name for column in database.get_columns(table)}
+            migrate(*(migrator.add_column(table, name, field) for name, field in wanted.items() if name not in have))
 
 
 def move_into_personal_organisations(database):

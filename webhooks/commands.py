@@ -15,11 +15,13 @@ from webhooks import delivery, endpoints, recovery
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
 
 webhooks_cli = CommandGroup("webhooks", help="Manage webhook endpoints.")
-# What becomes of a test event that failed, by its message's state after the attempt (None: gone).
+# What becomes of a message whose attempt failed, by its state after the attempt (None: gone), and
+# whether its endpoint is disabled.
 AFTER_A_FAILURE = {
-    PENDING: "It is tried again on the retry schedule.",
-    FAILED: "It is not tried again: the endpoint has been disabled.",
-    None: "The endpoint was removed meanwhile.",
+    (PENDING, False): "It is tried again on the retry schedule.",
+    (FAILED, True): "It is not tried again: the endpoint has been disabled.",
+    (FAILED, False): "It is not tried again: its retry schedule is spent.",
+    (None, False): "The endpoint was removed meanwhile.",
 }
 
 
@@ -92,8 +94,10 @@ def attempt_now(message):
     _, outcome, state = attempts[0]
     answer = f"HTTP {outcome.status}" if outcome.status is not None else outcome.error.rstrip(".")
     if not delivery.is_delivered(outcome):
+        disabled = WebhookEndpoint.select().where((WebhookEndpoint.id == message.endpoint_id)
+                                                  & WebhookEndpoint.disabled_at.is_null(False)).exists()
         raise click.ClickException(f"{message.message_id} not delivered: {answer} ({outcome.duration_ms} ms). "
-                                   f"{AFTER_A_FAILURE[state]}")
+                                   f"{AFTER_A_FAILURE[state, disabled and state == FAILED]}")
     click.echo(f"Delivered {message.message_id}: {answer} in {outcome.duration_ms} ms.")
 
 

@@ -72,7 +72,8 @@ def claim(database, limit, now=None, only=None, busy=(), sending=None, kept=0):
         ids = first_due(database, due, limit, sending or {}, kept, now)
         if not ids:
             return []
-        outbox.lease(WebhookMessage, ids, due, now, LEASE_SECONDS)
+        outbox.lease(WebhookMessage, ids, due, now, LEASE_SECONDS,
+                     claimed_until=now + datetime.timedelta(seconds=LEASE_SECONDS))
         rows = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.message_id, WebhookMessage.event,
                                       WebhookMessage.body, WebhookMessage.attempts, WebhookEndpoint.id,
                                       WebhookEndpoint.org, WebhookEndpoint.url)
@@ -199,7 +200,7 @@ def record(claimed, outcome, schedule, now=None):
         if state == PENDING and WebhookEndpoint.select().where(
                 (WebhookEndpoint.id == claimed.endpoint_id) & WebhookEndpoint.disabled_at.is_null(False)).exists():
             state, next_at = FAILED, None
-        updated = (WebhookMessage.update(state=state, next_attempt_at=next_at)
+        updated = (WebhookMessage.update(state=state, next_attempt_at=next_at, claimed_until=None)
                    .where((WebhookMessage.id == claimed.pk) & (WebhookMessage.attempts == claimed.number)).execute())
         if not updated:
             return None
@@ -365,7 +366,7 @@ def release_claims(claims, now=None):
     attempt was recorded (delivered or failed) just before the cut is left as it is."""
     with write_transaction(db.obj):
         outbox.give_back(WebhookMessage, [(message.pk, message.number) for message in claims], PENDING,
-                         now or utcnow())
+                         now or utcnow(), claimed_until=None)
 
 
 def init_app(app):

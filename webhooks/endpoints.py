@@ -8,6 +8,7 @@ from peewee import PostgresqlDatabase, fn
 
 from accounts import organisations, securitylog, users
 from models import db, iso_seconds, utcnow
+from store.writelock import write_transaction
 from webhooks import addresses, outbox, signing
 from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
@@ -78,7 +79,7 @@ def rotate_secret(endpoint, overlap=DEFAULT_OVERLAP, now=None):
         raise ValueError(f"The overlap is at most {MAX_OVERLAP.days} days (7d), or 0 to end the old secret at once.")
     now = now or utcnow()
     secret = signing.new_secret()
-    with db.atomic():
+    with write_transaction(db.obj):
         lock_endpoint(endpoint.id)
         current = WebhookEndpoint.select(WebhookEndpoint.sealed_secret).where(WebhookEndpoint.id == endpoint.id).scalar()
         until = now + overlap if overlap else None
@@ -135,6 +136,12 @@ def recent_attempts(endpoint):
     """The endpoint's kept attempts, newest first."""
     return list(WebhookAttempt.select().where(WebhookAttempt.endpoint == endpoint.id)
                 .order_by(WebhookAttempt.id.desc()))
+
+
+def attempted(endpoint, message_id):
+    """True when the endpoint's kept attempts include one of the message with this webhook-id."""
+    return WebhookAttempt.select().where((WebhookAttempt.endpoint == endpoint.id)
+                                         & (WebhookAttempt.message_id == message_id)).exists()
 
 
 def state(endpoint):

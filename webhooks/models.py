@@ -50,6 +50,9 @@ class WebhookMessage(BaseModel):
     state = CharField(max_length=16, default=PENDING)
     attempts = IntegerField(default=0)
     next_attempt_at = DateTimeField(null=True, index=True)
+    # The end of the lease of an attempt under way (None or past: none is): a resend or recovery
+    # leaves such a message alone, whatever its state, so that it never has two attempts at once.
+    claimed_until = DateTimeField(null=True)
 
     class Meta:
         table_name = "webhook_messages"

@@ -100,9 +100,14 @@ def attempts(endpoint_id):
 @login_required
 def resend(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
-    message = recovery.find_message(request.form.get("message_id", "")[:40], endpoint.id)
+    message_id = request.form.get("message_id", "")[:40]
+    message = recovery.find_message(message_id, endpoint.id)
     if message is None:
-        abort(404)
+        if not recovery.MESSAGE_ID.fullmatch(message_id) or not endpoints.attempted(endpoint, message_id):
+            abort(404)
+        # Its attempts are still listed, with their button, after the message is forgotten.
+        flash(f"{message_id} is no longer kept: messages are forgotten a week after they were made.", "error")
+        return render_security_tab(status=409)
     try:
         recovery.resend(message)
     except ValueError as refused:

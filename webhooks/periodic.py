@@ -49,7 +49,9 @@ def forget_old_messages(now):
             old = (WebhookMessage.select(WebhookMessage.id)
                    .where((WebhookMessage.state != PENDING) & (WebhookMessage.created_at < now - MESSAGES_KEPT_FOR))
                    .limit(BATCH))
-            deleted = WebhookMessage.delete().where(WebhookMessage.id.in_(old)).execute()
+            # The state asked again: a resend between the two reads makes a message waiting again.
+            deleted = (WebhookMessage.delete()
+                       .where(WebhookMessage.id.in_(old) & (WebhookMessage.state != PENDING)).execute())
         forgotten += deleted
         if deleted < BATCH:
             return forgotten

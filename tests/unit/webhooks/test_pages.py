@@ -86,7 +86,7 @@ def test_each_attempt_has_a_resend_button_that_sends_its_message_again(app, logg
 def test_a_resend_of_another_endpoints_or_an_unknown_message_is_a_404(app, logged_in, user, hook):
     other, _ = endpoints.add_endpoint(user, "http://127.0.0.1:9/other")
     elsewhere = endpoints.send_test(other)
-    for message_id in [elsewhere.message_id, "msg_nothing", "", "x" * 5000]:
+    for message_id in [elsewhere.message_id, "msg_nothing", "", "x" * 5000, "msg_\x00x"]:
         response = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message_id})
         assert response.status_code == 404, message_id
 
@@ -126,3 +126,12 @@ def test_rotate_shows_the_new_secret_once_and_the_overlap(app, logged_in, hook):
     assert logged_in.post(f"/settings/security/webhooks/{hook.id}/rotate", data={"overlap": "0"}).status_code == 302
     assert "The old secret no longer signs" in logged_in.get("/settings/security").text
     assert len(delivery.secrets_in_force(hook.id)) == 1
+
+
+def test_the_resend_button_of_a_forgotten_message_says_it_is_no_longer_kept(app, logged_in, hook):
+    message = endpoints.send_test(hook)
+    delivery.deliver_due(app)
+    WebhookMessage.delete().execute()  # forgotten a week on; its attempt is still listed
+    response = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
+    assert response.status_code == 409
+    assert f"{message.message_id} is no longer kept: messages are forgotten a week after they were made." in response.text

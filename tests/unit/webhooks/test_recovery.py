@@ -174,10 +174,73 @@ def test_a_message_being_sent_is_not_resent_beside_its_attempt(app, runner, hook
     [claimed] = delivery.claim(db.obj, 1)
     result = runner.invoke(args=["webhooks", "resend", message.message_id])
     assert result.exit_code == 1
-    assert result.stderr == (f"Error: {message.message_id} is being sent now or within 30 s; there is nothing to "
-                             "resend.\n")
-    # Its attempt records as it would have.
+    assert result.stderr == f"Error: {message.message_id} is being sent right now; see its attempt in a moment.\n"
+    # Its attempt records as it would have, and then it may be resent.
     assert delivery.record(claimed, delivery.Outcome(204, None, 1), [1]) == DELIVERED
+    assert runner.invoke(args=["webhooks", "resend", message.message_id]).exit_code == 0
+
+
+def disabled_during_an_attempt(app, hook, receiver):
+    """A message claimed for an attempt, and its endpoint disabled meanwhile by another message's
+    failed attempt (which marks every waiting message failed): return the claim under way."""
+    receiver.answer = lambda delivery: 503
+    message = endpoints.send_test(hook)
+    [claimed] = delivery.claim(db.obj, 1)
+    other = outbox.write_messages([hook.id], "webhook.test", {"endpoint_id": hook.id, "url": hook.url,
+                                                             "org": hook.org.slug}, utcnow())[0]
+    WebhookEndpoint.update(failing_since=utcnow() - datetime.timedelta(days=6)).execute()
+    [other_claim] = delivery.claim(db.obj, 1, only=other.id)
+    delivery.record(other_claim, delivery.Outcome(503, None, 1), [1])
+    assert WebhookEndpoint.get_by_id(hook.id).disabled_at is not None
+    assert WebhookMessage.get_by_id(message.id).state == FAILED
+    return claimed
+
+
+@pytest.mark.parametrize("command", ["resend", "recover"])
+def test_a_message_failed_while_in_an_attempt_gets_no_second_attempt_beside_it(app, runner, hook, receiver, command):
+    """The endpoint disabled during an attempt fails the message at once; resending or recovering it
+    then must not start a second attempt while the first is under way (reviewer's finding)."""
+    claimed = disabled_during_an_attempt(app, hook, receiver)
+    if command == "resend":
+        result = runner.invoke(args=["webhooks", "resend", claimed.message_id])
+        assert result.exit_code == 1 and "is being sent right now" in result.stderr
+    else:
+        result = runner.invoke(args=["webhooks", "recover", str(hook.id), "--since", "1h"])
+        assert result.stdout.startswith("Recovering 1 failed message")  # the other one, not in an attempt
+    assert [message.message_id for message in delivery.claim(db.obj, 10)] != [claimed.message_id]
+    assert delivery.record(claimed, delivery.Outcome(204, None, 1), [1]) == DELIVERED
+
+
+def test_recover_enables_a_disabled_endpoint_so_a_failing_receiver_gets_one_probe(app, runner, hook, receiver):
+    """Recovering twenty failed messages of a disabled endpoint whose receiver still fails: one
+    attempt, the others waiting for its retry; pressing again finds nothing to recover."""
+    receiver.answer = lambda delivery: 503
+    outbox.write_messages([hook.id] * 20, "webhook.test", {"endpoint_id": hook.id, "url": hook.url,
+                                                           "org": hook.org.slug}, utcnow())
+    WebhookMessage.update(state=FAILED, next_attempt_at=None, attempts=3).execute()
+    WebhookEndpoint.update(disabled_at=utcnow(), failing_since=utcnow() - datetime.timedelta(days=6)).execute()
+    assert runner.invoke(args=["webhooks", "recover", str(hook.id), "--since", "1h"]).stdout.startswith(
+        "Recovering 20 failed messages")
+    endpoint = WebhookEndpoint.get_by_id(hook.id)
+    assert (endpoint.disabled_at, endpoint.failing_since) == (None, None)
+    assert len(delivery.deliver_due(app)) == 1
+    assert WebhookMessage.select().where(WebhookMessage.state == PENDING).count() == 20
+    assert runner.invoke(args=["webhooks", "recover", str(hook.id), "--since", "1h"]).stdout.startswith(
+        "Recovering 0 failed messages")
+    assert len(receiver.received()) == 1
+
+
+def test_resend_of_a_spent_message_that_fails_says_so_not_disabled(app, runner, hook, receiver):
+    failed = failed_message(app, hook, receiver)
+    receiver.answer = lambda delivery: 500
+    result = runner.invoke(args=["webhooks", "resend", failed.message_id])
+    assert result.stderr.endswith("It is not tried again: its retry schedule is spent.\n")
+
+
+@pytest.mark.parametrize("webhook_id", ["msg_\x00x", "msg_" + "a" * 5000, "msg_é", "' OR 1=1 --"])
+def test_resend_of_a_webhook_id_of_another_form_is_one_line(app, runner, webhook_id):
+    result = runner.invoke(args=["webhooks", "resend", webhook_id])
+    assert result.exit_code == 1 and result.stderr.startswith("Error: There is no kept webhook message")
 
 
 def test_a_waiting_message_due_later_is_resent_now(app, runner, hook, receiver):
@@ -233,7 +296,7 @@ def test_since_takes_iso_8601_or_a_duration_back_from_now(text, expected):
     assert recovery.since_moment(text, now=datetime.datetime(2026, 11, 26, 9)) == expected
 
 
-@pytest.mark.parametrize("text", ["yesterday", "", "-1h", "24", "2026-13-01"])
+@pytest.mark.parametrize("text", ["yesterday", "", "-1h", "24", "2026-13-01", "999999d", "0001-01-01T00:00:00+01:00"])
 def test_since_refuses_anything_else_with_a_sentence(app, runner, hook, text):
     result = runner.invoke(args=["webhooks", "recover", str(hook.id), "--since", text])
     assert result.exit_code == 1
