@@ -3,6 +3,7 @@ organisation's (its keys, webhook endpoints and members), every line with who ac
 address. An event is written in the transaction of the change it records; never a secret or a
 password."""
 
+import contextlib
 import datetime
 
 from blinker import Namespace
@@ -29,8 +30,11 @@ signals = Namespace()
 # user_id and detail): mail/notices.py mails the owner about some of them in that transaction.
 recorded = signals.signal("security-event-recorded")
 SHOWN = 50
-# Events kept per account; older ones are deleted as each new one is written.
+# Events kept per account; older ones are deleted as each new one is written (or once at the end of
+# trims_deferred()).
 KEPT = 1000
+# Where trims_deferred() keeps the organisations whose logs it trims at its end.
+DEFERRED_TRIMS = "securitylog_deferred_trims"
 # Failed log-ins (and failed second factors) recorded per account and hour at most: others' guesses must not bury the log.
 FAILURES_RECORDED_PER_HOUR = 20
 
@@ -50,7 +54,24 @@ def record_in(org_id, event, detail="", address=None, actor_id=None):
     assert event in EVENTS, event
     SecurityEvent.create(user=actor_id or acting_user_id(), org=org_id, event=event, ip=where_from(address),
                          detail=detail[:200])
-    forget_beyond_kept(SecurityEvent.org == org_id)
+    if (deferred := g.get(DEFERRED_TRIMS) if has_app_context() else None) is not None:
+        deferred.add(org_id)
+    else:
+        forget_beyond_kept(SecurityEvent.org == org_id)
+
+
+@contextlib.contextmanager
+def trims_deferred(transaction):
+    """Within it, each organisation's log is trimmed to KEPT once, at the end, in a transaction(),
+    rather than at every event: one trim is an index walk of KEPT entries, and a report of leaked
+    keys may revoke a thousand keys of one organisation."""
+    g.setdefault(DEFERRED_TRIMS, set())
+    try:
+        yield
+    finally:
+        for org_id in sorted(g.pop(DEFERRED_TRIMS, ())):
+            with transaction():
+                forget_beyond_kept(SecurityEvent.org == org_id)
 
 
 def acting_user():

@@ -12,10 +12,12 @@ from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable, Unauth
 
 import auth
 import ratelimit
+from accounts import securitylog
 from integrations.githubkeys import READ_AGAIN_AFTER, GitHubKeys, KeysUnavailable, signature_holds
 from keys.lookup import find_active_key
-from models import ApiKey
+from models import ApiKey, db
 from serving import bodylimit
+from store.writelock import write_transaction
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +73,12 @@ def github_secret_scanning():
     body = verified_body()
     entries = parse_report(body)
     labels = {}
-    for token, _, url, _ in entries:
-        if token not in labels:
-            labels[token] = judge(token, url)
-            # SQLite's calls never yield under gevent: let the worker's other requests run between entries.
-            time.sleep(0)
+    with securitylog.trims_deferred(lambda: write_transaction(db.obj)):
+        for token, _, url, _ in entries:
+            if token not in labels:
+                labels[token] = judge(token, url)
+                # SQLite's calls never yield under gevent: let the worker's other requests run between entries.
+                time.sleep(0)
     log.info("GitHub reported %d tokens: %d of this service's secrets, %d revoked now.", len(entries),
              sum(label != FALSE_POSITIVE for label in labels.values()),
              sum(label == "revoked" for label in labels.values()))

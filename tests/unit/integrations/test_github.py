@@ -14,11 +14,11 @@ from contract import assert_conforms, assert_error
 from githubscanning import PATH, Signer, report, serving_keys
 
 import auth
-from accounts import users
+from accounts import securitylog, users
 from integrations import github, githubkeys
 from mail import outbox
 from mail.models import MailMessage
-from models import ApiKey, Membership, SecurityEvent, User, utcnow
+from models import ApiKey, Membership, SecurityEvent, User, personal_organisation, utcnow
 from orgs import members
 from webhooks import endpoints
 from webhooks.models import WebhookMessage
@@ -350,3 +350,18 @@ def test_a_report_of_1000_entries_is_answered_well_within_10_s(client, signer, b
 def test_the_keys_module_reads_with_bounds_github_sets():
     assert (githubkeys.KEPT_FOR, githubkeys.READ_AGAIN_AFTER) == (30 * 60, 60)
     assert githubkeys.READ_SECONDS <= 5 and github.MAX_REPORT_BYTES == MIB and github.MAX_ENTRIES == 1000
+
+
+def test_a_report_trims_each_organisations_log_once_at_its_end(client, signer, bob, monkeypatch):
+    """Eight keys revoked by one report in a log that keeps five: the newest five events are kept,
+    and the trim's index walk ran once for the organisation, not once per key."""
+    monkeypatch.setattr(securitylog, "KEPT", 5)
+    secrets = [auth.issue_key(bob, f"key {n}", "development")[1] for n in range(8)]
+    trims = []
+    forget = securitylog.forget_beyond_kept
+    monkeypatch.setattr(securitylog, "forget_beyond_kept", lambda whose: trims.append(whose) or forget(whose))
+    assert send(client, signer, report(*secrets)).status_code == 200
+    kept = securitylog.recent_in(personal_organisation(bob.id).id, limit=None)
+    assert [event.event for event in kept] == ["key.revoked_as_leaked"] * 5
+    assert [event.detail.split(" (")[0] for event in kept] == [f"key {n}" for n in range(7, 2, -1)]
+    assert len(trims) == 1
