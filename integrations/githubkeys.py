@@ -13,11 +13,6 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
 log = logging.getLogger(__name__)
 
 KEPT_FOR = 30 * 60
@@ -151,6 +146,12 @@ def parse_keys(body):
     """{key_identifier: P-256 public key} of a document {"public_keys": [{"key_identifier", "key",
     "is_current"}]}; entries of other kinds are skipped, and KeysUnreadable when none is left. A
     key no longer current still verifies: GitHub lists a key while reports it signed may arrive."""
+    # Imported here: a process that never reads a report (every one while the endpoint is off, each
+    # CLI command) does not pay for cryptography's start.
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
     try:
         document = json.loads(body)
     except (ValueError, RecursionError):
@@ -176,6 +177,10 @@ def parse_keys(body):
 
 def signature_holds(key, body, signature):
     """True when signature (base64 of a DER ECDSA signature) is key's over body with SHA-256."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     try:
         key.verify(base64.b64decode(signature, validate=True), body, ec.ECDSA(hashes.SHA256()))
     except (InvalidSignature, binascii.Error, ValueError):
