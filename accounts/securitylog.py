@@ -65,6 +65,9 @@ def trims_deferred(transaction):
     """Within it, each organisation's log is trimmed to KEPT once, at the end, in a transaction(),
     rather than at every event: one trim is an index walk of KEPT entries, and a report of leaked
     keys may revoke a thousand keys of one organisation."""
+    if g.get(DEFERRED_TRIMS) is not None:
+        yield  # an outer one trims
+        return
     g.setdefault(DEFERRED_TRIMS, set())
     try:
         yield

@@ -8,7 +8,7 @@ import logging
 import time
 
 from flask import Blueprint, current_app, request
-from werkzeug.exceptions import BadRequest, NotFound, ServiceUnavailable, Unauthorized
+from werkzeug.exceptions import BadRequest, ServiceUnavailable, Unauthorized
 
 import auth
 import ratelimit
@@ -27,6 +27,7 @@ MAX_REPORT_BYTES = 1024 * 1024
 MAX_ENTRIES = 1000
 # GitHub's identifiers are 64 hex digits and its signatures ~100 characters: far longer is not GitHub's.
 MAX_HEADER_LENGTH = 512
+MAX_URL_LENGTH = 2000
 IDENTIFIER_HEADER = "Github-Public-Key-Identifier"
 SIGNATURE_HEADER = "Github-Public-Key-Signature"
 REVOKE_ATTEMPTS = 3
@@ -58,17 +59,16 @@ class KeysUnreachable(ServiceUnavailable):
 
 
 def init_app(app):
-    """Serve the reports' path (a 404 while GITHUB_SECRET_SCANNING is off), with its larger body limit."""
-    app.extensions["github_keys"] = GitHubKeys(app.config["GITHUB_SECRET_SCANNING_KEYS_URL"])
+    """Serve the reports' path, with its larger body limit, when GITHUB_SECRET_SCANNING is on; while
+    it is off the path is unknown, whatever the method."""
     if app.config["GITHUB_SECRET_SCANNING"]:
+        app.extensions["github_keys"] = GitHubKeys(app.config["GITHUB_SECRET_SCANNING_KEYS_URL"])
         bodylimit.allow_larger_bodies(app, PATH, MAX_REPORT_BYTES)
-    app.register_blueprint(integrations)
+        app.register_blueprint(integrations)
 
 
 @integrations.post("/github/secret-scanning")
 def github_secret_scanning():
-    if not current_app.config["GITHUB_SECRET_SCANNING"]:
-        raise NotFound()  # as any path the service does not serve
     ratelimit.limit_client_ip()
     body = verified_body()
     entries = parse_report(body)
@@ -130,8 +130,25 @@ def parse_report(body):
             value = entry.get(field)
             if not isinstance(value, str) and (field in ("token", "type") or value is not None):
                 raise InvalidReport(f"Entry {number} of the report has no string {field}.")
-        entries.append((entry["token"], entry["type"], entry.get("url") or "", entry.get("source") or ""))
+            if isinstance(value, str) and not encodable(value):
+                raise InvalidReport(f"Entry {number} of the report has a {field} that is not UTF-8 text.")
+        entries.append((entry["token"], entry["type"], link(entry.get("url") or ""), entry.get("source") or ""))
     return entries
+
+
+def encodable(text):
+    """False for a string JSON's escapes made of a lone surrogate, which no UTF-8 holds."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def link(url):
+    """The url as the event, the log and the mail carry it: a link's length, not a report's, and
+    no control character (a line break would add lines to the mail's text)."""
+    return "".join(character for character in url[:MAX_URL_LENGTH] if character.isprintable())
 
 
 def judge(token, url):

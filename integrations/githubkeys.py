@@ -13,6 +13,8 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+import gevent
+
 log = logging.getLogger(__name__)
 
 KEPT_FOR = 30 * 60
@@ -105,7 +107,13 @@ def read_document(url, etag=None):
     watchdog.daemon = True
     watchdog.start()
     try:
-        connection.connect()
+        # The watchdog finds no socket to shut while the host name is looked up: under gevent the
+        # Timeout cuts a slow lookup; anywhere, the connection gets only the time left.
+        with gevent.Timeout(READ_SECONDS, TimeoutError):
+            connection.connect()
+        if (left := deadline - time.monotonic()) <= 0:
+            raise TimeoutError
+        connection.sock.settimeout(left)
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
         if etag:
             headers["If-None-Match"] = etag

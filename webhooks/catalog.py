@@ -63,7 +63,8 @@ CATALOG = {
             "revoked_at": {**SECONDS, "description": "When it was revoked."},
             "source": {"type": "string", "enum": ["github"],
                        "description": "Who reported it, when not its holder: github (secret scanning)."},
-            "url": {"type": "string", "format": "uri", "description": "Where GitHub found it (with source github).",
+            "url": {"type": "string", "maxLength": 2000,
+                    "description": "Where GitHub found it (with source github); empty when GitHub did not say.",
                     "examples": ["https://github.com/acme/app/blob/main/.env"]},
         }, optional=("source", "url")),
     "key.expiring": key_event("7 days before a key's expiry, once (at once for a key made with less to live).", {

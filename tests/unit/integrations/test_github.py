@@ -12,6 +12,7 @@ import logging
 import pytest
 from contract import assert_conforms, assert_error
 from githubscanning import PATH, Signer, report, serving_keys
+from webhookreceiver import catalog_errors
 
 import auth
 from accounts import securitylog, users
@@ -196,6 +197,8 @@ def test_the_endpoint_is_not_served_while_off(make_app, database_url, signer):
     unknown = client.post("/api/v1/integrations/github/nothing", data=body, headers=signer.headers(body))
     assert_error(refused, 404, "not_found")
     assert refused.get_json() == unknown.get_json()
+    for method in ("GET", "PUT", "DELETE", "OPTIONS"):
+        assert client.open(PATH, method=method).status_code == 404, method
     # The default body limit holds for it then.
     assert client.post(PATH, data=b"[" + b" " * 70_000 + b"]").status_code == 413
 
@@ -212,8 +215,10 @@ def test_the_endpoint_is_not_served_while_off(make_app, database_url, signer):
     (b'[{"token": "sk_live_secret"}]', "Entry 0 of the report has no string type."),
     (b'[{"token": "sk_live_secret", "type": "x", "url": ["u"]}]', "Entry 0 of the report has no string url."),
     (b'[{"token": "sk_live_secret", "type": "x", "source": 1}]', "Entry 0 of the report has no string source."),
+    (b'[{"token": "sk_live_\\ud800", "type": "x"}]', "Entry 0 of the report has a token that is not UTF-8 text."),
+    (b'[{"token": "a", "type": "x", "url": "\\udfff"}]', "Entry 0 of the report has a url that is not UTF-8 text."),
 ], ids=["not json", "not utf-8", "nested deep", "an object", "1001 entries", "a string entry", "a number token",
-        "no type", "a list url", "a number source"])
+        "no type", "a list url", "a number source", "a lone surrogate token", "a lone surrogate url"])
 def test_a_signed_body_that_is_no_report_is_a_400_naming_no_value(client, signer, bob, body, message, caplog):
     caplog.set_level(logging.DEBUG)
     before = state()
@@ -229,6 +234,25 @@ def test_absent_or_null_url_and_source_are_taken_as_empty(client, signer, bob):
     [event] = leaked_events()
     assert event["data"]["url"] == "" and event["data"]["source"] == "github"
     assert "found it in public." in outbox.parts_of(MailMessage.get())["text"]
+    assert [error for error in catalog_errors({}, event) if "header" not in error] == []
+
+
+def test_a_long_url_is_cut_to_a_links_length_in_the_event_the_log_and_the_mail(client, signer, bob):
+    _, secret = auth.issue_key(bob, "Payments server", "production")
+    url = "https://github.com/octo/repo/blob/main/" + "a" * 100_000
+    assert send(client, signer, report(secret, url=url)).status_code == 200
+    [event] = leaked_events()
+    assert event["data"]["url"] == url[:github.MAX_URL_LENGTH]
+    assert [error for error in catalog_errors({}, event) if "header" not in error] == []
+    assert len(MailMessage.get().subject) < 200 and url[:3000] not in json.dumps(outbox.parts_of(MailMessage.get()))
+
+
+def test_a_url_s_control_characters_never_reach_the_event_or_the_mail(client, signer, bob):
+    _, secret = auth.issue_key(bob, "Payments server", "production")
+    assert send(client, signer, report(secret, url="https://github.com/a\r\nBcc: x@example.com\x00")).status_code == 200
+    [event] = leaked_events()
+    assert event["data"]["url"] == "https://github.com/aBcc: x@example.com"
+    assert "\nBcc" not in outbox.parts_of(MailMessage.get())["text"]
 
 
 def test_labels_tell_this_services_secrets_from_others(client, signer, bob):

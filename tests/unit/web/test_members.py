@@ -57,7 +57,8 @@ def invitation(team):
 
 def ended_message(team, state):
     """A message of the team's endpoint that ended in the state (DELIVERED or FAILED)."""
-    [message] = outbox.write_messages([team.endpoint.id], "webhook.test", {}, utcnow())
+    [message_id] = outbox.write_messages([team.endpoint.id], "webhook.test", {}, utcnow())
+    message = WebhookMessage.get(WebhookMessage.message_id == message_id)
     WebhookMessage.update(state=state, next_attempt_at=None).where(WebhookMessage.id == message.id).execute()
     return message
 

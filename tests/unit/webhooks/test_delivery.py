@@ -35,7 +35,8 @@ def messages(owner, count, due, endpoint_count=1):
     ids = []
     for _ in range(endpoint_count):
         endpoint, _ = endpoints.add_endpoint(owner, "http://127.0.0.1:9/hook")
-        ids += [outbox.write_messages([endpoint.id], "key.revoked", {}, due)[0].id for _ in range(count)]
+        ids += [WebhookMessage.get(WebhookMessage.message_id == outbox.write_messages([endpoint.id], "key.revoked", {},
+                                                                                     due)[0]).id for _ in range(count)]
     return ids
 
 

@@ -146,7 +146,8 @@ def test_the_allowance_is_per_endpoint(app, runner, user, hook):
 def test_resends_at_once_never_pass_the_allowance(app, hook):
     """Twenty threads each resending a message of the endpoint at once, each on its own connection:
     exactly ten get through."""
-    messages = outbox.write_messages([hook.id] * 20, "webhook.test", {}, utcnow())
+    outbox.write_messages([hook.id] * 20, "webhook.test", {}, utcnow())
+    messages = list(WebhookMessage.select())
     WebhookMessage.update(state=DELIVERED, next_attempt_at=None).execute()
     start, outcomes = threading.Barrier(len(messages)), []
 
@@ -186,8 +187,9 @@ def disabled_during_an_attempt(app, hook, receiver):
     receiver.answer = lambda delivery: 503
     message = endpoints.send_test(hook)
     [claimed] = delivery.claim(db.obj, 1)
-    other = outbox.write_messages([hook.id], "webhook.test", {"endpoint_id": hook.id, "url": hook.url,
-                                                             "org": hook.org.slug}, utcnow())[0]
+    [other_id] = outbox.write_messages([hook.id], "webhook.test", {"endpoint_id": hook.id, "url": hook.url,
+                                                                 "org": hook.org.slug}, utcnow())
+    other = WebhookMessage.get(WebhookMessage.message_id == other_id)
     WebhookEndpoint.update(failing_since=utcnow() - datetime.timedelta(days=6)).execute()
     [other_claim] = delivery.claim(db.obj, 1, only=other.id)
     delivery.record(other_claim, delivery.Outcome(503, None, 1), [1])
