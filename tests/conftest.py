@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 import services  # noqa: E402
 from appconfig import TEST_TIERS  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
+from githubscanning import Signer, serving_keys  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
 from mailserver import mail_server  # noqa: E402
 
@@ -178,12 +179,15 @@ def run_mode(request):
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, run_mode):
-    """(server, secret): the server in each run mode on a fresh SQLite file, with one production key.
-    Afterwards its log must hold no traceback and no trace of the secret."""
+    """(server, secret): the server in each run mode on a fresh SQLite file, with one production key,
+    and every documented operation served (GitHub's reports, its keys from a loopback server that
+    signs none of the requests made here). Afterwards its log must hold no traceback and no trace of
+    the secret."""
     tmp_path = tmp_path_factory.mktemp("live")
-    env = service_env(tmp_path)
-    secret = make_key(env)
-    with serving(tmp_path, env, run_mode) as server:
-        yield server, secret
+    with serving_keys(Signer("f" * 64)) as keys:
+        env = service_env(tmp_path, GITHUB_SECRET_SCANNING="on", GITHUB_SECRET_SCANNING_KEYS_URL=keys.url)
+        secret = make_key(env)
+        with serving(tmp_path, env, run_mode) as server:
+            yield server, secret
     output = server.output()
     assert secret not in output and secret[8:] not in output

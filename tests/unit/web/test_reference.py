@@ -25,7 +25,8 @@ RENDERED_KEYS = {"operationId", "summary", "description", "tags", "security", "p
 
 
 class Articles(HTMLParser):
-    """The text of each <article>, by its id (each tag a space), and every src and href on the page."""
+    """The text of each <article>, by its id (each tag a space, but a <wbr>: a path's place to wrap),
+    and every src and href on the page."""
 
     def __init__(self, html):
         super().__init__()
@@ -33,6 +34,8 @@ class Articles(HTMLParser):
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
+        if tag == "wbr":
+            return
         self.handle_data(" ")
         attrs = dict(attrs)
         self.links += [attrs[name] for name in ("src", "href") if name in attrs]
