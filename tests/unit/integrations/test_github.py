@@ -133,6 +133,8 @@ def forged(signer, body):
     }
 
 
+# Refused before the database is asked: one database is enough.
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("forgery", list(forged(Signer("x"), b"content")))
 def test_a_forged_report_is_refused_and_changes_nothing(client, signer, bob, forgery, caplog):
     caplog.set_level(logging.DEBUG)
@@ -203,6 +205,8 @@ def test_the_endpoint_is_not_served_while_off(make_app, database_url, signer):
     assert client.post(PATH, data=b"[" + b" " * 70_000 + b"]").status_code == 413
 
 
+# Refused before the database is asked: one database is enough.
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("body, message", [
     (b"not json", "The report is not JSON in UTF-8."),
     (b"\xff\xfe[]", "The report is not JSON in UTF-8."),
