@@ -5,8 +5,7 @@ running server's sender delivers, and a receiver verifies each delivery with the
 import pytest
 from liveserver import cli, make_key, run_cli, service_env, serving, wait_for
 from services import rows
-from standardwebhooks import Webhook
-from webhookreceiver import receiving
+from webhookreceiver import receiving, verifies
 
 
 @pytest.fixture
@@ -24,14 +23,6 @@ def add_endpoint(env, receiver, path):
     receiver.secrets[path] = secret
     [(endpoint_id,)] = rows(env["DATABASE_URL"], "SELECT id FROM webhook_endpoints")
     return endpoint_id, secret
-
-
-def verifies(secret, delivery):
-    try:
-        Webhook(secret).verify(delivery.body, delivery.headers)
-        return True
-    except Exception:
-        return False
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
