@@ -41,7 +41,8 @@ unassigned_workers = []
 
 bind = f"0.0.0.0:{SETTINGS['PORT']}"
 workers = SETTINGS["WEB_CONCURRENCY"]
-worker_class = "gevent"
+# gunicorn's gevent worker, sending each response's head with its body (serving/worker.py).
+worker_class = "serving.worker.Worker"
 # The default of 1,000 would silently cap open connections (and sockets) per worker.
 worker_connections = 10_000
 # Never preload: it imports the app before gevent patches threading, and peewee's

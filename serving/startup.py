@@ -68,7 +68,7 @@ def gunicorn_problem():
     imports fcntl)."""
     try:
         import gunicorn.app.wsgiapp  # noqa: F401  what `python -m gunicorn` runs
-        import gunicorn.workers.ggevent  # noqa: F401  the worker gunicorn.conf.py names
+        import gunicorn.workers.ggevent  # noqa: F401  what serving/worker.py, the worker gunicorn.conf.py names, builds on
     except ImportError as error:
         return str(error)
     return None

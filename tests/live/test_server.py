@@ -52,10 +52,10 @@ def server(tmp_path_factory, env, run_mode):
     server.stop()
 
 
-def test_procfile_runs_gunicorn_with_gevent(tmp_path, env):
+def test_procfile_runs_gunicorn_with_the_gevent_worker_of_serving_worker(tmp_path, env):
     server = start_procfile(tmp_path, env)
     try:
-        assert "Using worker: gevent" in server.output()
+        assert "Using worker: serving.worker.Worker" in server.output()
         assert requests.get(server.base + "/api/v1/status", timeout=10).json() == {
             "status": "operational", "version": "1.2.0", "authenticated": False}
     finally:
@@ -171,7 +171,7 @@ def test_python_app_py_seeds_a_demo_key_once(tmp_path, run_mode):
         response = requests.get(shlex.split(curl)[-1], headers={"X-API-Key": secret}, timeout=10)
         assert response.json()["api_key_name"] == "Demo key"
         if run_mode == "gunicorn":
-            assert "Using worker: gevent" in output
+            assert "Using worker: serving.worker.Worker" in output
             assert f"Listening at: http://127.0.0.1:{port}" in output
         else:
             assert f"serving with gevent's WSGI server, one process, on http://127.0.0.1:{port}" in output

@@ -1,0 +1,128 @@
+"""gunicorn's gevent worker (gunicorn.conf.py's `worker_class`), writing each response's head
+together with its first body bytes.
+
+gunicorn sends a response's head alone and then its body: two `sendall` calls, two system calls
+and, for a small JSON answer, two packets. Sending both at once made a served keyed request
+6-7 % faster (docs/performance.md, "The hot path"). gunicorn lets a protocol bring its own
+response class to `wsgi.create`, but its worker does not pass one, so `Worker.handle_request` is
+gunicorn's own with that one argument added; tests/unit/serving/test_worker.py fails when a new
+gunicorn changes what these copies were made from."""
+
+import socket
+import sys
+from datetime import datetime
+
+import gevent
+from gunicorn import util
+from gunicorn.http import wsgi
+from gunicorn.workers.ggevent import GeventWorker
+
+
+class Response(wsgi.Response):
+    """gunicorn's response, holding its head until the first body bytes (or the end) to send both
+    in one `sendall`. A file sent with sendfile gets its head first, as gunicorn sends it."""
+
+    holds_head = True
+    held_head = b""
+
+    def send_headers(self):
+        if not self.holds_head:
+            self.send_held_head()
+            return super().send_headers()
+        if self.headers_sent:
+            return
+        head = self.default_headers()
+        head.extend("%s: %s\r\n" % (name, value) for name, value in self.headers)
+        self.held_head = util.to_bytestring("%s\r\n" % "".join(head), "latin-1")
+        self.headers_sent = True
+
+    def send_held_head(self):
+        if self.held_head:
+            head, self.held_head = self.held_head, b""
+            util.write(self.sock, head)
+
+    def _emit_body(self, data):
+        if self.held_head and not self.chunked:
+            data, self.held_head = self.held_head + data, b""
+            util.write(self.sock, data)
+            return
+        self.send_held_head()
+        super()._emit_body(data)
+
+    def sendfile(self, respiter):
+        # sendfile writes its head, then the file, straight to the socket.
+        self.holds_head = False
+        return super().sendfile(respiter)
+
+    def close(self):
+        self.send_headers()
+        self.send_held_head()
+        super().close()
+
+
+class Worker(GeventWorker):
+    """gunicorn's gevent worker, serving with the Response above."""
+
+    def handle_request(self, listener_name, req, sock, addr):
+        # GeventWorker.handle_request: a request's greenlet killed or timed out ends quietly.
+        try:
+            return self.handle_async_request(listener_name, req, sock, addr)
+        except (gevent.GreenletExit, SystemExit):
+            pass
+
+    def handle_async_request(self, listener_name, req, sock, addr):
+        """AsyncWorker.handle_request of gunicorn 27.0.1, with response_class=Response."""
+        request_start = datetime.now()
+        environ = {}
+        resp = None
+        try:
+            self.cfg.pre_request(self, req)
+            resp, environ = wsgi.create(req, sock, addr, listener_name, self.cfg, response_class=Response)
+            environ["wsgi.multithread"] = True
+            self.nr += 1
+            if self.nr >= self.max_requests:
+                if self.alive:
+                    self.log.info("Autorestarting worker after current request.")
+                    self.alive = False
+
+            if not self.alive or not self.cfg.keepalive:
+                resp.force_close()
+
+            respiter = self.wsgi(environ, resp.start_response)
+            if self.is_already_handled(respiter):
+                return False
+            try:
+                if isinstance(respiter, environ['wsgi.file_wrapper']):
+                    resp.write_file(respiter)
+                else:
+                    for item in respiter:
+                        resp.write(item)
+                resp.close()
+            finally:
+                request_time = datetime.now() - request_start
+                self.log.access(resp, req, environ, request_time)
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            if resp.should_close():
+                raise StopIteration()
+        except StopIteration:
+            raise
+        except OSError:
+            util.reraise(*sys.exc_info())
+        except (Exception, SystemExit):
+            if resp and resp.headers_sent:
+                # A head already started (held or sent): a 500 written now would corrupt it.
+                self.log.exception("Error handling request")
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+                except OSError:
+                    pass
+                raise StopIteration() from None
+            raise
+        finally:
+            try:
+                self.cfg.post_request(self, req, environ, resp)
+            except Exception:
+                self.log.exception("Exception in post_request hook")
+        return True

@@ -1,0 +1,141 @@
+"""serving/worker.py: a response's head goes out with its first body bytes in one send, on real
+sockets, read back by http.client; every other shape of response (no body, several parts,
+chunked, a file by sendfile) arrives as gunicorn's own worker sends it. The live servers serve
+everything through this worker (tests/live/test_server.py names it in the start's log)."""
+
+import hashlib
+import http.client
+import inspect
+import socket
+import tempfile
+
+import pytest
+from gunicorn import http as gunicorn_http
+from gunicorn.config import Config
+from gunicorn.http import wsgi
+from gunicorn.workers.base_async import AsyncWorker
+from gunicorn.workers.ggevent import GeventWorker
+
+from serving.worker import Response
+
+# What serving/worker.py copies or changes in gunicorn 27.0.1. A new gunicorn that changes one of
+# these fails here: compare its source with the copy before taking the new fingerprint.
+COPIED = {
+    AsyncWorker.handle_request: "913e17a9542aa70d",
+    GeventWorker.handle_request: "46750b15c6e4d4b4",
+    wsgi.Response.send_headers: "7aff3b7d004fc17b",
+    wsgi.Response.write: "a13659ff072c00e1",
+    wsgi.Response.sendfile: "417ea65fb9a19f5b",
+    wsgi.Response.close: "1e78fc7777ff09ae",
+}
+
+
+def fingerprint(function):
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("function", COPIED, ids=lambda function: function.__qualname__)
+def test_what_the_worker_copies_is_as_it_was_copied(function):
+    assert fingerprint(function) == COPIED[function]
+
+
+class CountedSends:
+    """A real socket, counting what is written to it in each call."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sends = []
+
+    def sendall(self, data):
+        self.sends.append(bytes(data))
+        self.sock.sendall(data)
+
+    def send(self, data):
+        self.sends.append(bytes(data))
+        return self.sock.send(data)
+
+    def sendfile(self, file, offset=0, count=None):
+        self.sends.append(f"sendfile of {count} bytes")
+        return self.sock.sendfile(file, offset, count)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+@pytest.fixture
+def exchange():
+    """serve(request_line, respond) parses the request from a real socket, lets respond(resp)
+    answer it through serving.worker.Response, and returns (what each send wrote, the response
+    http.client read from the other end, its body)."""
+    client, server = socket.socketpair()
+    client.settimeout(5)
+    server.settimeout(5)
+
+    def serve(request_line, respond):
+        client.sendall(request_line.encode() + b"\r\nHost: test\r\n\r\n")
+        sent = CountedSends(server)
+        req = next(gunicorn_http.get_parser(Config(), sent, ("127.0.0.1", 1)))
+        resp, _ = wsgi.create(req, sent, ("127.0.0.1", 1), ("127.0.0.1", 2), Config(), response_class=Response)
+        respond(resp)
+        reply = http.client.HTTPResponse(client, method=req.method)
+        reply.begin()
+        return sent.sends, reply, reply.read()
+
+    yield serve
+    client.close()
+    server.close()
+
+
+def answer(resp, body_parts, headers=(("Content-Type", "application/json"),)):
+    resp.start_response("200 OK", list(headers))
+    for part in body_parts:
+        resp.write(part)
+    resp.close()
+
+
+def test_a_small_response_is_one_send_of_head_and_body(exchange):
+    body = b'{"year": 2026}'
+    sends, reply, read = exchange("GET /api/v1/demo/year HTTP/1.1", lambda resp: answer(
+        resp, [body], [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]))
+    assert len(sends) == 1
+    assert sends[0].startswith(b"HTTP/1.1 200 OK\r\n") and sends[0].endswith(b"\r\n\r\n" + body)
+    assert (reply.status, reply.getheader("Content-Type"), read) == (200, "application/json", body)
+
+
+def test_later_body_parts_follow_the_first(exchange):
+    sends, reply, read = exchange("GET / HTTP/1.1", lambda resp: answer(
+        resp, [b"one,", b"two,", b"three"], [("Content-Length", "13")]))
+    assert [send.endswith(part) for send, part in zip(sends, [b"one,", b"two,", b"three"])] == [True] * 3
+    assert len(sends) == 3 and read == b"one,two,three"
+
+
+def test_a_head_request_sends_the_head_once_at_the_end(exchange):
+    sends, reply, read = exchange("HEAD / HTTP/1.1", lambda resp: answer(resp, [b"dropped"], [("Content-Length", "7")]))
+    assert len(sends) == 1 and sends[0].endswith(b"\r\n\r\n")
+    assert (reply.status, reply.getheader("Content-Length"), read) == (200, "7", b"")
+
+
+def test_an_empty_body_sends_the_head(exchange):
+    sends, reply, read = exchange("GET / HTTP/1.1", lambda resp: answer(resp, [], [("Content-Length", "0")]))
+    assert len(sends) == 1 and (reply.status, read) == (200, b"")
+
+
+def test_a_chunked_response_sends_its_head_first(exchange):
+    sends, reply, read = exchange("GET / HTTP/1.1", lambda resp: answer(resp, [b"streamed", b" on"]))
+    assert reply.getheader("Transfer-Encoding") == "chunked" and read == b"streamed on"
+    assert sends[0].endswith(b"\r\n\r\n") and b"streamed" not in sends[0]
+
+
+def test_a_file_sent_by_sendfile_gets_its_head_first(exchange):
+    with tempfile.TemporaryFile() as file:
+        file.write(b"body { color: black }")
+        file.seek(0)
+
+        def respond(resp):
+            resp.start_response("200 OK", [("Content-Type", "text/css"), ("Content-Length", "21")])
+            resp.write_file(wsgi.FileWrapper(file))
+            resp.close()
+
+        sends, reply, read = exchange("GET /static/style.css HTTP/1.1", respond)
+    assert sends[0].endswith(b"\r\n\r\n") and sends[1] == "sendfile of 21 bytes"
+    assert read == b"body { color: black }"
