@@ -1,29 +1,57 @@
 """gunicorn's gevent worker (gunicorn.conf.py's `worker_class`), writing each response's head
-together with its first body bytes.
+together with its first body bytes, straight to the socket.
 
 gunicorn sends a response's head alone and then its body: two `sendall` calls, two system calls
-and, for a small JSON answer, two packets. Sending both at once made a served keyed request
-6-7 % faster (docs/performance.md, "The hot path"). gunicorn lets a protocol bring its own
-response class to `wsgi.create`, but its worker does not pass one, so `Worker.handle_request` is
-gunicorn's own with that one argument added; tests/unit/serving/test_worker.py fails when a new
-gunicorn changes what these copies were made from."""
+and, for a small JSON answer, two packets; gevent's `sendall` also asks the kernel for the socket's
+buffer size each time, and gunicorn formats the Date header anew for every response. Sending the
+head with the body made a served keyed request 6-7 % faster (docs/performance.md, "The hot path").
+gunicorn lets a protocol bring its own response class to `wsgi.create`, but its worker does not
+pass one, so `Worker.handle_async_request` is gunicorn's own with that one argument added;
+tests/unit/serving/test_worker.py fails when a new gunicorn changes what these copies were made
+from."""
 
+import functools
 import socket
 import sys
+import time
 from datetime import datetime
 
 import gevent
+import gevent.socket
 from gunicorn import util
 from gunicorn.http import wsgi
 from gunicorn.workers.ggevent import GeventWorker
 
 
+@functools.lru_cache(maxsize=1)
+def http_date(second):
+    return util.http_date(second)
+
+
 class Response(wsgi.Response):
     """gunicorn's response, holding its head until the first body bytes (or the end) to send both
-    in one `sendall`. A file sent with sendfile gets its head first, as gunicorn sends it."""
+    in one write. A file sent with sendfile gets its head first, as gunicorn sends it."""
 
     holds_head = True
     held_head = b""
+
+    def default_headers(self):
+        """gunicorn's, with the Date header made once a second."""
+        if self.upgrade:
+            connection = "upgrade"
+        elif self.should_close():
+            connection = "close"
+        else:
+            connection = "keep-alive"
+        headers = [
+            "HTTP/%s.%s %s\r\n" % (self.req.version[0], self.req.version[1], self.status),
+            "Server: %s\r\n" % self.version,
+            "Date: %s\r\n" % http_date(int(time.time())),
+            "Connection: %s\r\n" % connection,
+        ]
+        if self.chunked:
+            headers.append("Transfer-Encoding: chunked\r\n")
+        return headers
 
     def send_headers(self):
         if not self.holds_head:
@@ -39,15 +67,29 @@ class Response(wsgi.Response):
     def send_held_head(self):
         if self.held_head:
             head, self.held_head = self.held_head, b""
-            util.write(self.sock, head)
+            self.send(head)
 
     def _emit_body(self, data):
-        if self.held_head and not self.chunked:
-            data, self.held_head = self.held_head + data, b""
-            util.write(self.sock, data)
+        if self.chunked:
+            self.send_held_head()
+            super()._emit_body(data)
             return
-        self.send_held_head()
-        super()._emit_body(data)
+        if self.held_head:
+            data, self.held_head = self.held_head + data, b""
+        self.send(data)
+
+    def send(self, data):
+        """Write all of data: first with the real socket's own send, which takes a response
+        that fits the kernel's buffer whole and never waits, then gevent's sendall for the rest.
+        Not under TLS (gunicorn's --certfile), where the bytes must go through the SSL object."""
+        sent = 0
+        if type(self.sock) is gevent.socket.socket:
+            try:
+                sent = self.sock._sock.send(data)
+            except BlockingIOError:
+                pass
+        if sent < len(data):
+            util.write(self.sock, memoryview(data)[sent:] if sent else data)
 
     def sendfile(self, respiter):
         # sendfile writes its head, then the file, straight to the socket.

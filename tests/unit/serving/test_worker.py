@@ -1,14 +1,19 @@
 """serving/worker.py: a response's head goes out with its first body bytes in one send, on real
 sockets, read back by http.client; every other shape of response (no body, several parts,
-chunked, a file by sendfile) arrives as gunicorn's own worker sends it. The live servers serve
+chunked, a file by sendfile, a body larger than the socket's buffer) arrives as gunicorn's own
+worker sends it. The live servers serve
 everything through this worker (tests/live/test_server.py names it in the start's log)."""
 
+import email.utils
 import hashlib
 import http.client
 import inspect
 import socket
 import tempfile
+import threading
+import time
 
+import gevent.socket
 import pytest
 from gunicorn import http as gunicorn_http
 from gunicorn.config import Config
@@ -23,6 +28,7 @@ from serving.worker import Response
 COPIED = {
     AsyncWorker.handle_request: "913e17a9542aa70d",
     GeventWorker.handle_request: "46750b15c6e4d4b4",
+    wsgi.Response.default_headers: "cb490cea5d6f5408",
     wsgi.Response.send_headers: "7aff3b7d004fc17b",
     wsgi.Response.write: "a13659ff072c00e1",
     wsgi.Response.sendfile: "417ea65fb9a19f5b",
@@ -86,6 +92,12 @@ def exchange():
     server.close()
 
 
+def test_the_date_header_is_the_time_of_the_response(exchange):
+    sends, reply, read = exchange("GET / HTTP/1.1", lambda resp: answer(resp, [b"{}"], [("Content-Length", "2")]))
+    assert abs(email.utils.parsedate_to_datetime(reply.getheader("Date")).timestamp() - time.time()) < 2
+    assert reply.getheader("Date").endswith(" GMT")
+
+
 def answer(resp, body_parts, headers=(("Content-Type", "application/json"),)):
     resp.start_response("200 OK", list(headers))
     for part in body_parts:
@@ -139,3 +151,32 @@ def test_a_file_sent_by_sendfile_gets_its_head_first(exchange):
         sends, reply, read = exchange("GET /static/style.css HTTP/1.1", respond)
     assert sends[0].endswith(b"\r\n\r\n") and sends[1] == "sendfile of 21 bytes"
     assert read == b"body { color: black }"
+
+
+@pytest.mark.parametrize("size", [20, 4 * 1024 * 1024])
+def test_a_gevent_socket_gets_the_whole_response_however_much_its_buffer_takes(size):
+    """The worker's sockets are gevent's: the real socket's send takes what fits, gevent's sendall
+    the rest (a body of 4 MiB does not fit a 64 KiB buffer), while the client reads."""
+    client, server = socket.socketpair()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    served = gevent.socket.socket(fileno=server.detach())
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    replies = []
+
+    def read():
+        reply = http.client.HTTPResponse(client, method="GET")
+        reply.begin()
+        replies.append(reply.read())
+
+    reader = threading.Thread(target=read)
+    try:
+        client.sendall(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+        req = next(gunicorn_http.get_parser(Config(), served, ("127.0.0.1", 1)))
+        resp, _ = wsgi.create(req, served, ("127.0.0.1", 1), ("127.0.0.1", 2), Config(), response_class=Response)
+        reader.start()
+        answer(resp, [body], [("Content-Length", str(size))])
+        reader.join(timeout=30)
+    finally:
+        served.close()
+        client.close()
+    assert replies == [body]
