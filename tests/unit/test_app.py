@@ -1,5 +1,7 @@
 """What `import app` loads: with the default settings, no library of a feature they leave unused;
-a serving process loads those its requests would, before it freezes its heap."""
+a serving process loads those its requests would, before it freezes its heap. The import leaves
+the garbage collector on, what it made frozen out of the collector's way, also when the settings
+stop it; a program that turned the collector off keeps it off."""
 
 import subprocess
 import sys
@@ -29,3 +31,23 @@ def test_a_serving_process_loads_what_its_requests_would_before_it_freezes_its_h
     loaded = loaded_by("from serving import warmup; warmup.freeze_heap()", tmp_path)
     assert sorted(DEFERRED - CONFIGURED - loaded) == []
     assert sorted(CONFIGURED & loaded) == []
+
+
+def collector_after(program, tmp_path, **env):
+    result = subprocess.run([sys.executable, "-c", f"import gc; {program}"], cwd=ROOT,
+                            env={**service_env(tmp_path), **env}, capture_output=True, text=True, timeout=60)
+    return result.stdout.split()
+
+
+def test_import_app_freezes_what_it_made_and_turns_the_collector_back_on(tmp_path):
+    enabled, threshold, frozen, young = collector_after(
+        "import app; print(gc.isenabled(), gc.get_threshold()[0], gc.get_freeze_count(), gc.get_count()[0])", tmp_path)
+    assert (enabled, threshold) == ("True", "700")
+    assert int(frozen) > 50_000 and int(young) < 700
+    assert collector_after("gc.disable(); import app; print(gc.isenabled(), gc.get_freeze_count())", tmp_path) == [
+        "False", "0"]
+
+
+def test_a_setting_that_stops_the_import_leaves_the_collector_on(tmp_path):
+    program = "\ntry:\n    import app\nexcept Exception as error:\n    print(type(error).__name__, gc.isenabled())"
+    assert collector_after(program, tmp_path, RATE_LIMIT_TIERS="free=often") == ["ConfigError", "True"]
