@@ -17,11 +17,12 @@ if __name__ == "__main__":
 
 import gc
 
-# Importing and building the app makes some 100,000 tracked objects that live as long as the
-# process: the dozen collections they would set off meanwhile (one of them full) free nothing and
-# took an eighth of the start, and the first collection after it would walk them all. Once the
-# app is built they are frozen out of the collector's way (as a serving process's whole heap is
-# later, serving/warmup.py) and collecting resumes.
+# Importing and building the app makes tens of thousands of tracked objects that live as long as
+# the process: the collections they would set off meanwhile (a dozen of the older generations, one
+# of them full) free next to nothing and took an eighth of the start, and every later full
+# collection, and the last one at exit, would walk them all again. Once the app is built they are
+# frozen out of the collector's way (as a serving process's whole heap is later, serving/warmup.py)
+# and collecting resumes.
 gc_was_enabled = gc.isenabled()
 gc.disable()
 

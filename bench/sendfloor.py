@@ -1,0 +1,84 @@
+"""The machine's floor for the time sockets' tick: N loopback TCP connections, read by a process on
+the client core, and one process on the server core writing a time_update frame to each in a bare
+loop of `socket.send` once a second, as the worker's ticker does, with nothing else around it.
+How long that loop takes to reach the last socket is about the least a tick's p99 of arrival can
+be on this machine, whatever the server (docs/performance.md, "Time sockets").
+
+    python -m bench.sendfloor [--sockets N] [--seconds S]
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import selectors
+import socket
+import statistics
+import time
+
+from bench import servers
+
+# The size of the ticker's frame: a 2-byte head and the time_update message.
+MESSAGE = json.dumps({"type": "time_update", "formatted": "2026-11-26 12:00:00 UTC",
+                      "timestamp": "2026-11-26T12:00:00.000000+00:00"}).encode()
+FRAME = bytes([0x81, len(MESSAGE)]) + MESSAGE
+
+
+def read_all(port, count, ready):
+    """Open count connections to port and read them until the other side closes them."""
+    os.sched_setaffinity(0, {int(servers.CLIENT_CORE)})
+    selector = selectors.DefaultSelector()
+    for _ in range(count):
+        connection = socket.create_connection(("127.0.0.1", port))
+        connection.setblocking(False)
+        selector.register(connection, selectors.EVENT_READ)
+    ready.set()
+    open_count = count
+    while open_count:
+        for key, _ in selector.select():
+            if not key.fileobj.recv(65536):
+                selector.unregister(key.fileobj)
+                key.fileobj.close()
+                open_count -= 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sockets", type=int, default=10_000)
+    parser.add_argument("--seconds", type=int, default=10)
+    options = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
+    ready = multiprocessing.Event()
+    reader = multiprocessing.Process(target=read_all, args=(listener.getsockname()[1], options.sockets, ready))
+    reader.start()
+    os.sched_setaffinity(0, {int(servers.SERVER_CORE)})
+    connections = []
+    for _ in range(options.sockets):
+        connection, _ = listener.accept()
+        connection.setblocking(False)
+        connections.append(connection)
+    ready.wait()
+    loops = []
+    try:
+        for _ in range(options.seconds):
+            time.sleep(1 - time.time() % 1)
+            started = time.perf_counter()
+            for connection in connections:
+                connection.send(FRAME)
+            loops.append(time.perf_counter() - started)
+    finally:
+        for connection in connections:
+            connection.close()
+        reader.join()
+    median = statistics.median(loops)
+    print(f"{options.sockets:,} loopback sockets, a {len(FRAME)}-byte frame to each once a second for "
+          f"{options.seconds} s, sent from core {servers.SERVER_CORE}, read on core {servers.CLIENT_CORE}: "
+          f"the loop took {median * 1000:.1f} ms (median; {min(loops) * 1000:.1f}-{max(loops) * 1000:.1f}), "
+          f"{median / options.sockets * 1e6:.2f} µs a send")
+
+
+if __name__ == "__main__":
+    main()
