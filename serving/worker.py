@@ -34,6 +34,8 @@ class Response(wsgi.Response):
 
     holds_head = True
     held_head = b""
+    # A larger first part is sent after the head rather than copied behind it.
+    JOINED_BODY_LIMIT = 65536
 
     def default_headers(self):
         """gunicorn's, with the Date header made once a second."""
@@ -69,13 +71,20 @@ class Response(wsgi.Response):
             head, self.held_head = self.held_head, b""
             self.send(head)
 
+    def write(self, arg):
+        super().write(arg)
+        # gunicorn's write() sends no body for a HEAD or 204/304 answer, nor an empty chunk: the
+        # head goes now, as gunicorn's would (an app may push its head out with an empty part).
+        self.send_held_head()
+
     def _emit_body(self, data):
         if self.chunked:
             self.send_held_head()
             super()._emit_body(data)
             return
-        if self.held_head:
+        if self.held_head and len(data) <= self.JOINED_BODY_LIMIT:
             data, self.held_head = self.held_head + data, b""
+        self.send_held_head()
         self.send(data)
 
     def send(self, data):
@@ -152,8 +161,13 @@ class Worker(GeventWorker):
         except OSError:
             util.reraise(*sys.exc_info())
         except (Exception, SystemExit):
+            if resp and resp.held_head:
+                # The answer failed before any of it reached the client: gunicorn's 500 (or, for a
+                # timed-out request, its silence) takes its place.
+                resp.held_head = b""
+                resp.headers_sent = False
             if resp and resp.headers_sent:
-                # A head already started (held or sent): a 500 written now would corrupt it.
+                # A head already sent: a 500 written now would corrupt the answer.
                 self.log.exception("Error handling request")
                 try:
                     sock.shutdown(socket.SHUT_RDWR)

@@ -15,13 +15,14 @@ import time
 
 import gevent.socket
 import pytest
-from gunicorn import http as gunicorn_http
+from gunicorn import http as gunicorn_http, util
 from gunicorn.config import Config
+from gunicorn.glogging import Logger
 from gunicorn.http import wsgi
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
-from serving.worker import Response
+from serving.worker import Response, Worker
 
 # What serving/worker.py copies or changes in gunicorn 27.0.1. A new gunicorn that changes one of
 # these fails here: compare its source with the copy before taking the new fingerprint.
@@ -31,8 +32,13 @@ COPIED = {
     wsgi.Response.default_headers: "cb490cea5d6f5408",
     wsgi.Response.send_headers: "7aff3b7d004fc17b",
     wsgi.Response.write: "a13659ff072c00e1",
+    wsgi.Response._emit_body: "df723e865a1e5adc",
     wsgi.Response.sendfile: "417ea65fb9a19f5b",
+    wsgi.Response.write_file: "dbbc6333931219cc",
     wsgi.Response.close: "1e78fc7777ff09ae",
+    wsgi.create: "2c35d4a2dc629ede",
+    util.write: "cd995031295fd782",
+    util.write_chunk: "9cd46540c593e44d",
 }
 
 
@@ -121,10 +127,65 @@ def test_later_body_parts_follow_the_first(exchange):
     assert len(sends) == 3 and read == b"one,two,three"
 
 
-def test_a_head_request_sends_the_head_once_at_the_end(exchange):
-    sends, reply, read = exchange("HEAD / HTTP/1.1", lambda resp: answer(resp, [b"dropped"], [("Content-Length", "7")]))
-    assert len(sends) == 1 and sends[0].endswith(b"\r\n\r\n")
+def test_a_head_request_sends_the_head_once_at_its_first_write(exchange):
+    sent_before_close = []
+
+    def respond(resp):
+        resp.start_response("200 OK", [("Content-Length", "7")])
+        resp.write(b"dropped")
+        sent_before_close.append(resp.sock.sends[:])
+        resp.close()
+
+    sends, reply, read = exchange("HEAD / HTTP/1.1", respond)
+    assert len(sends) == 1 and sends[0].endswith(b"\r\n\r\n") and sent_before_close == [sends]
     assert (reply.status, reply.getheader("Content-Length"), read) == (200, "7", b"")
+
+
+def test_an_empty_chunk_pushes_the_head_out_at_once(exchange):
+    """A streaming app may write an empty part to send its head before its first event."""
+    sent_before_close = []
+
+    def respond(resp):
+        resp.start_response("200 OK", [("Content-Type", "text/event-stream")])
+        resp.write(b"")
+        sent_before_close.append(resp.sock.sends[:])
+        resp.write(b"data: 1\n\n")
+        resp.close()
+
+    sends, reply, read = exchange("GET /events HTTP/1.1", respond)
+    assert len(sent_before_close[0]) == 1 and b"Transfer-Encoding: chunked\r\n" in sent_before_close[0][0]
+    assert read == b"data: 1\n\n"
+
+
+def test_a_large_first_part_is_sent_after_the_head_not_copied_behind_it(exchange):
+    body = b"x" * (Response.JOINED_BODY_LIMIT + 1)
+    sends, reply, read = exchange("GET / HTTP/1.1", lambda resp: answer(resp, [body], [("Content-Length", str(len(body)))]))
+    assert sends[0].endswith(b"\r\n\r\n") and sends[1:] == [body] and read == body
+
+
+def test_an_answer_that_fails_before_reaching_the_client_gets_gunicorns_500(exchange):
+    """The head was held when write() refused a str: nothing reached the client, so the worker's
+    error answer can still take the response's place (gunicorn's own worker sent the head and then
+    cut the connection)."""
+    worker = Worker(0, 1, [], None, 30, Config(), Logger(Config()))
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return ["{}"]
+
+    worker.wsgi = app
+
+    def respond(resp):
+        with pytest.raises(TypeError):
+            worker.handle_request(("127.0.0.1", 2), resp.req, resp.sock, ("127.0.0.1", 1))
+        assert resp.sock.sends == []
+        worker.handle_error(resp.req, resp.sock, ("127.0.0.1", 1), TypeError())
+
+    try:
+        sends, reply, read = exchange("GET / HTTP/1.1", respond)
+    finally:
+        worker.tmp.close()
+    assert reply.status == 500
 
 
 def test_an_empty_body_sends_the_head(exchange):
@@ -153,10 +214,12 @@ def test_a_file_sent_by_sendfile_gets_its_head_first(exchange):
     assert read == b"body { color: black }"
 
 
+@pytest.mark.parametrize("parts", [1, 2])
 @pytest.mark.parametrize("size", [20, 4 * 1024 * 1024])
-def test_a_gevent_socket_gets_the_whole_response_however_much_its_buffer_takes(size):
+def test_a_gevent_socket_gets_the_whole_response_however_much_its_buffer_takes(size, parts):
     """The worker's sockets are gevent's: the real socket's send takes what fits, gevent's sendall
-    the rest (a body of 4 MiB does not fit a 64 KiB buffer), while the client reads."""
+    the rest (a part of 4 MiB does not fit a 64 KiB buffer; the second finds it full), while the
+    client reads."""
     client, server = socket.socketpair()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
     served = gevent.socket.socket(fileno=server.detach())
@@ -174,9 +237,9 @@ def test_a_gevent_socket_gets_the_whole_response_however_much_its_buffer_takes(s
         req = next(gunicorn_http.get_parser(Config(), served, ("127.0.0.1", 1)))
         resp, _ = wsgi.create(req, served, ("127.0.0.1", 1), ("127.0.0.1", 2), Config(), response_class=Response)
         reader.start()
-        answer(resp, [body], [("Content-Length", str(size))])
+        answer(resp, [body] * parts, [("Content-Length", str(size * parts))])
         reader.join(timeout=30)
     finally:
         served.close()
         client.close()
-    assert replies == [body]
+    assert replies == [body * parts]
