@@ -11,9 +11,11 @@ added; tests/unit/serving/test_worker.py fails when a new gunicorn changes what 
 made from."""
 
 import functools
+import inspect
 import socket
 import sys
 import time
+import types
 from datetime import datetime
 
 import gevent
@@ -114,6 +116,13 @@ class Response(wsgi.Response):
 class Worker(GeventWorker):
     """gunicorn's gevent worker, serving with the Response above."""
 
+    def load_wsgi(self):
+        super().load_wsgi()
+        # An app object (Flask's) called through its bound __call__ runs in the worker's C frame
+        # rather than in a new one, which each open WebSocket would keep on its saved stack.
+        python_call = isinstance(inspect.getattr_static(type(self.wsgi), "__call__", None), types.FunctionType)
+        self.call_app = self.wsgi.__call__ if python_call else self.wsgi
+
     def handle_request(self, listener_name, req, sock, addr):
         # GeventWorker.handle_request: a request's greenlet killed or timed out ends quietly.
         try:
@@ -122,7 +131,8 @@ class Worker(GeventWorker):
             pass
 
     def handle_async_request(self, listener_name, req, sock, addr):
-        """AsyncWorker.handle_request of gunicorn 27.0.1, with response_class=Response."""
+        """AsyncWorker.handle_request of gunicorn 27.0.1, with response_class=Response and the app
+        called as call_app."""
         request_start = datetime.now()
         environ = {}
         resp = None
@@ -139,7 +149,7 @@ class Worker(GeventWorker):
             if not self.alive or not self.cfg.keepalive:
                 resp.force_close()
 
-            respiter = self.wsgi(environ, resp.start_response)
+            respiter = self.call_app(environ, resp.start_response)
             if self.is_already_handled(respiter):
                 return False
             try:

@@ -54,6 +54,17 @@ def text_frame(text):
     return _FRAMER.send_data(text, fin=True)
 
 
+class FinishedHandshake:
+    """What wsproto's WSConnection asks of its handshake once the connection is made: its events,
+    of which there are no more."""
+
+    def events(self):
+        return iter(())
+
+
+FINISHED_HANDSHAKE = FinishedHandshake()
+
+
 class Pinger:
     """One greenlet per worker pings each socket whose ping_interval has passed, once a second
     between two ticks of the time sockets (at x.5 s), instead of a timer per socket."""
@@ -137,6 +148,13 @@ class Server(simple_websocket.Server):
         self.raw = self.sock
         self.raw.settimeout(None)
         self.sock = self.outbox = Outbox(self.raw, OUTPUT_LIMIT, self.send_timeout, self.give_up)
+        self._accept()
+        if self.ws.connection is not None:
+            # wsproto keeps the handshake (its HTTP parser and an empty event queue, ~2.5 KiB)
+            # for the socket's life, only to ask it for events it no longer makes.
+            self.ws.handshake = FINISHED_HANDSHAKE
+
+    def _accept(self):
         note = request_note.of(self.environ)
         if note is None:
             super().handshake()

@@ -32,10 +32,10 @@ def lane_app(make_app, database_url):
 
 def find_lane(app):
     """The Lane in the app's WSGI stack (inside the envelope and any ProxyFix)."""
-    wsgi_app = app.wsgi_app
-    while not isinstance(wsgi_app, fastlane.Lane):
-        wsgi_app = getattr(wsgi_app, "wsgi_app", None) or wsgi_app.app  # ProxyFix keeps it as .app
-    return wsgi_app
+    middleware = app.wsgi_app.__self__
+    while not isinstance(middleware, fastlane.Lane):
+        middleware = (getattr(middleware, "wsgi_app", None) or middleware.app).__self__  # ProxyFix keeps it as .app
+    return middleware
 
 
 def lane_of(app):

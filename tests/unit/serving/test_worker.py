@@ -12,6 +12,7 @@ import socket
 import tempfile
 import threading
 import time
+import types
 
 import gevent.socket
 import pytest
@@ -173,7 +174,7 @@ def test_an_answer_that_fails_before_reaching_the_client_gets_gunicorns_500(exch
         start_response("200 OK", [("Content-Length", "2")])
         return ["{}"]
 
-    worker.wsgi = app
+    worker.call_app = app
 
     def respond(resp):
         with pytest.raises(TypeError):
@@ -186,6 +187,28 @@ def test_an_answer_that_fails_before_reaching_the_client_gets_gunicorns_500(exch
     finally:
         worker.tmp.close()
     assert reply.status == 500
+
+
+def test_an_app_object_is_called_through_its_bound_call_and_a_function_as_it_is():
+    """gunicorn calls the app object itself: through its type's C slot, a new C frame that each
+    open WebSocket keeps on its saved stack. The hooks of gunicorn.conf.py still get the app."""
+    class App:
+        def __call__(self, environ, start_response):
+            return []
+
+    def plain(environ, start_response):
+        return []
+
+    worker = Worker(0, 1, [], None, 30, Config(), Logger(Config()))
+    try:
+        for app, called_as in ((App(), None), (plain, plain)):
+            worker.app = types.SimpleNamespace(wsgi=lambda app=app: app)
+            worker.load_wsgi()
+            assert worker.wsgi is app
+            assert worker.call_app == (called_as or app.__call__)
+            assert isinstance(worker.call_app, types.FunctionType | types.MethodType)
+    finally:
+        worker.tmp.close()
 
 
 def test_an_empty_body_sends_the_head(exchange):

@@ -55,6 +55,10 @@ def test_the_library_internals_the_adapter_relies_on():
     assert "self.ws.send(AcceptConnection(" in inspect.getsource(base._handle_events)
     assert "extra_headers" in {field.name for field in dataclasses.fields(wsproto.events.AcceptConnection)}
     assert "self.environ = environ" in inspect.getsource(simple_websocket.Server.__init__)
+    # Once the connection is made, wsproto asks its handshake only for events (FinishedHandshake).
+    for method in (WSConnection.send, WSConnection.receive_data, WSConnection.state.fget):
+        assert "if self.connection is None:" in inspect.getsource(method)
+    assert inspect.getsource(WSConnection.events).count("self.handshake") == 1
 
 
 @pytest.fixture
@@ -284,6 +288,31 @@ def test_a_server_read_in_the_handlers_greenlet_drops_messages_and_ends_when_clo
     frames = list(Client(client_sock).receive(30))
     assert [frame.opcode for frame in frames] == [Opcode.CLOSE]
     assert frames[0].payload == (4401, "The API key was revoked.")
+
+
+def test_a_server_lets_go_of_the_finished_handshake_and_goes_on_talking(pair):
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=None)
+    assert server.ws.handshake is wsserver.FINISHED_HANDSHAKE and server.ws.connection is not None
+    client = Client(client_sock)
+    client_sock.sendall(client.frames.send_data("hello", fin=True) + client.frames.ping(b"?"))
+    assert server.receive(timeout=30) == "hello"
+    server.send("hi")
+    server.close(1000, "done")
+    frames = list(client.receive(30))
+    assert [(frame.opcode, frame.payload) for frame in frames] == [
+        (Opcode.PONG, b"?"), (Opcode.TEXT, "hi"), (Opcode.CLOSE, (1000, "done"))]
+
+
+def test_an_outbox_with_nothing_queued_holds_no_queue(pair):
+    """An empty deque takes 0.7 KiB, and a worker holds thousands of outboxes, nearly all empty."""
+    server, client = pair
+    outbox = Outbox(server, MIB, stall_timeout=5, on_stall=pytest.fail)
+    assert outbox.pending == () and not hasattr(outbox, "__dict__")
+    outbox.send(b"x" * (4 * MIB))
+    assert len(outbox.pending) == 1
+    assert read_exactly(client, 4 * MIB) == b"x" * (4 * MIB)
+    wait_until(lambda: outbox.pending == ())
 
 
 def test_the_outbox_writes_to_the_real_socket_only_when_it_is_a_plain_one():
