@@ -181,6 +181,11 @@ def respond(package, servers, operation_id, status):
         codes = {400: "invalid_request", 401: "invalid_signature", 404: "not_found", 413: "payload_too_large",
                  429: "rate_limit_exceeded"}
         return call(package, operation_id, replay(package, scanning_answer(bases, status))), codes.get(status)
+    if status == 400:
+        # The generated client sends a well-formed head: the server's refusal of a malformed one, replayed.
+        captured = requests.get(base + "/api/v1/status", headers={"Content-Length": "sBA?cR*4"}, timeout=10)
+        assert captured.status_code == 400
+        return call(package, operation_id, replay(package, captured)), "bad_request"
     if status == 200:
         key = {"revoke_leaked_key": keys["doomed"]}.get(operation_id, keys["full"] if operation_id in KEYED else None)
         return call(package, operation_id, client(package, base, key)), None

@@ -8,9 +8,11 @@ import socket
 
 import pytest
 import requests
-from contract import assert_conforms
+from contract import DOCUMENT, assert_conforms, assert_error
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"]
+OPERATIONS = [(method.upper(), path) for path, item in DOCUMENT["paths"].items() for method in item
+              if method in {"get", "post", "put", "patch", "delete"}]
 
 
 # The server's own refusals (gunicorn's, or the fallback's) say what werkzeug's exceptions say, never a
@@ -52,6 +54,16 @@ def test_live_control_characters_get_a_json_400_from_the_server(live, value):
     status, body = send_raw(server, b"GET /api/v1/protected/test HTTP/1.1\r\nX-API-Key: " + value)
     assert status == 400
     assert json.loads(body) == {"error": {"code": "bad_request", "message": MESSAGES[400]}}
+
+
+@pytest.mark.parametrize("method, path", OPERATIONS)
+def test_live_a_content_length_that_is_not_a_number_gets_the_documented_400(live, method, path):
+    """The server refuses the head before the API sees it, on every operation, as openapi.json says
+    (schemathesis sent such a head to POST /api/v1/keys/revoke)."""
+    server, secret = live
+    response = requests.request(method, server.base + path, timeout=10,
+                                headers={"Content-Length": "sBA?cR*4", "X-API-Key": secret})
+    assert_error(response, 400, "bad_request")
 
 
 def test_live_duplicate_key_headers_are_refused(live):

@@ -53,7 +53,7 @@ def test_security_scheme_is_the_key_header():
     for path in PROTECTED:
         operation = DOCUMENT["paths"][path]["get"]
         assert "security" not in operation
-        assert set(operation["responses"]) == {"200", "401", "403", "429", "500", "503"}
+        assert set(operation["responses"]) == {"200", "400", "401", "403", "429", "500", "503"}
     for path in PUBLIC:
         security = DOCUMENT["paths"][path]["get"]["security"]
         assert security == [] or {} in security
