@@ -1,10 +1,13 @@
-"""The machine's floor for the time sockets' tick: N loopback TCP connections, read by a process on
-the client core, and one process on the server core writing a time_update frame to each in a bare
-loop of `socket.send` once a second, as the worker's ticker does, with nothing else around it.
-How long that loop takes to reach the last socket is about the least a tick's p99 of arrival can
-be on this machine, whatever the server (docs/performance.md, "Time sockets").
+"""The machine's floor for the time sockets' tick: N loopback TCP connections, read on the client
+core as `python -m bench.timesockets --all` reads them (two processes, the kernel stamping each
+arrival), and one process on the server core writing a time_update frame to each in a bare loop
+of `socket.send` once a second, as the worker's ticker does, with nothing else around it. How
+long that loop takes to reach the last socket is about the least a tick's p99 of arrival can be
+on this machine, whatever the server (docs/performance.md, "Time sockets"). On loopback the
+sending core also does each reader's receiving work, so the readers are set up as the bench's;
+`--readers 1 --no-stamps` reads with one process and no stamps.
 
-    python -m bench.sendfloor [--sockets N] [--seconds S]
+    python -m bench.sendfloor [--sockets N] [--seconds S] [--readers R] [--no-stamps]
 """
 
 import argparse
@@ -17,7 +20,7 @@ import socket
 import statistics
 import time
 
-from bench import servers
+from bench import clients, servers, timesockets
 
 # The size of the ticker's frame: a 2-byte head and the time_update message.
 MESSAGE = json.dumps({"type": "time_update", "formatted": "2026-11-26 12:00:00 UTC",
@@ -25,12 +28,14 @@ MESSAGE = json.dumps({"type": "time_update", "formatted": "2026-11-26 12:00:00 U
 FRAME = bytes([0x81, len(MESSAGE)]) + MESSAGE
 
 
-def read_all(port, count, ready):
+def read_all(port, count, stamps, ready):
     """Open count connections to port and read them until the other side closes them."""
     os.sched_setaffinity(0, {int(servers.CLIENT_CORE)})
     selector = selectors.DefaultSelector()
     for _ in range(count):
         connection = socket.create_connection(("127.0.0.1", port))
+        if stamps:
+            connection.setsockopt(socket.SOL_SOCKET, clients.SO_TIMESTAMPNS, 1)
         connection.setblocking(False)
         selector.register(connection, selectors.EVENT_READ)
     ready.set()
@@ -47,20 +52,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sockets", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--readers", type=int, default=timesockets.CLIENT_PROCESSES)
+    parser.add_argument("--no-stamps", dest="stamps", action="store_false")
     options = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
-    ready = multiprocessing.Event()
-    reader = multiprocessing.Process(target=read_all, args=(listener.getsockname()[1], options.sockets, ready))
-    reader.start()
+    shares = [len(range(share, options.sockets, options.readers)) for share in range(options.readers)]
+    readies = [multiprocessing.Event() for _ in shares]
+    readers = [multiprocessing.Process(target=read_all, args=(listener.getsockname()[1], share, options.stamps, ready))
+               for share, ready in zip(shares, readies)]
+    for reader in readers:
+        reader.start()
     os.sched_setaffinity(0, {int(servers.SERVER_CORE)})
     connections = []
+    # Accepted as they come: the readers connect at once, so their sockets interleave in the loop
+    # as the sockets bench's clients' do in the ticker's.
     for _ in range(options.sockets):
         connection, _ = listener.accept()
         connection.setblocking(False)
         connections.append(connection)
-    ready.wait()
+    for ready in readies:
+        ready.wait()
     loops = []
     try:
         for _ in range(options.seconds):
@@ -72,10 +85,12 @@ def main():
     finally:
         for connection in connections:
             connection.close()
-        reader.join()
+        for reader in readers:
+            reader.join()
     median = statistics.median(loops)
     print(f"{options.sockets:,} loopback sockets, a {len(FRAME)}-byte frame to each once a second for "
-          f"{options.seconds} s, sent from core {servers.SERVER_CORE}, read on core {servers.CLIENT_CORE}: "
+          f"{options.seconds} s, sent from core {servers.SERVER_CORE}, read on core {servers.CLIENT_CORE} by "
+          f"{options.readers} process{'es' if options.readers > 1 else ''}{', stamped' if options.stamps else ''}: "
           f"the loop took {median * 1000:.1f} ms (median; {min(loops) * 1000:.1f}-{max(loops) * 1000:.1f}), "
           f"{median / options.sockets * 1e6:.2f} µs a send")
 
