@@ -106,6 +106,10 @@ class Outbox:
             while self.pending and not self.closed:
                 with gevent.Timeout(self.stall_timeout):
                     sent = self.raw.send(self.pending[0])
+                # gevent closes a socket in a callback of its loop: the send can still succeed
+                # after abort() has dropped the queue, whose bytes are then gone.
+                if self.closed:
+                    break
                 self._sent(sent)
         except gevent.Timeout:
             self.on_stall()

@@ -315,6 +315,26 @@ def test_an_outbox_with_nothing_queued_holds_no_queue(pair):
     wait_until(lambda: outbox.pending == ())
 
 
+def test_a_send_that_completes_after_the_outbox_was_aborted_ends_the_flusher_quietly():
+    """gevent closes a socket in a callback of its loop, so a flusher's send may still succeed
+    after another greenlet's abort() dropped the queue."""
+    class SlowSocket:
+        def send(self, data, timeout=None):
+            if timeout == 0.0:
+                return 0  # the kernel takes nothing at once: the frame is queued
+            outbox.abort()  # another greenlet aborts while this send waits
+            return len(data)
+
+        def close(self):
+            pass
+
+    outbox = Outbox(SlowSocket(), MIB, stall_timeout=5, on_stall=pytest.fail)
+    outbox.send(b"frame")
+    flusher = outbox.flusher
+    flusher.join(timeout=30)
+    assert flusher.successful() and outbox.closed and outbox.pending == ()
+
+
 def test_the_outbox_writes_to_the_real_socket_only_when_it_is_a_plain_one():
     # Under TLS (gunicorn's --certfile) the bytes must go through the SSL object's send.
     sent = []
