@@ -5,9 +5,10 @@ takes them, and writes to the socket from whichever greenlet has something to sa
 the ticker, its reader answering pings). One client that sends without reading could fill the
 worker's memory, and two greenlets waiting to write on one gevent socket raise
 ConcurrentObjectUseError. This adapter reaches into the library (its reader loop `_thread`,
-`_handle_events`, `input_buffer`, `sock`, `ws`, `environ`) and into gevent (`send(..., timeout=0.0)`,
-the real socket `_sock`, the wait for readable bytes `_wait(_read_event)`);
-tests/test_wsserver.py fails if a new version moves any of it.
+`_handle_events`, `input_buffer`, `sock`, `ws`, `environ`), into wsproto (the `WSConnection`'s
+`handshake`, let go once the connection is made) and into gevent (`send(..., timeout=0.0)`, the
+real socket `_sock`, the wait for readable bytes `_wait(_read_event)`);
+tests/unit/ws/test_wsserver.py fails if a new version moves any of it.
 
 - Every write goes through one Outbox per socket (ws/outbox.py): written at once when the kernel
   takes it, else queued and written by that socket's own flusher greenlet. Nothing waits on a
