@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -29,13 +30,28 @@ RUN_MODES = ["gunicorn", "fallback"]
 # A sitecustomize.py that makes `import gunicorn` fail, as on Windows.
 NO_GUNICORN = ROOT / "tests" / "fixtures" / "no_gunicorn"
 addresses = (f"10.9.{n // 250}.{n % 250 + 1}" for n in itertools.count())
+# Test servers listen from here up to the kernel's range for outgoing connections.
+FIRST_PORT = 10000
+PORT_CHOICE = random.SystemRandom()
 usernames = (f"user{n}" for n in itertools.count())
 
 
 def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port that no socket holds now, below the kernel's range for outgoing connections. A port
+    from bind(0) comes from that range, and a client's connection (any test's) could take it
+    before the server meant for it binds it, which then fails to start ("already in use")."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        first_ephemeral = int(ports.read().split()[0])
+    for _ in range(1000):
+        # Not the random module's generator, which a test may seed alike in every worker.
+        port = PORT_CHOICE.randrange(FIRST_PORT, first_ephemeral)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port between {FIRST_PORT} and {first_ephemeral}")
 
 
 def service_env(tmp_path, database="sqlite", **extra):

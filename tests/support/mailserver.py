@@ -5,11 +5,11 @@ that is down for a while)."""
 import contextlib
 import email
 import email.policy
-import socket
 import threading
 import time
 
 from aiosmtpd.controller import Controller
+from liveserver import free_port
 
 
 class Received:
@@ -90,12 +90,6 @@ class MailServer:
                 assert len(mails) >= count, f"{len(mails)} mails arrived, not {count}: {[m.subject for m in mails]}"
                 return mails
             time.sleep(0.05)
-
-
-def free_port():
-    with contextlib.closing(socket.socket()) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
