@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+from psycopg import sql
 
 # The PostgreSQL server where each test run makes (and drops) its own database, reached through
 # this URL's database; and the Redis database the tests empty.
@@ -21,6 +22,21 @@ POSTGRES = (ADMIN_URL.hostname or "127.0.0.1", ADMIN_URL.port or 5432)
 REDIS = (urlsplit(REDIS_URL).hostname or "127.0.0.1", urlsplit(REDIS_URL).port or 6379)
 _session_database = f"apitest_{uuid.uuid4().hex[:12]}"
 _created = False
+# The schema of the session database as an app built it, while no test has changed it since: the
+# next app's database is then that schema emptied of rows, not a schema built anew.
+_built_schema = None
+# One row per column, index and constraint of the public schema: what tells a schema a test
+# altered (a column dropped, an index added) from the one the app built.
+SCHEMA_FINGERPRINT = """
+SELECT md5(string_agg(part, ';' ORDER BY part)) FROM (
+    SELECT concat_ws(' ', table_name, column_name, data_type, is_nullable, column_default) AS part
+    FROM information_schema.columns WHERE table_schema = 'public'
+    UNION ALL SELECT indexdef FROM pg_indexes WHERE schemaname = 'public'
+    UNION ALL SELECT conrelid::regclass || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+    WHERE connamespace = 'public'::regnamespace) AS parts
+"""
+# What an app writes into a new database besides its tables: the schema's version.
+BUILT_ROWS = "schema_version"
 
 
 def rows(database_url, sql):
@@ -53,17 +69,50 @@ def admin_connection():
 
 def postgres_url():
     """Return the URL of this test run's own, empty PostgreSQL database."""
-    global _created
+    global _created, _built_schema
     require("PostgreSQL", POSTGRES)
     if not _created:
         with admin_connection() as connection:
             connection.execute(f"CREATE DATABASE {_session_database}")
+            # A commit that waits for the disk cost the unit tests on PostgreSQL half their time.
+            # What they test is visible once committed whether or not it reached the disk; only a
+            # crash of PostgreSQL itself, which no test makes, could lose it.
+            connection.execute(f"ALTER DATABASE {_session_database} SET synchronous_commit = off")
         _created = True
     url = postgres_url_of(_session_database)
+    _built_schema = None
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute("DROP SCHEMA public CASCADE")
         connection.execute("CREATE SCHEMA public")
     return url
+
+
+def postgres_url_as_built(build):
+    """Return the URL of this test run's PostgreSQL database holding the schema that build(url)
+    (an app's start) makes in an empty one, and no rows but the schema's version. The schema is
+    built once and emptied for each later test (about 40 ms against 240 for building it), unless
+    a test has changed it meanwhile."""
+    global _built_schema
+    if _built_schema is not None:
+        url = postgres_url_of(_session_database)
+        with psycopg.connect(url, autocommit=True) as connection:
+            if connection.execute(SCHEMA_FINGERPRINT).fetchone()[0] == _built_schema:
+                tables = sql.SQL(", ").join(sql.Identifier(name) for name in tables_but_the_version(connection))
+                connection.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(tables))
+                return url
+    url = postgres_url()
+    build(url)
+    with psycopg.connect(url, autocommit=True) as connection:
+        # A build that wrote rows of its own would lose them to the emptying: built anew each time.
+        written = [name for name in tables_but_the_version(connection)
+                   if connection.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(sql.Identifier(name))).fetchone()]
+        _built_schema = None if written else connection.execute(SCHEMA_FINGERPRINT).fetchone()[0]
+    return url
+
+
+def tables_but_the_version(connection):
+    return [name for name, in connection.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> %s", (BUILT_ROWS,))]
 
 
 def postgres_url_of(database):
