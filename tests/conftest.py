@@ -22,7 +22,7 @@ os.environ.setdefault("SECRET_KEY", "test-secret")
 
 import pytest  # noqa: E402
 import services  # noqa: E402
-from appconfig import TEST_TIERS  # noqa: E402
+from appconfig import APP_SETTINGS, build_schema  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
 from githubscanning import Signer, serving_keys  # noqa: E402
 from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
@@ -90,17 +90,6 @@ def pytest_collection_modifyitems_longest_first(items):
                                  str(item.path)))
 
 
-# The settings of the `app` fixture's app.
-APP_SETTINGS = {
-    "RATELIMIT_STORAGE_URL": "memory://",
-    "RATE_LIMIT_TIERS": TEST_TIERS,
-    "PUBLIC_RATE_LIMIT": "5/minute",
-    "TESTING": True,
-    # tests/unit/web/test_views.py turns CSRF back on where it is the subject.
-    "WTF_CSRF_ENABLED": False,
-}
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request, tmp_path):
     """Each test that uses the database runs on SQLite and on PostgreSQL. The database is empty;
@@ -114,10 +103,6 @@ def database_url(request, tmp_path):
     if with_app:
         shutil.copyfile(request.getfixturevalue("sqlite_schema"), path)
     return f"sqlite:///{path}"
-
-
-def build_schema(database_url):
-    close_app(create_app({**APP_SETTINGS, "DATABASE_URL": database_url}))
 
 
 @pytest.fixture(scope="session")

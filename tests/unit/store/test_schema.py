@@ -512,3 +512,36 @@ def test_a_fourth_release_account_deleted_after_the_upgrade_takes_everything_of_
     left = {table: count for table in tables_at(url)
             if (count := rows(url, f'SELECT count(*) FROM "{table}"')[0][0])}
     assert left == {}
+
+
+def schema_of(database_url):
+    """What a database's tables, columns, indexes and constraints are, and the rows of the schema's version."""
+    if database_url.startswith("sqlite"):
+        return rows(database_url, "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+                                  "ORDER BY name"), rows(database_url, "SELECT * FROM schema_version")
+    import services
+
+    return rows(database_url, services.SCHEMA_FINGERPRINT), rows(database_url, "SELECT * FROM schema_version")
+
+
+def test_the_app_fixture_s_database_is_the_one_an_app_builds_and_holds_nothing_of_the_last_test(app, database_url,
+                                                                                                 tmp_path):
+    """tests/conftest.py builds the app fixture's schema once and copies or empties it for each test."""
+    import services
+    from appconfig import build_schema
+
+    prepared = schema_of(database_url)
+    user = users.create_user("alice", "alice@example.com", "correct horse battery")
+    auth.issue_key(user, "key", "development")
+    if database_url.startswith("sqlite"):
+        fresh = f"sqlite:///{tmp_path}/fresh.db"
+        build_schema(fresh)
+        assert schema_of(fresh) == prepared
+        return
+    db.close()
+    emptied = services.postgres_url_as_built(build_schema)
+    assert schema_of(emptied) == prepared
+    assert rows(emptied, "SELECT count(*) FROM users") == [(0,)]
+    assert rows(emptied, "SELECT nextval('users_id_seq')") == [(1,)]
+    build_schema(services.postgres_url())
+    assert schema_of(emptied) == prepared
