@@ -1,6 +1,7 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists: here, in the
 master, every setting is checked (settings.py), and PORT and WEB_CONCURRENCY are read."""
 
+import functools
 import json
 import os
 import re
@@ -105,6 +106,32 @@ class AccessAtoms(dict):
         return self.all_atoms.get(key, "-")
 
 
+def service_line(resp, environ, request_time):
+    """The line of the service's own access_log_format, as `access_log_format % AccessAtoms(...)`
+    gives it and logs.write_line redacts it, made without the mapping and the pass over the whole
+    line (a third of the line's cost): each field a client can write is redacted alone, once for
+    each value seen lately. The same as redacting the line, as spaces and quotes, which no secret
+    or mailed link holds, stand between the fields."""
+    status = resp.status
+    sent = getattr(resp, "sent", None)
+    request_id = next((value for name, value in reversed(resp.headers) if name.lower() == "x-request-id"), "-")
+    return (f'{shown(environ.get("REMOTE_ADDR", "-"))} "{shown(environ.get("REQUEST_METHOD"))} '
+            f'{shown(environ.get("PATH_INFO"))} {shown(environ.get("SERVER_PROTOCOL"))}" '
+            f'{status.split(None, 1)[0] if isinstance(status, str) else status} {"-" if sent is None else sent} '
+            f'{request_time.seconds * 1000 + int(request_time.microseconds / 1000)}ms {shown(request_id)}')
+
+
+@functools.lru_cache(maxsize=256)
+def shown(value):
+    """A field of the access line as AccessAtoms gives it (control characters and double quotes
+    escaped), redacted."""
+    if not isinstance(value, str):
+        return value
+    if not value.isprintable() or "\\" in value:
+        value = logs.escape_controls(value)
+    return logs.redact(value.replace('"', '\\"'))
+
+
 class ServiceLogger(Logger):
     """gunicorn's logger, minus secrets (for a request it cannot parse, gunicorn logs the whole
     request line, query string and all; a client may put a key in the path itself), with each
@@ -114,14 +141,20 @@ class ServiceLogger(Logger):
         super().setup(cfg)
         logs.prepare_handlers(self.error_log, LOG_FORMAT)
         logs.prepare_handlers(self.access_log, LOG_FORMAT)
+        # Set up once per process: gunicorn's reopen_files gives the same handlers new streams.
+        self.access_handlers = logs.direct_writes(self.access_log)
+        self.service_format = cfg.access_log_format == access_log_format
 
     def access(self, resp, req, environ, request_time):
         if not self.access_log_enabled:
             return
         if LOG_FORMAT != "json":
             try:
+                handlers = self.access_handlers
+                if handlers is not None and self.service_format:
+                    logs.write_redacted_line(handlers, service_line(resp, environ, request_time))
+                    return
                 atoms = AccessAtoms(self, resp, req, environ, request_time)
-                handlers = logs.direct_writes(self.access_log)
                 if handlers is None:
                     self.access_log.info(self.cfg.access_log_format, atoms)
                 else:

@@ -154,7 +154,11 @@ def direct_writes(logger):
 def write_line(handlers, message):
     """Write one message as each handler's line, redacted as RedactSecrets would, under the
     handler's lock as Handler.handle takes it."""
-    line = redact(message)
+    write_redacted_line(handlers, redact(message))
+
+
+def write_redacted_line(handlers, line):
+    """write_line for a line redacted already."""
     for handler in handlers:
         handler.acquire()
         try:

@@ -71,3 +71,61 @@ def test_the_service_s_line_reads_no_field_gunicorn_would_build_them_all_for(mon
     atoms = AccessAtoms(Logger.__new__(Logger), Response(), Request(), ENVIRON, datetime.timedelta(milliseconds=7))
     assert conf["access_log_format"] % atoms == (
         '127.0.0.1 "GET /api/v1/a\\x0ab\\\\c\\"d HTTP/1.1" 200 38 7ms abc123')
+
+
+service_line = conf["service_line"]
+TOKEN = "Zx9" * 12
+# Fields a client writes, each with what the logs must not show or must escape.
+HOSTILE = [
+    "127.0.0.1", "GET", "HTTP/1.1", "-", None, "/api/v1/protected/test", f"/api/v1/sk_live_{'k' * 40}",
+    f"/{'a1' * 20}", "/" + "f" * 32, f"/password/reset/{TOKEN}", f"/Email/Verify/{TOKEN}?x", f"/x/invitations/{TOKEN}",
+    f"/login%2Finvitations%2F{TOKEN}", 'a"b\\c\nd\x1b[31m', "sk_test_", f"SK_TEST_{'Q' * 10}", "é\u2028",
+]
+
+
+class KeyedResponse(Response):
+    def __init__(self, status, sent, request_id):
+        self.status, self.sent = status, sent
+        self.headers = [("Content-Type", "application/json")] + ([("X-Request-ID", request_id)] if request_id else [])
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", HOSTILE[6]])
+@pytest.mark.parametrize("method", ["GET", None, 'P"\\'])
+@pytest.mark.parametrize("path", HOSTILE)
+@pytest.mark.parametrize("request_id", [None, "0" * 32, HOSTILE[13]])
+def test_the_service_s_own_line_is_its_atoms_line_redacted(address, method, path, request_id):
+    """service_line, which ServiceLogger writes for the service's own format, redacts field by field:
+    it must give exactly the line that AccessAtoms and write_line's pass over the whole line give."""
+    environ = {"REMOTE_ADDR": address, "REQUEST_METHOD": method, "PATH_INFO": path, "SERVER_PROTOCOL": "HTTP/1.1"}
+    for resp in (KeyedResponse("200 OK", 38, request_id), KeyedResponse(101, None, request_id)):
+        request_time = datetime.timedelta(seconds=1, microseconds=2_999)
+        expected = logs.redact(conf["access_log_format"] % AccessAtoms(Logger.__new__(Logger), resp, Request(),
+                                                                       environ, request_time))
+        assert service_line(resp, environ, request_time) == expected
+
+
+def test_the_service_s_logger_writes_its_own_format_field_by_field_and_any_other_through_the_atoms(monkeypatch):
+    import io
+    import logging
+
+    from gunicorn.config import Config
+
+    def served(access_format):
+        config = Config()
+        config.set("accesslog", "-")
+        config.set("access_log_format", access_format)
+        service_logger = conf["ServiceLogger"](config)
+        stream = io.StringIO()
+        service_logger.access_handlers = [logging.StreamHandler(stream)]
+        environ = dict(ENVIRON, PATH_INFO=f"/password/reset/{TOKEN}")
+        service_logger.access(KeyedResponse("200 OK", 38, "abc"), Request(), environ, datetime.timedelta(0))
+        return stream.getvalue()
+
+    made_by_fields = []
+    monkeypatch.setitem(service_line.__globals__, "shown",
+                        lambda value: made_by_fields.append(value) or conf["shown"](value))
+    assert served(conf["access_log_format"]) == '127.0.0.1 "GET /password/reset/[redacted] HTTP/1.1" 200 38 0ms abc\n'
+    assert made_by_fields
+    made_by_fields.clear()
+    assert served("%(U)s %(s)s") == "/password/reset/[redacted] 200\n"
+    assert not made_by_fields
