@@ -109,27 +109,34 @@ class AccessAtoms(dict):
 def service_line(resp, environ, request_time):
     """The line of the service's own access_log_format, as `access_log_format % AccessAtoms(...)`
     gives it and logs.write_line redacts it, made without the mapping and the pass over the whole
-    line (a third of the line's cost): each field a client can write is redacted alone, once for
-    each value seen lately. The same as redacting the line, as spaces and quotes, which no secret
-    or mailed link holds, stand between the fields."""
+    line (a third of the line's cost): each field is redacted alone, a text once for each value
+    seen lately. The same line, as spaces, quotes and the line's end, which no secret or mailed
+    link holds, stand between the fields; the one pattern that runs over a quote, an `api_key=`'s
+    value, could only join the protocol to the status, and gunicorn writes the protocol itself."""
     status = resp.status
     sent = getattr(resp, "sent", None)
     request_id = next((value for name, value in reversed(resp.headers) if name.lower() == "x-request-id"), "-")
     return (f'{shown(environ.get("REMOTE_ADDR", "-"))} "{shown(environ.get("REQUEST_METHOD"))} '
             f'{shown(environ.get("PATH_INFO"))} {shown(environ.get("SERVER_PROTOCOL"))}" '
-            f'{status.split(None, 1)[0] if isinstance(status, str) else status} {"-" if sent is None else sent} '
+            f'{shown(status.split(None, 1)[0] if isinstance(status, str) else status)} '
+            f'{"-" if sent is None else sent} '
             f'{request_time.seconds * 1000 + int(request_time.microseconds / 1000)}ms {shown(request_id)}')
 
 
-@functools.lru_cache(maxsize=256)
 def shown(value):
-    """A field of the access line as AccessAtoms gives it (control characters and double quotes
-    escaped), redacted."""
-    if not isinstance(value, str):
-        return value
-    if not value.isprintable() or "\\" in value:
-        value = logs.escape_controls(value)
-    return logs.redact(value.replace('"', '\\"'))
+    """A field of the access line as AccessAtoms gives it, redacted."""
+    if isinstance(value, str):
+        return shown_text(value)
+    # AccessAtoms prints any other value as it is, and the line's redaction then covers it.
+    return logs.redact(str(value))
+
+
+@functools.lru_cache(maxsize=256)
+def shown_text(text):
+    """A text field with its control characters and double quotes escaped, redacted."""
+    if not text.isprintable() or "\\" in text:
+        text = logs.escape_controls(text)
+    return logs.redact(text.replace('"', '\\"'))
 
 
 class ServiceLogger(Logger):
@@ -141,8 +148,6 @@ class ServiceLogger(Logger):
         super().setup(cfg)
         logs.prepare_handlers(self.error_log, LOG_FORMAT)
         logs.prepare_handlers(self.access_log, LOG_FORMAT)
-        # Set up once per process: gunicorn's reopen_files gives the same handlers new streams.
-        self.access_handlers = logs.direct_writes(self.access_log)
         self.service_format = cfg.access_log_format == access_log_format
 
     def access(self, resp, req, environ, request_time):
@@ -150,7 +155,9 @@ class ServiceLogger(Logger):
             return
         if LOG_FORMAT != "json":
             try:
-                handlers = self.access_handlers
+                # Looked up for each line: a log file that failed to reopen (USR1) has no stream,
+                # and logging's own write opens it again.
+                handlers = logs.direct_writes(self.access_log)
                 if handlers is not None and self.service_format:
                     logs.write_redacted_line(handlers, service_line(resp, environ, request_time))
                     return

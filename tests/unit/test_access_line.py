@@ -8,6 +8,7 @@ import runpy
 import pytest
 from gunicorn.glogging import Logger
 from liveserver import ROOT
+from loggers import gunicorn_handlers_alone
 
 from ops import logs
 
@@ -91,34 +92,41 @@ class KeyedResponse(Response):
 
 @pytest.mark.parametrize("address", ["127.0.0.1", HOSTILE[6]])
 @pytest.mark.parametrize("method", ["GET", None, 'P"\\'])
-@pytest.mark.parametrize("path", HOSTILE)
+@pytest.mark.parametrize("path", HOSTILE + [HOSTILE[6].encode(), 5])
 @pytest.mark.parametrize("request_id", [None, "0" * 32, HOSTILE[13]])
 def test_the_service_s_own_line_is_its_atoms_line_redacted(address, method, path, request_id):
     """service_line, which ServiceLogger writes for the service's own format, redacts field by field:
     it must give exactly the line that AccessAtoms and write_line's pass over the whole line give."""
     environ = {"REMOTE_ADDR": address, "REQUEST_METHOD": method, "PATH_INFO": path, "SERVER_PROTOCOL": "HTTP/1.1"}
-    for resp in (KeyedResponse("200 OK", 38, request_id), KeyedResponse(101, None, request_id)):
+    for status in ("200 OK", 101, f"{HOSTILE[6][5:]} OK", '2"0\n0 OK'):
+        resp = KeyedResponse(status, 38 if status != 101 else None, request_id)
         request_time = datetime.timedelta(seconds=1, microseconds=2_999)
         expected = logs.redact(conf["access_log_format"] % AccessAtoms(Logger.__new__(Logger), resp, Request(),
                                                                        environ, request_time))
         assert service_line(resp, environ, request_time) == expected
 
 
-def test_the_service_s_logger_writes_its_own_format_field_by_field_and_any_other_through_the_atoms(monkeypatch):
-    import io
-    import logging
-
+def service_logger(access_format, accesslog="-"):
     from gunicorn.config import Config
 
+    config = Config()
+    config.set("accesslog", accesslog)
+    config.set("access_log_format", access_format)
+    return conf["ServiceLogger"](config)
+
+
+SERVED = dict(ENVIRON, PATH_INFO=f"/password/reset/{TOKEN}")
+
+
+def test_the_service_s_logger_writes_its_own_format_field_by_field_and_any_other_through_the_atoms(monkeypatch):
+    import io
+
     def served(access_format):
-        config = Config()
-        config.set("accesslog", "-")
-        config.set("access_log_format", access_format)
-        service_logger = conf["ServiceLogger"](config)
-        stream = io.StringIO()
-        service_logger.access_handlers = [logging.StreamHandler(stream)]
-        environ = dict(ENVIRON, PATH_INFO=f"/password/reset/{TOKEN}")
-        service_logger.access(KeyedResponse("200 OK", 38, "abc"), Request(), environ, datetime.timedelta(0))
+        made = service_logger(access_format)
+        with gunicorn_handlers_alone(made) as access_log:
+            stream = io.StringIO()
+            access_log.handlers[0].setStream(stream)
+            made.access(KeyedResponse("200 OK", 38, "abc"), Request(), SERVED, datetime.timedelta(0))
         return stream.getvalue()
 
     made_by_fields = []
@@ -129,3 +137,17 @@ def test_the_service_s_logger_writes_its_own_format_field_by_field_and_any_other
     made_by_fields.clear()
     assert served("%(U)s %(s)s") == "/password/reset/[redacted] 200\n"
     assert not made_by_fields
+
+
+def test_a_log_file_that_failed_to_reopen_gets_the_next_lines_all_the_same(tmp_path):
+    """gunicorn's reopen_files (USR1) leaves a file it could not open without a stream; logging's
+    own write opens it again, so the line must go that way rather than be lost."""
+    path = tmp_path / "access.log"
+    made = service_logger(conf["access_log_format"], str(path))
+    with gunicorn_handlers_alone(made) as access_log:
+        [handler] = access_log.handlers
+        handler.close()
+        handler.stream = None
+        made.access(KeyedResponse("200 OK", 38, "abc"), Request(), SERVED, datetime.timedelta(0))
+        handler.close()
+    assert path.read_text() == '127.0.0.1 "GET /password/reset/[redacted] HTTP/1.1" 200 38 0ms abc\n'

@@ -116,20 +116,17 @@ def test_a_logger_that_would_do_more_with_a_record_is_written_through_logging(ch
     assert logs.direct_writes(logger) is None
 
 
-def test_gunicorns_access_log_as_the_service_sets_it_up_is_written_directly(monkeypatch):
+def test_gunicorns_access_log_as_the_service_sets_it_up_is_written_directly():
     """A change to gunicorn's set-up that turned the direct writes off would go unseen otherwise."""
     import runpy
 
     from gunicorn.config import Config
     from liveserver import ROOT
+    from loggers import gunicorn_handlers_alone
 
     conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
     config = Config()
     config.set("accesslog", "-")
     service_logger = conf["ServiceLogger"](config)
-    access_log = service_logger.access_log
-    # pytest adds its capture handlers to every logger that does not propagate, as this one does
-    # once a test before this one has set it up.
-    monkeypatch.setattr(access_log, "handlers", [handler for handler in access_log.handlers
-                                                 if getattr(handler, "_gunicorn", False)])
-    assert logs.direct_writes(access_log) == access_log.handlers != []
+    with gunicorn_handlers_alone(service_logger) as access_log:
+        assert logs.direct_writes(access_log) == access_log.handlers != []
