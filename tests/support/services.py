@@ -96,7 +96,7 @@ def postgres_url_as_built(build):
     if _built_schema is not None:
         url = postgres_url_of(_session_database)
         with psycopg.connect(url, autocommit=True) as connection:
-            if connection.execute(SCHEMA_FINGERPRINT).fetchone()[0] == _built_schema:
+            if schema_of(connection) == _built_schema:
                 tables = sql.SQL(", ").join(sql.Identifier(name) for name in tables_but_the_version(connection))
                 connection.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(tables))
                 return url
@@ -106,8 +106,16 @@ def postgres_url_as_built(build):
         # A build that wrote rows of its own would lose them to the emptying: built anew each time.
         written = [name for name in tables_but_the_version(connection)
                    if connection.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(sql.Identifier(name))).fetchone()]
-        _built_schema = None if written else connection.execute(SCHEMA_FINGERPRINT).fetchone()[0]
+        _built_schema = None if written else schema_of(connection)
     return url
+
+
+def schema_of(connection):
+    """The schema's fingerprint and its version's rows, or None where a test dropped the version."""
+    fingerprint = connection.execute(SCHEMA_FINGERPRINT).fetchone()[0]
+    if connection.execute("SELECT to_regclass(%s)", (f"public.{BUILT_ROWS}",)).fetchone()[0] is None:
+        return None
+    return fingerprint, connection.execute(f"SELECT array_agg(version) FROM {BUILT_ROWS}").fetchone()[0]
 
 
 def tables_but_the_version(connection):

@@ -543,5 +543,11 @@ def test_the_app_fixture_s_database_is_the_one_an_app_builds_and_holds_nothing_o
     assert schema_of(emptied) == prepared
     assert rows(emptied, "SELECT count(*) FROM users") == [(0,)]
     assert rows(emptied, "SELECT nextval('users_id_seq')") == [(1,)]
+    with psycopg.connect(emptied, autocommit=True) as connection:
+        connection.execute("UPDATE schema_version SET version = 1")
+    assert schema_of(services.postgres_url_as_built(build_schema)) == prepared
+    with psycopg.connect(emptied, autocommit=True) as connection:
+        connection.execute("DROP TABLE schema_version")
+    assert schema_of(services.postgres_url_as_built(build_schema)) == prepared
     build_schema(services.postgres_url())
     assert schema_of(emptied) == prepared
