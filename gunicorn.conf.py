@@ -110,9 +110,10 @@ def service_line(resp, environ, request_time):
     """The line of the service's own access_log_format, as `access_log_format % AccessAtoms(...)`
     gives it and logs.write_line redacts it, made without the mapping and the pass over the whole
     line (together a tenth of a served keyed request's instructions): each field is redacted
-    alone, a text once for each value seen lately. The same line, as spaces, quotes and the line's end, which no secret or mailed
-    link holds, stand between the fields; the one pattern that runs over a quote, an `api_key=`'s
-    value, could only join the protocol to the status, and gunicorn writes the protocol itself."""
+    alone, a text once for each value seen lately. The same line, as spaces, quotes and the line's
+    end, which no secret or mailed link holds, stand between the fields; the one pattern that runs
+    over a quote, an `api_key=`'s value, could only join the protocol to the status, and gunicorn
+    writes the protocol itself."""
     status = resp.status
     sent = getattr(resp, "sent", None)
     request_id = next((value for name, value in reversed(resp.headers) if name.lower() == "x-request-id"), "-")
