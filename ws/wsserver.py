@@ -184,20 +184,6 @@ class Server(simple_websocket.Server):
             raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
         self.outbox.send(frame)
 
-    def send_nowait(self, data):
-        """Send a message now, or cut off a client that is OUTPUT_LIMIT behind."""
-        self.send_frame_nowait(self._frame(data))
-
-    def send_frame_nowait(self, frame):
-        """send_nowait for a message that text_frame has already framed (the ticker's way)."""
-        if not self.connected:
-            raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
-        # Only a queue can pass the limit: alone, a frame goes out as wait_for_room lets it.
-        if self.outbox.pending and not self.outbox.fits(len(frame)):
-            self.give_up()
-            raise simple_websocket.ConnectionClosed(POLICY_VIOLATION, "The client stopped reading.")
-        self.outbox.send(frame)
-
     def _frame(self, data):
         if not self.connected:
             raise simple_websocket.ConnectionClosed(self.close_reason, self.close_message)
@@ -221,6 +207,8 @@ class Server(simple_websocket.Server):
         try:
             super().close(reason, message)
         finally:
+            # Frames the ticker wrote straight to the outbox would follow the close frame.
+            self.outbox.seal()
             self.input_taken.set()
         # Our close frame is out: a client that never answers it is not waited on for longer.
         self.close_timer = gevent.spawn_later(LINGER_SECONDS, self.outbox.close)
@@ -280,6 +268,10 @@ class Server(simple_websocket.Server):
                 drained = len(data) < self.receive_bytes
                 self.ws.receive_data(data)
                 self.connected = self._handle_events() and self.connected
+                if not self.connected:
+                    # A close frame has gone out (the answer to the client's, or ours to a message
+                    # too big): nothing may follow it.
+                    self.outbox.seal()
                 if self.dropping_input:
                     self.input_buffer.clear()
                 # gevent's recv returns without yielding while data waits, so a flooding client

@@ -6,13 +6,15 @@ import threading
 import pytest
 import redis
 import services
+from wsproto.frame_protocol import Opcode
+from wsservers import Client, open_server, socket_pair
 
 import auth
 import sockets
 from accounts import users
 from models import ApiKey, utcnow
 from store.rediswindows import RedisWindows
-from ws import slots
+from ws import slots, wsserver
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
@@ -143,31 +145,66 @@ def test_a_bad_send_timeout_stops_start_up_with_a_sentence(value):
         load_config({"SECRET_KEY": "x", "WS_SEND_TIMEOUT": value})
 
 
-class FakeSocket:
-    def __init__(self, failure=None):
+class FakeOutbox:
+    def __init__(self, failure):
         self.failure = failure
         self.sent = []
-        self.closed_with = None
 
-    def send_frame_nowait(self, frame):
+    def send_nowait(self, frame):
         if self.failure:
             raise self.failure
         self.sent.append(frame)
 
+
+class FakeSocket:
+    def __init__(self, failure=None):
+        self.outbox = FakeOutbox(failure)
+        self.closed_with = None
+
     def close(self, code, reason):
         self.closed_with = code
+
+
+def follow(ticker, ws):
+    """What Ticker.add does for ws, without starting the ticker's threads: the test ticks itself."""
+    ticker.sockets[ws] = (1, 1)
+    ticker.secrets[ws] = "secret hash"
+    ticker.outboxes[ws] = ws.outbox
 
 
 def test_one_failing_socket_costs_only_itself_its_tick():
     ticker = sockets.Ticker(slots.SocketSlots(10), 5)
     broken, gone, healthy = FakeSocket(RuntimeError("boom")), FakeSocket(BrokenPipeError()), FakeSocket()
     for ws in (broken, gone, healthy):
-        ticker.sockets[ws] = (1, 1)
+        follow(ticker, ws)
     ticker.tick(1_795_315_403)
     ticker.tick(1_795_315_404)
-    assert len(healthy.sent) == 2
-    assert list(ticker.sockets) == [healthy]
+    assert len(healthy.outbox.sent) == 2
+    assert list(ticker.sockets) == list(ticker.outboxes) == [healthy]
     assert broken.closed_with == sockets.INTERNAL_ERROR and gone.closed_with is None
+
+
+def test_a_tick_reaches_each_open_socket_follows_no_close_frame_and_cuts_off_a_client_a_limit_behind():
+    pairs = [socket_pair() for _ in range(3)]
+    healthy, closed, behind = (open_server(server_sock, ping_interval=None) for server_sock, _ in pairs)
+    closed.close(4401, "The API key was revoked.")
+    # Its client reads nothing: past what the kernel holds, twice the limit waits in the outbox.
+    behind.outbox.send(b"x" * wsserver.OUTPUT_LIMIT)
+    behind.outbox.send(b"x" * wsserver.OUTPUT_LIMIT)
+    ticker = sockets.Ticker(slots.SocketSlots(10), 5)
+    for ws in (healthy, closed, behind):
+        follow(ticker, ws)
+    ticker.tick(1_795_315_403)
+    assert list(ticker.sockets) == list(ticker.outboxes) == [healthy]
+    assert behind.outbox.closed and not behind.connected
+    healthy.close(1000, "done")
+    frames = {ws: list(Client(client_sock).receive(30)) for ws, (_, client_sock) in zip((healthy, closed), pairs)}
+    assert [frame.opcode for frame in frames[healthy]] == [Opcode.TEXT, Opcode.CLOSE]
+    assert json.loads(frames[healthy][0].payload)["formatted"] == "2026-11-22 02:43:23 UTC"
+    assert [frame.opcode for frame in frames[closed]] == [Opcode.CLOSE]
+    for server_sock, client_sock in pairs:
+        server_sock.close()
+        client_sock.close()
 
 
 def test_the_ticker_starts_with_its_first_socket_and_its_threads_end_with_close():

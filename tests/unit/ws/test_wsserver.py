@@ -17,10 +17,11 @@ import wsproto.events
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request, TextMessage
 from wsproto.frame_protocol import FrameProtocol, Opcode
+from wsservers import Client, open_server, socket_pair
 
 import sockets
 from ws import wsserver
-from ws.outbox import ENTRY_OVERHEAD, Outbox
+from ws.outbox import ENTRY_OVERHEAD, Outbox, OutputFull
 
 MIB = 1024 * 1024
 
@@ -63,9 +64,7 @@ def test_the_library_internals_the_adapter_relies_on():
 
 @pytest.fixture
 def pair():
-    server, client = gevent.socket.socketpair()
-    server.setsockopt(gevent.socket.SOL_SOCKET, gevent.socket.SO_SNDBUF, 65536)
-    client.setsockopt(gevent.socket.SOL_SOCKET, gevent.socket.SO_RCVBUF, 65536)
+    server, client = socket_pair()
     yield server, client
     server.close()
     client.close()
@@ -203,44 +202,6 @@ def test_text_frame_is_what_a_server_connection_sends(length):
     assert [event.data for event in client.events()] == [text]
 
 
-class Reader(gevent.Greenlet):
-    """The library's thread_class, as gevent's worker makes it: a greenlet."""
-
-    def __init__(self, target):
-        super().__init__(target)
-
-
-def open_server(sock, ping_interval):
-    """A Server on sock as flask-sock makes one, its reader a greenlet as under gevent's worker."""
-    environ = {"gunicorn.socket": sock, "HTTP_HOST": "test", "HTTP_UPGRADE": "websocket",
-               "HTTP_CONNECTION": "Upgrade", "HTTP_SEC_WEBSOCKET_KEY": "dGhlIHNhbXBsZSBub25jZQ==",
-               "HTTP_SEC_WEBSOCKET_VERSION": "13"}
-    return wsserver.Server(environ, ping_interval=ping_interval, thread_class=Reader,
-                           event_class=gevent.event.Event)
-
-
-class Client:
-    """The client's end of a Server: the 101, then frames (wsproto's framing, as a client)."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.frames = FrameProtocol(client=True, extensions=[])
-        self.head = b""
-
-    def receive(self, seconds):
-        """Yield each frame until the server closes the socket or seconds pass."""
-        with gevent.Timeout(seconds, False):
-            while data := self.sock.recv(65536):
-                if b"\r\n\r\n" not in self.head:
-                    self.head += data
-                    head, _, data = self.head.partition(b"\r\n\r\n")
-                    if not _:
-                        continue
-                    assert head.startswith(b"HTTP/1.1 101")
-                self.frames.receive_bytes(data)
-                yield from self.frames.received_frames()
-
-
 def test_a_client_that_answers_pings_is_pinged_every_interval_and_kept(pair):
     server_sock, client_sock = pair
     server = open_server(server_sock, ping_interval=0.3)
@@ -302,6 +263,40 @@ def test_a_server_lets_go_of_the_finished_handshake_and_goes_on_talking(pair):
     frames = list(client.receive(30))
     assert [(frame.opcode, frame.payload) for frame in frames] == [
         (Opcode.PONG, b"?"), (Opcode.TEXT, "hi"), (Opcode.CLOSE, (1000, "done"))]
+
+
+@pytest.mark.parametrize("closing", ["the server closes", "the client's message is too big"])
+def test_nothing_written_to_the_outbox_follows_the_server_s_close_frame(pair, closing):
+    # The ticker writes frames straight to the outbox, past the Server's `connected`: while the
+    # reader lingers for the client's close reply, the outbox is open, and must refuse them.
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=None, max_message_size=16)
+    server.thread.start_now()
+    client = Client(client_sock)
+    if closing == "the server closes":
+        server.close(4401, "The API key was revoked.")
+    else:
+        client_sock.sendall(client.frames.send_data("x" * 17, fin=True))
+        wait_until(lambda: not server.connected)
+    assert not server.outbox.closing and not server.outbox.closed
+    with pytest.raises(BrokenPipeError):
+        server.outbox.send_nowait(wsserver.text_frame("a tick"))
+    assert [frame.opcode for frame in client.receive(30)] == [Opcode.CLOSE]
+    server.thread.join(timeout=wsserver.LINGER_SECONDS + 30)
+    assert server.thread.thread.dead and server.outbox.closed
+
+
+def test_send_nowait_refuses_a_frame_that_would_queue_past_the_limit_but_sends_one_alone(pair):
+    server, client = pair
+    outbox = Outbox(server, 256 * 1024, stall_timeout=5, on_stall=pytest.fail)
+    outbox.send_nowait(b"x" * MIB)  # alone, it goes out as the client reads it
+    assert outbox.pending
+    with pytest.raises(OutputFull):
+        outbox.send_nowait(b"frame")
+    assert read_exactly(client, MIB) == b"x" * MIB
+    wait_until(lambda: not outbox.pending)
+    outbox.send_nowait(b"frame")
+    assert read_exactly(client, 5) == b"frame"
 
 
 def test_an_outbox_with_nothing_queued_holds_no_queue(pair):
