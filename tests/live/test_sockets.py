@@ -231,8 +231,11 @@ def test_python_app_py_gives_the_same_close_codes(tmp_path, run_mode):
         assert close_code(echo) == 1003
         server.process.send_signal(signal.SIGINT)
         assert close_code(clock) == 1001
+        # SIGINT alone stops it. A second signal meant to clean up could reach the process after
+        # the interpreter has put the default handlers back on its way out, and end it with -15.
+        assert server.process.wait(timeout=30) == 0
     finally:
-        assert server.stop() == 0
+        server.stop()
 
 
 def test_vanished_clients_free_their_slots(server, env, commands):
