@@ -27,14 +27,14 @@ class Outbox:
 
     def __init__(self, raw, limit, stall_timeout, on_stall):
         self.raw = raw
-        # The real socket's send, which gevent's send(..., timeout=0.0) would call in the end:
-        # the ticker writes to thousands of sockets a second. Not under TLS (gunicorn's
+        # The real, non-blocking socket's send, which gevent's own would call in the end: the
+        # ticker writes to thousands of sockets a second. Not under TLS (gunicorn's
         # --certfile), where the bytes must go through the SSL object.
         self.plain = type(raw) is gevent.socket.socket
         if self.plain:
             self.send_now = raw._sock.send
         else:
-            self.send_now = functools.partial(raw.send, timeout=0.0)
+            self.send_now = functools.partial(send_tls_now, raw)
         self.limit = limit
         self.stall_timeout = stall_timeout
         self.on_stall = on_stall
@@ -70,6 +70,9 @@ class Outbox:
         out as wait_for_room lets it): the ticker's way, which touches only this object of the
         socket's, since at 10,000 sockets each object a tick reads costs it a cache miss."""
         if self.pending and not self.fits(len(data)):
+            if self.sealed or self.closing or self.closed:
+                # Its close frame is queued: giving up would drop it.
+                raise BrokenPipeError("The socket is closed.")
             raise OutputFull
         self.send(data)
 
@@ -102,7 +105,7 @@ class Outbox:
         self.pending_bytes = 0
         if last_words and not mid_frame and not self.closed:
             try:
-                self.raw.send(last_words, timeout=0.0)
+                self.send_now(last_words)
             except OSError:
                 pass
         self.closed = True
@@ -149,3 +152,14 @@ class Outbox:
             if not self.pending:
                 self.pending = NOTHING_PENDING
         self.room.set()
+
+
+def send_tls_now(raw, data):
+    """Write data through a TLS socket if it takes it now; else 0 bytes. gevent's SSLSocket.send
+    waits for the client whenever the socket's own timeout is not 0, whatever timeout it is given."""
+    timeout = raw.gettimeout()
+    raw.settimeout(0.0)
+    try:
+        return raw.send(data)
+    finally:
+        raw.settimeout(timeout)

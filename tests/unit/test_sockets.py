@@ -169,7 +169,7 @@ def follow(ticker, ws):
     """What Ticker.add does for ws, without starting the ticker's threads: the test ticks itself."""
     ticker.sockets[ws] = (1, 1)
     ticker.secrets[ws] = "secret hash"
-    ticker.outboxes[ws] = ws.outbox
+    ticker.outboxes[ws.outbox] = ws
 
 
 def test_one_failing_socket_costs_only_itself_its_tick():
@@ -180,8 +180,20 @@ def test_one_failing_socket_costs_only_itself_its_tick():
     ticker.tick(1_795_315_403)
     ticker.tick(1_795_315_404)
     assert len(healthy.outbox.sent) == 2
-    assert list(ticker.sockets) == list(ticker.outboxes) == [healthy]
+    assert list(ticker.sockets) == list(ticker.outboxes.values()) == [healthy]
     assert broken.closed_with == sockets.INTERNAL_ERROR and gone.closed_with is None
+
+
+def test_a_socket_its_handler_let_go_of_during_a_tick_costs_the_others_nothing():
+    # Under TLS a send can wait, and the handler of a socket later in the tick lets go of it.
+    ticker = sockets.Ticker(slots.SocketSlots(10), 5)
+    waiting, let_go, healthy = FakeSocket(), FakeSocket(BrokenPipeError()), FakeSocket()
+    for ws in (waiting, let_go, healthy):
+        follow(ticker, ws)
+    waiting.outbox.send_nowait = lambda frame: ticker.discard(let_go)
+    ticker.tick(1_795_315_403)
+    assert len(healthy.outbox.sent) == 1
+    assert list(ticker.sockets) == [waiting, healthy]
 
 
 def test_a_tick_reaches_each_open_socket_follows_no_close_frame_and_cuts_off_a_client_a_limit_behind():
@@ -195,7 +207,7 @@ def test_a_tick_reaches_each_open_socket_follows_no_close_frame_and_cuts_off_a_c
     for ws in (healthy, closed, behind):
         follow(ticker, ws)
     ticker.tick(1_795_315_403)
-    assert list(ticker.sockets) == list(ticker.outboxes) == [healthy]
+    assert list(ticker.sockets) == list(ticker.outboxes.values()) == [healthy]
     assert behind.outbox.closed and not behind.connected
     healthy.close(1000, "done")
     frames = {ws: list(Client(client_sock).receive(30)) for ws, (_, client_sock) in zip((healthy, closed), pairs)}
@@ -205,6 +217,26 @@ def test_a_tick_reaches_each_open_socket_follows_no_close_frame_and_cuts_off_a_c
     for server_sock, client_sock in pairs:
         server_sock.close()
         client_sock.close()
+
+
+def test_a_tick_to_a_socket_closed_a_limit_behind_leaves_its_queued_close_frame_to_go_out():
+    server_sock, client_sock = socket_pair()
+    ws = open_server(server_sock, ping_interval=None)
+    # Its client reads nothing yet: past what the kernel holds, more than the limit waits.
+    half = wsserver.text_frame("x" * (wsserver.OUTPUT_LIMIT // 2))
+    for _ in range(3):
+        ws.outbox.send(half)
+    ws.close(4401, "The API key was revoked.")
+    ticker = sockets.Ticker(slots.SocketSlots(10), 5)
+    follow(ticker, ws)
+    ticker.tick(1_795_315_403)
+    assert not ticker.sockets and not ticker.outboxes and not ws.outbox.closed
+    # wsproto hands a large frame over in parts as its bytes arrive.
+    frames = [frame for frame in Client(client_sock).receive(30) if frame.frame_finished]
+    assert [frame.opcode for frame in frames] == [Opcode.TEXT] * 3 + [Opcode.CLOSE]
+    assert frames[-1].payload == (4401, "The API key was revoked.")
+    server_sock.close()
+    client_sock.close()
 
 
 def test_the_ticker_starts_with_its_first_socket_and_its_threads_end_with_close():

@@ -3,6 +3,7 @@ relies on, so that a new simple-websocket, flask-sock or gevent that moves them 
 loudly instead of quietly bringing back unbounded buffers."""
 
 import dataclasses
+import datetime
 import inspect
 import select
 
@@ -10,10 +11,15 @@ import flask_sock
 import gevent
 import gevent.event
 import gevent.socket
+import gevent.ssl
 import pytest
 import simple_websocket
 import wsproto
 import wsproto.events
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request, TextMessage
 from wsproto.frame_protocol import FrameProtocol, Opcode
@@ -42,7 +48,8 @@ def test_the_library_internals_the_adapter_relies_on():
     # flask-sock builds each connection's server from its module-level name.
     assert "Server(request.environ" in inspect.getsource(flask_sock.Sock.route)
     assert flask_sock.Server is wsserver.Server and sockets.flask_sock is flask_sock
-    assert "timeout" in inspect.signature(gevent.socket.socket.send).parameters
+    # A TLS socket's send gives up (returns 0) only while the socket's own timeout is 0.
+    assert "if self.timeout == 0.0:" in inspect.getsource(gevent.ssl.SSLSocket.send)
     # The outbox writes through the real, non-blocking socket under gevent's.
     with gevent.socket.socket() as sock:
         assert sock._sock.gettimeout() == 0.0
@@ -84,13 +91,6 @@ def wait_until(condition, seconds=30):
     with gevent.Timeout(seconds, AssertionError("condition not met in time")):
         while not condition():
             gevent.sleep(0.01)
-
-
-def test_gevent_send_with_timeout_zero_never_waits(pair):
-    server, _ = pair
-    with pytest.raises(BlockingIOError):
-        while True:
-            server.send(b"x" * 65536, timeout=0.0)
 
 
 def test_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_in_order(pair):
@@ -314,8 +314,18 @@ def test_a_send_that_completes_after_the_outbox_was_aborted_ends_the_flusher_qui
     """gevent closes a socket in a callback of its loop, so a flusher's send may still succeed
     after another greenlet's abort() dropped the queue."""
     class SlowSocket:
-        def send(self, data, timeout=None):
-            if timeout == 0.0:
+        """Not a plain socket: its send waits unless its own timeout is 0, as a TLS socket's does."""
+
+        timeout = None
+
+        def gettimeout(self):
+            return self.timeout
+
+        def settimeout(self, timeout):
+            self.timeout = timeout
+
+        def send(self, data):
+            if self.timeout == 0.0:
                 return 0  # the kernel takes nothing at once: the frame is queued
             outbox.abort()  # another greenlet aborts while this send waits
             return len(data)
@@ -330,21 +340,47 @@ def test_a_send_that_completes_after_the_outbox_was_aborted_ends_the_flusher_qui
     assert flusher.successful() and outbox.closed and outbox.pending == ()
 
 
-def test_the_outbox_writes_to_the_real_socket_only_when_it_is_a_plain_one():
-    # Under TLS (gunicorn's --certfile) the bytes must go through the SSL object's send.
-    sent = []
+def test_the_outbox_writes_to_the_real_socket_only_when_it_is_a_plain_one(pair):
+    plain, _ = pair
+    assert Outbox(plain, MIB, stall_timeout=5, on_stall=pytest.fail).send_now == plain._sock.send
 
-    class TlsSocket:
-        def send(self, data, timeout=None):
-            sent.append((data, timeout))
-            return len(data)
 
-    Outbox(TlsSocket(), MIB, stall_timeout=5, on_stall=pytest.fail).send(b"frame")
-    assert sent == [(b"frame", 0.0)]
-    plain, peer = gevent.socket.socketpair()
-    with plain, peer:
-        outbox = Outbox(plain, MIB, stall_timeout=5, on_stall=pytest.fail)
-        assert outbox.send_now == plain._sock.send
+def tls_pair(tmp_path):
+    """A (server, client) pair of gevent TLS sockets over a socket pair, handshaken, the server's
+    timeout None as Server.handshake leaves it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+                   .sign(key, hashes.SHA256()))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    (tmp_path / "cert.pem").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    server_context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    client_context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_CLIENT)
+    client_context.check_hostname = False
+    client_context.verify_mode = gevent.ssl.CERT_NONE
+    server_sock, client_sock = socket_pair()
+    client = gevent.spawn(client_context.wrap_socket, client_sock)
+    server = server_context.wrap_socket(server_sock, server_side=True)
+    server.settimeout(None)
+    return server, client.get(timeout=30)
+
+
+def test_under_tls_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_in_order(tmp_path):
+    server, client = tls_pair(tmp_path)
+    with server, client:
+        outbox = Outbox(server, 8 * MIB, stall_timeout=30, on_stall=pytest.fail)
+        frames = [bytes([i]) * 65536 for i in range(64)]
+        # A send that waited for the peer would wait for ever: the peer reads only afterwards.
+        with gevent.Timeout(30):
+            for data in frames:
+                outbox.send(data)
+        assert outbox.pending_bytes > 2 * MIB
+        assert read_exactly(client, 64 * 65536) == b"".join(frames)
+        wait_until(lambda: not outbox.pending)
 
 
 def test_the_reader_waits_for_the_clients_next_bytes_instead_of_reading_an_empty_socket(pair, monkeypatch):
