@@ -17,6 +17,9 @@ from bench.servers import use_client_core
 # Linux's SO_TIMESTAMPNS (and SCM_TIMESTAMPNS): the kernel stamps each packet as it arrives, so a
 # busy client cannot make the server look late. The socket module does not export them.
 SO_TIMESTAMPNS = 35
+# The processes that read every time socket (sockets --all, and the send floor's readers), all
+# on the client core.
+READER_PROCESSES = 2
 # A masked (key 0) ping with 125 bytes: a stalled client sends these without ever reading the pongs.
 PING_FRAME = bytes([0x89, 0x80 | 125, 0, 0, 0, 0]) + b"p" * 125
 

@@ -20,7 +20,7 @@ import socket
 import statistics
 import time
 
-from bench import clients, servers, timesockets
+from bench import clients, servers
 
 # The size of the ticker's frame: a 2-byte head and the time_update message.
 MESSAGE = json.dumps({"type": "time_update", "formatted": "2026-11-26 12:00:00 UTC",
@@ -48,35 +48,33 @@ def read_all(port, count, stamps, ready):
                 open_count -= 1
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sockets", type=int, default=10_000)
-    parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--readers", type=int, default=timesockets.CLIENT_PROCESSES)
-    parser.add_argument("--no-stamps", dest="stamps", action="store_false")
-    options = parser.parse_args()
+def loop_seconds(count, seconds, readers=clients.READER_PROCESSES, stamps=True):
+    """Open count loopback connections, read by `readers` processes on the client core, and for
+    `seconds` seconds write FRAME to each at every whole second from the server core; return how
+    long each loop took, in seconds."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
-    shares = [len(range(share, options.sockets, options.readers)) for share in range(options.readers)]
+    shares = [len(range(share, count, readers)) for share in range(readers)]
     readies = [multiprocessing.Event() for _ in shares]
-    readers = [multiprocessing.Process(target=read_all, args=(listener.getsockname()[1], share, options.stamps, ready))
-               for share, ready in zip(shares, readies)]
-    for reader in readers:
-        reader.start()
+    processes = [multiprocessing.Process(target=read_all, args=(listener.getsockname()[1], share, stamps, ready))
+                 for share, ready in zip(shares, readies)]
+    for process in processes:
+        process.start()
+    affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {int(servers.SERVER_CORE)})
     connections = []
-    # Accepted as they come: the readers connect at once, so their sockets interleave in the loop
-    # as the sockets bench's clients' do in the ticker's.
-    for _ in range(options.sockets):
-        connection, _ = listener.accept()
-        connection.setblocking(False)
-        connections.append(connection)
-    for ready in readies:
-        ready.wait()
     loops = []
     try:
-        for _ in range(options.seconds):
+        # Accepted as they come: the readers connect at once, so their sockets interleave in the
+        # loop as the sockets bench's clients' do in the ticker's.
+        for _ in range(count):
+            connection, _ = listener.accept()
+            connection.setblocking(False)
+            connections.append(connection)
+        for ready in readies:
+            ready.wait()
+        for _ in range(seconds):
             time.sleep(1 - time.time() % 1)
             started = time.perf_counter()
             for connection in connections:
@@ -85,8 +83,21 @@ def main():
     finally:
         for connection in connections:
             connection.close()
-        for reader in readers:
-            reader.join()
+        listener.close()
+        for process in processes:
+            process.join()
+        os.sched_setaffinity(0, affinity)
+    return loops
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sockets", type=int, default=10_000)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--readers", type=int, default=clients.READER_PROCESSES)
+    parser.add_argument("--no-stamps", dest="stamps", action="store_false")
+    options = parser.parse_args()
+    loops = loop_seconds(options.sockets, options.seconds, options.readers, options.stamps)
     median = statistics.median(loops)
     print(f"{options.sockets:,} loopback sockets, a {len(FRAME)}-byte frame to each once a second for "
           f"{options.seconds} s, sent from core {servers.SERVER_CORE}, read on core {servers.CLIENT_CORE} by "

@@ -8,14 +8,14 @@ kernel stamps each arrival, and their CPU share is reported.
 
 import asyncio
 import multiprocessing
+import statistics
 import time
 
 import websockets
 
-from bench import clients, servers, suite
+from bench import clients, sendfloor, servers, suite
 
 SAMPLE_SOCKETS = 100
-CLIENT_PROCESSES = 2  # --all: the readers, all on the client core
 STALLED_RECEIVE_BUFFER = 1024
 
 
@@ -26,11 +26,14 @@ def measure(workdir, options):
     if options.all_sockets:
         print(f"\nTime sockets, every one read: {options.tick_seconds} s of ticks; lateness after the whole second "
               f"of every tick on every socket, as the client's kernel stamped its arrival (SO_TIMESTAMPNS), read by "
-              f"{CLIENT_PROCESSES} client processes on core {servers.CLIENT_CORE}, whose CPU use (user + system "
-              f"÷ wall time, in % of that one core) is shown\n")
+              f"{clients.READER_PROCESSES} client processes on core {servers.CLIENT_CORE}, whose CPU use (user + system "
+              f"÷ wall time, in % of that one core) is shown; before each run, the machine's floor in the same "
+              f"minute: a bare loop of send() to as many loopback sockets, read the same way (bench/sendfloor.py), "
+              f"its median loop of {options.tick_seconds}, and the arrival p99 ÷ that loop\n")
         print(f"| sockets{run_column(options)} | handshake failures | skipped seconds | built p50 / p99 / max ms "
-              "| arrived p50 / p99 / max ms | client CPU, % of one core | RSS per socket KiB |")
-        print("|---" * (7 + (options.runs > 1)) + "|")
+              "| arrived p50 / p99 / max ms | client CPU, % of one core | RSS per socket KiB | floor loop ms "
+              "| p99 ÷ floor |")
+        print("|---" * (9 + (options.runs > 1)) + "|")
     else:
         print(f"\nTime sockets: all open, {options.tick_seconds} s of ticks; lateness after the whole second, "
               f"measured on the {SAMPLE_SOCKETS} sockets opened last (the others never read, so the client costs "
@@ -41,11 +44,14 @@ def measure(workdir, options):
     rows = []
     for run in range(1, options.runs + 1):
         for count in options.socket_counts:
+            floor = sendfloor.loop_seconds(count, options.tick_seconds) if options.all_sockets else None
             server = servers.service(env)
             try:
                 before = server.rss_kib()
                 if options.all_sockets:
                     row = read_every_socket(server, secrets, count, before, options.tick_seconds)
+                    row["floor_loop_ms"] = round(statistics.median(floor) * 1000, 1)
+                    row["p99_to_floor"] = row["arrived_ms"] and round(row["arrived_ms"]["p99"] / row["floor_loop_ms"], 2)
                 else:
                     row = asyncio.run(measure_ticks(server, secrets, count, before, options.tick_seconds))
             finally:
@@ -65,22 +71,25 @@ def run_column(options):
 def print_runs(rows, options):
     """Each count's figures over the runs, side by side."""
     cpu = "client CPU %, each run | " if options.all_sockets else ""
+    floor = " floor loop, each run ms | p99 ÷ floor, each run |" if options.all_sockets else ""
     print(f"\n| sockets | arrived p50, each run ms | arrived p99, each run ms | {cpu}handshake failures, "
-          "skipped seconds | RSS per socket, each run KiB |")
-    print("|---" * (5 + bool(cpu)) + "|")
+          f"skipped seconds | RSS per socket, each run KiB |{floor}")
+    print("|---" * (5 + 3 * bool(cpu)) + "|")
     for count in options.socket_counts:
         runs = [row for row in rows if row["sockets"] == count]
 
         arrived = {field: each([row["arrived_ms"] and row["arrived_ms"][field] for row in runs])
                    for field in ("p50", "p99")}
         cpu_cell = f"{' / '.join(str(row['client_cpu_percent']) for row in runs)} | " if cpu else ""
+        floor_cells = (f" {each([row['floor_loop_ms'] for row in runs])} | "
+                       f"{each([row['p99_to_floor'] for row in runs], '.2f')} |") if cpu else ""
         print(f"| {count:,} | {arrived['p50']} | {arrived['p99']} | {cpu_cell}"
               f"{sum(row['handshake_failures'] for row in runs)}, {sum(row['skipped_seconds'] for row in runs)} "
-              f"| {each([row['rss_per_socket_kib'] for row in runs])} |")
+              f"| {each([row['rss_per_socket_kib'] for row in runs])} |{floor_cells}")
 
 
-def each(values):
-    return " / ".join("-" if value is None else f"{value:.1f}" for value in values)
+def each(values, spec=".1f"):
+    return " / ".join("-" if value is None else f"{value:{spec}}" for value in values)
 
 
 def tick_row(first_cell, row):
@@ -88,19 +97,20 @@ def tick_row(first_cell, row):
     def layout(spread):
         return "-" if spread is None else f"{spread['p50']:.1f} / {spread['p99']:.1f} / {spread['max']:.1f}"
     cpu = f" {row['client_cpu_percent']} |" if "client_cpu_percent" in row else ""
+    floor = f" {row['floor_loop_ms']:.1f} | {each([row['p99_to_floor']], '.2f')} |" if "floor_loop_ms" in row else ""
     return (f"| {first_cell} | {row['handshake_failures']} | {row['skipped_seconds']} | {layout(row['built_ms'])} "
-            f"| {layout(row['arrived_ms'])} |{cpu} {row['rss_per_socket_kib']:.1f} |")
+            f"| {layout(row['arrived_ms'])} |{cpu} {row['rss_per_socket_kib']:.1f} |{floor}")
 
 
 def read_every_socket(server, secrets, count, rss_before, tick_seconds):
-    """--all: CLIENT_PROCESSES processes open `count` sockets between them and read every tick."""
+    """--all: clients.READER_PROCESSES processes open `count` sockets between them and read every tick."""
     paths = [f"/api/v1/ws/time?api_key={secrets[index // 10]}" for index in range(count)]
     context = multiprocessing.get_context("spawn")
     pipes, processes = [], []
-    for share in range(CLIENT_PROCESSES):
+    for share in range(clients.READER_PROCESSES):
         ours, theirs = context.Pipe()
         process = context.Process(target=clients.read_time_sockets,
-                                  args=(server.port, paths[share::CLIENT_PROCESSES], tick_seconds, theirs))
+                                  args=(server.port, paths[share::clients.READER_PROCESSES], tick_seconds, theirs))
         process.start()
         pipes.append(ours)
         processes.append(process)
