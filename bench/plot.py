@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # noqa: E402
 
-BAR, RUN, BASE = "#4c72b0", "#222222", "#b0b0b0"
+BAR, RUN, BASE, FLOOR = "#4c72b0", "#222222", "#b0b0b0", "#dd8452"
 
 
 def label(name):
@@ -102,12 +102,18 @@ def plot_sockets(part, report):
                   color=RUN, markersize=3, label="arrived, p99, later runs")
     late.plot(counts, [row["built_ms"]["p99"] for row in rows], "-", marker=".", color=BASE,
               label="message built by the server, p99")
+    floors = [row for row in measured if "floor_loop_ms" in row]
+    if floors:
+        late.plot([row["sockets"] for row in floors], [row["floor_loop_ms"] for row in floors], "_", color=FLOOR,
+                  markersize=16, markeredgewidth=2, label="the machine's floor before each run: a bare send loop")
     late.set_xlabel("time sockets open on the worker")
     late.set_ylabel("ms after the whole second")
     late.set_xticks(counts, [f"{count:,}" for count in counts])
     late.grid(alpha=0.3)
-    late.set_ylim(bottom=0)
-    late.legend(fontsize=7, loc="upper left")
+    # Headroom for the legend above the highest point, in two columns across the top.
+    highest = max([row["arrived_ms"]["p99"] for row in measured] + [row["floor_loop_ms"] for row in floors])
+    late.set_ylim(0, highest * 1.45)
+    late.legend(fontsize=7, loc="upper left", ncol=2)
     memory.bar([f"{count:,}" for count in counts], [row["rss_per_socket_kib"] for row in rows], color=BAR)
     memory.set_ylabel("worker RSS per socket, KiB")
     for position, row in enumerate(rows):
