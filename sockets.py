@@ -296,7 +296,7 @@ class Ticker:
         a client a limit behind with 1008, any other failure logged and closed with 1011."""
         ws = self.outboxes.get(outbox)
         if ws is None:
-            return  # its handler let go of it while a TLS send of this tick waited
+            return  # its handler let go of it while the tick yielded (a log handler writing to a socket)
         self.discard(ws)
         if isinstance(error, outbox_module.OutputFull):
             ws.give_up()

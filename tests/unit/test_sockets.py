@@ -185,7 +185,8 @@ def test_one_failing_socket_costs_only_itself_its_tick():
 
 
 def test_a_socket_its_handler_let_go_of_during_a_tick_costs_the_others_nothing():
-    # Under TLS a send can wait, and the handler of a socket later in the tick lets go of it.
+    # Whatever yields during a tick (a log handler writing to a socket) lets the handler of a
+    # socket later in the tick let go of it.
     ticker = sockets.Ticker(slots.SocketSlots(10), 5)
     waiting, let_go, healthy = FakeSocket(), FakeSocket(BrokenPipeError()), FakeSocket()
     for ws in (waiting, let_go, healthy):
