@@ -93,9 +93,10 @@ def wait_until(condition, seconds=30):
             gevent.sleep(0.01)
 
 
-def test_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_in_order(pair):
-    server, client = pair
-    outbox = Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
+def send_to_a_peer_that_reads_only_afterwards(server, client, stall_timeout):
+    """Send 4 MiB through an Outbox on server while client reads nothing, then read it all there;
+    return the outbox."""
+    outbox = Outbox(server, 8 * MIB, stall_timeout=stall_timeout, on_stall=pytest.fail)
     frames = [bytes([i]) * 65536 for i in range(64)]
     # A send that waited for the peer would wait for ever: the peer reads only afterwards.
     with gevent.Timeout(30):
@@ -103,6 +104,11 @@ def test_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_i
             outbox.send(data)
     assert outbox.pending_bytes > 2 * MIB
     assert read_exactly(client, 64 * 65536) == b"".join(frames)
+    return outbox
+
+
+def test_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_in_order(pair):
+    outbox = send_to_a_peer_that_reads_only_afterwards(*pair, stall_timeout=5)
     gevent.sleep(0)
     assert outbox.pending_bytes == 0 and not outbox.pending
 
@@ -372,14 +378,7 @@ def tls_pair(tmp_path):
 def test_under_tls_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arrives_later_in_order(tmp_path):
     server, client = tls_pair(tmp_path)
     with server, client:
-        outbox = Outbox(server, 8 * MIB, stall_timeout=30, on_stall=pytest.fail)
-        frames = [bytes([i]) * 65536 for i in range(64)]
-        # A send that waited for the peer would wait for ever: the peer reads only afterwards.
-        with gevent.Timeout(30):
-            for data in frames:
-                outbox.send(data)
-        assert outbox.pending_bytes > 2 * MIB
-        assert read_exactly(client, 64 * 65536) == b"".join(frames)
+        outbox = send_to_a_peer_that_reads_only_afterwards(server, client, stall_timeout=30)
         wait_until(lambda: not outbox.pending)
 
 
