@@ -41,9 +41,13 @@ def open_database(url):
         # two greenlets can interleave inside a statement or a transaction. With real
         # threads (the CLI, Flask's test client) each thread keeps its own connection.
         shared = greenlets_share_thread()
+        # Every transaction takes the write lock at BEGIN, waiting on busy_timeout: a deferred one
+        # that reads before it writes is refused at once ("database is locked") when another
+        # process wrote in between, since its snapshot is then stale.
         return connect(
             url,
             pragmas=SQLITE_PRAGMAS,
+            lock_type="IMMEDIATE",
             thread_safe=not shared,
             check_same_thread=not shared,
         )
