@@ -5,6 +5,7 @@ label, and an endpoint's path wraps only at a slash; at both sizes key rows, but
 totals line up."""
 
 import itertools
+import threading
 import time
 from pprint import pformat
 
@@ -336,13 +337,21 @@ def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_r
     assert article.evaluate("a => a.getBoundingClientRect().top + scrollY") > DESKTOP["height"]  # below the fold
     loads = []
     page.on("load", lambda loaded: loads.append(loaded.url))
-    article.get_by_role("button", name="Send test event").click()
-    page.wait_for_load_state("load")
-    endpoint_id = article.get_attribute("id")
-    assert page.url.endswith(f"/settings/security#{endpoint_id}")
-    expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
-    expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
-    expect(article.get_by_role("status")).to_contain_text("A test event")
+    # The receiver answers once the waiting event's status has been seen: on a slow machine the
+    # attempt was recorded before the page came back, and the page rightly showed no status.
+    status_seen = threading.Event()
+    server.receiver.answer = lambda delivery: 204 if status_seen.wait(ATTEMPT_DEADLINE_MS / 1000) else 503
+    try:
+        article.get_by_role("button", name="Send test event").click()
+        page.wait_for_load_state("load")
+        endpoint_id = article.get_attribute("id")
+        assert page.url.endswith(f"/settings/security#{endpoint_id}")
+        expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
+        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+        expect(article.get_by_role("status")).to_contain_text("A test event")
+        status_seen.set()
+    finally:
+        server.receiver.answer = lambda delivery: 204
     expect(article.locator("tr.attempt")).to_have_count(1, timeout=ATTEMPT_DEADLINE_MS)
     expect(article.locator("tr.attempt")).to_contain_text("webhook.test")
     expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
