@@ -3,7 +3,8 @@ document.addEventListener("DOMContentLoaded", () => {
   const $ = (id) => document.getElementById(id);
   const keyField = $("api-key");
   const socketBase = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/api/v1/ws`;
-  keyField.value = sessionStorage.getItem("playgroundKey") || "";
+  // A key typed or pasted before this script arrived is the one to use.
+  if (!keyField.value) keyField.value = sessionStorage.getItem("playgroundKey") || "";
   keyField.addEventListener("change", () => sessionStorage.setItem("playgroundKey", keyField.value.trim()));
 
   for (const button of document.querySelectorAll("button.call")) {
@@ -83,4 +84,9 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     $("echo-message").value = "";
   });
+
+  // Enabled only now: a control clicked before this script arrived would do nothing.
+  for (const control of document.querySelectorAll("button.call, #time-open, #echo-form button")) {
+    control.disabled = false;
+  }
 });

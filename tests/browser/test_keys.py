@@ -119,6 +119,25 @@ def test_playground_calls_rest_ticks_the_clock_echoes_and_shows_a_refusal(page, 
     expect(clock).to_have_text("--:--:--")
 
 
+def test_the_playground_keeps_a_key_typed_before_its_script_arrives(page):
+    held = []
+    sign_up(page, "finn")
+    secret = create_key(page, "Typed early")
+    page.route("**/static/playground.js", lambda route: held.append(route))  # late, as on a loaded machine
+    page.goto("/playground", wait_until="commit")
+    page.get_by_label("API key").fill(secret)
+    call = page.get_by_role("button", name="GET /api/v1/usage/stats")
+    # A button that does nothing until the script comes is never offered.
+    expect(call).to_be_disabled()
+    while not held:
+        page.wait_for_timeout(50)
+    held.pop().continue_()
+    page.unroute("**/static/playground.js")
+    call.click()
+    expect(page.locator("#rest-status")).to_have_text("200 OK")
+    expect(page.get_by_label("API key")).to_have_value(secret)
+
+
 # Clipboards that answer badly: none at all (a page served over http from another host than
 # localhost), and one whose promise never settles while the synchronous copy is refused.
 NO_CLIPBOARD = "Object.defineProperty(Navigator.prototype, 'clipboard', {get: () => undefined});"
