@@ -46,7 +46,6 @@ document.addEventListener("DOMContentLoaded", () => {
     const button = document.getElementById(id);
     if (!button) continue;
     if (!window.PublicKeyCredential || !PublicKeyCredential.parseCreationOptionsFromJSON) {
-      button.disabled = true;
       button.title = "This browser does not support passkeys.";
       continue;
     }
@@ -54,5 +53,7 @@ document.addEventListener("DOMContentLoaded", () => {
       button.disabled = true;
       action(button).catch(showError).finally(() => { button.disabled = false; });
     });
+    // Enabled only now: a button clicked before this script arrived would do nothing.
+    button.disabled = false;
   }
 });

@@ -107,3 +107,19 @@ def test_a_passkey_registers_logs_in_alone_serves_as_second_factor_and_is_remove
     page.locator("#passkey-login").click()
     expect(page.locator("#passkey-error")).to_contain_text("not registered")
     assert re.search(r"/login$", page.url)
+
+
+def test_a_passkey_button_is_offered_only_once_its_script_has_arrived(page):
+    held = []
+    add_authenticator(page)
+    sign_up(page, "quinn")
+    page.route("**/static/passkeys.js", lambda route: held.append(route))  # late, as on a loaded machine
+    page.goto("/settings/security", wait_until="commit")
+    page.locator("#passkey-name").fill("Phone")
+    expect(page.locator("#add-passkey")).to_be_disabled()
+    while not held:
+        page.wait_for_timeout(50)
+    held.pop().continue_()
+    page.unroute("**/static/passkeys.js")
+    page.locator("#add-passkey").click()
+    expect(page.locator(".passkey")).to_have_text("Phone")
