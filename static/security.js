@@ -64,6 +64,8 @@ document.addEventListener("DOMContentLoaded", () => {
     tryIt.addEventListener("click", () => {
       sessionStorage.setItem("playgroundKey", document.getElementById("new-secret").value);
     });
+    // Offered once it hands the key on: before that, the playground would open without it.
+    document.getElementById("try-secret-line").hidden = false;
   }
   for (const list of document.querySelectorAll(".attempts-list[data-waiting]")) {
     refreshAttempts(list);

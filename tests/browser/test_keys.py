@@ -145,7 +145,7 @@ STUCK_CLIPBOARD = """document.execCommand = () => false;
 Object.defineProperty(Navigator.prototype, 'clipboard', {get: () => ({writeText: () => new Promise(() => {})})});"""
 
 
-def test_copy_is_shown_only_once_it_works_and_answers_at_once(page):
+def test_copy_and_try_it_are_offered_only_once_they_work(page):
     held = []
     page.route("**/static/security.js", lambda route: held.append(route))  # the page's script is late, as on a loaded machine
     sign_up(page, "kira")
@@ -156,13 +156,18 @@ def test_copy_is_shown_only_once_it_works_and_answers_at_once(page):
     expect(page.get_by_label("Secret key")).to_be_visible()
     # A button that does nothing until the script comes is never offered.
     expect(page.get_by_role("button", name="Copy")).to_have_count(0)
+    # Nor a link that would open the playground without the key it promises.
+    expect(page.get_by_role("link", name="Try it in the playground")).to_have_count(0)
     while not held:
         page.wait_for_timeout(50)
     held.pop().continue_()
     page.unroute("**/static/security.js")
+    secret = page.get_by_label("Secret key").input_value()
     page.get_by_role("button", name="Copy").click()
     expect(page.get_by_role("button", name="Copied")).to_be_visible(timeout=COPY_DEADLINE_MS)
-    expect_clipboard(page, page.get_by_label("Secret key").input_value())
+    expect_clipboard(page, secret)
+    page.get_by_role("link", name="Try it in the playground").click()
+    expect(page.get_by_label("API key")).to_have_value(secret)
 
 
 @pytest.mark.parametrize("clipboard", [NO_CLIPBOARD, STUCK_CLIPBOARD], ids=["none", "never answers"])
