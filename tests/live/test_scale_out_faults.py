@@ -102,6 +102,7 @@ def test_counts_stay_exact_and_answers_bounded_through_outages_kills_reloads_and
     postgres = PrivatePostgres()
     redis = PrivateRedis()
     servers = []
+    load = None
     try:
         env = service_env(tmp_path, DATABASE_URL=postgres.url, RATELIMIT_STORAGE_URL=redis.url,
                           WEB_CONCURRENCY="2", RATE_LIMIT_TIERS="free=1000000/hour", MAX_KEYS_PER_USER="100")
@@ -170,6 +171,9 @@ def test_counts_stay_exact_and_answers_bounded_through_outages_kills_reloads_and
         time.sleep(2)
         stored = totals(postgres.url)
     finally:
+        # A step that failed must not leave the load's threads calling stopped servers for ever.
+        if load is not None:
+            load.stop()
         outputs = []
         for server in servers:
             outputs.append(server.output())
