@@ -305,6 +305,7 @@ def post_worker_init(worker):
 
     gevent.spawn(metrics.fold_every_second)
     services.start(worker.wsgi)
+    warmup.open_connections(worker.wsgi)
     # A greenlet runs once the worker's servers listen, so the old worker stops after this one serves.
     gevent.spawn(retire_replaced_workers, worker)
 

@@ -5,8 +5,10 @@ import signal
 import threading
 import time
 
+import redis
 import requests
 from liveserver import ROOT, children, make_key, metrics_folder, service_env, start_procfile, wait_for
+from privateservers import PrivateRedis
 
 SLOW_IMPORT = ROOT / "tests" / "fixtures" / "slow_app_import"
 
@@ -101,3 +103,30 @@ def test_a_replacement_that_dies_before_it_serves_leaves_no_old_worker_behind(tm
                             timeout=10).status_code == 200
     finally:
         server.stop()
+
+
+def test_workers_connect_before_a_request_needs_it_after_a_reload_too(tmp_path):
+    # A new worker's first requests would otherwise each open a connection, on a loaded machine
+    # for many times a warm request's time, just as the reload retires the old worker beside it.
+    private = PrivateRedis()
+    try:
+        server = start_procfile(tmp_path, service_env(tmp_path, WEB_CONCURRENCY="2", RATELIMIT_STORAGE_URL=private.url))
+        observer = redis.Redis.from_url(private.url)
+        try:
+            def workers_connected():
+                return len(observer.client_list()) - 1
+
+            master = server.process.pid
+            # The first worker up has answered; the second may still be starting.
+            wait_for(lambda: workers_connected() == 2, seconds=10)
+            first = set(children(master))
+            os.kill(master, signal.SIGHUP)
+            wait_for(lambda: not first & set(children(master)) and len(children(master)) == 2)
+            # Nothing has been asked of the new workers: what they hold, they opened to serve (Redis
+            # may take a moment to see the old workers' connections close).
+            wait_for(lambda: workers_connected() == 2, seconds=10)
+        finally:
+            observer.close()
+            server.stop()
+    finally:
+        private.close()
