@@ -46,8 +46,8 @@ def test_a_reload_refuses_fails_and_holds_no_request_and_leaves_no_file(tmp_path
     env = service_env(tmp_path, WEB_CONCURRENCY="2", PYTHONPATH=str(SLOW_IMPORT), SLOW_APP_IMPORT_SECONDS="1.5")
     key = make_key(dict(env, PYTHONPATH="", SLOW_APP_IMPORT_SECONDS="0"))
     server = start_procfile(tmp_path, env)
+    load = SteadyLoad(server.base + "/api/v1/protected/test", {"X-API-Key": key})
     try:
-        load = SteadyLoad(server.base + "/api/v1/protected/test", {"X-API-Key": key})
         time.sleep(0.5)
         folder = metrics_folder(server.process.pid)
         for reloads in (1, 2):
@@ -55,8 +55,9 @@ def test_a_reload_refuses_fails_and_holds_no_request_and_leaves_no_file(tmp_path
             # Both old workers have gone once their replacements serve.
             wait_for(lambda: server.output().count("Worker exiting") >= 2 * reloads)
             time.sleep(0.5)
-        results = load.stop()
     finally:
+        # Also when a step failed: the threads would otherwise call the stopped server for ever.
+        results = load.stop()
         server.stop()
     outcomes = {outcome for outcome, _ in results}
     assert outcomes == {200}, outcomes
