@@ -119,13 +119,13 @@ def test_workers_connect_before_a_request_needs_it_after_a_reload_too(tmp_path):
 
             master = server.process.pid
             # The first worker up has answered; the second may still be starting.
-            wait_for(lambda: workers_connected() == 2, seconds=10)
+            wait_for(lambda: workers_connected() == 2)
             first = set(children(master))
             os.kill(master, signal.SIGHUP)
             wait_for(lambda: not first & set(children(master)) and len(children(master)) == 2)
             # Nothing has been asked of the new workers: what they hold, they opened to serve (Redis
             # may take a moment to see the old workers' connections close).
-            wait_for(lambda: workers_connected() == 2, seconds=10)
+            wait_for(lambda: workers_connected() == 2)
         finally:
             observer.close()
             server.stop()
