@@ -299,7 +299,8 @@ def post_worker_init(worker):
     """Make SIGTERM and SIGINT close every open WebSocket with 1001 and then stop the worker
     gracefully (gunicorn on its own would cut sockets after graceful_timeout with no close frame,
     and its SIGINT is a quick stop); fold the worker's request counts into /metrics every second;
-    start the worker's background services (ops/services.py)."""
+    start the worker's background services (ops/services.py); open its database and Redis
+    connections before it serves and retires the old worker it replaces (serving/warmup.py)."""
     from ops import metrics
     from sockets import close_all_sockets
 
