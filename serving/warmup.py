@@ -1,6 +1,6 @@
-"""A serving process made ready before it serves: its first database and limit-storage connections
-open, the libraries requests import on first use imported, then everything loaded frozen out of the
-garbage collector's way."""
+"""A serving process made ready before it serves: the libraries requests import on first use
+imported, then everything loaded frozen out of the garbage collector's way; and in a gunicorn worker,
+which may be taking over from one a reload retires, its first database and Redis connections open."""
 
 import gc
 import importlib
