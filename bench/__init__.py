@@ -21,7 +21,8 @@ the same options where they apply (--help lists them); --quick makes a smoke run
 Shared by the parts: servers.py (gunicorn with one pinned worker, free ports, the service's
 environment, seeded keys, copied accounts), wrk.py (a run and its parsed report), clients.py (the
 WebSocket clients: raw handshakes, the kernel-stamped time-socket reader, the asyncio echo client;
-percentiles), suite.py (the command line and the JSON report). bare.py and bare.conf.py are the
+percentiles), sharedstores.py (a redis-server of the bench's own, a PostgreSQL database made afresh,
+and their counters read from outside), suite.py (the command line and the JSON report). bare.py and bare.conf.py are the
 ceiling: a bare Flask route and a bare flask-sock echo under the service's gunicorn settings;
 peer.py is the peer: protected/test on FastAPI and uvicorn, as a user might write it instead.
 Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the app, or

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import time
 
-from bench import capacity, servers, suite
+from bench import capacity, servers, sharedstores, suite
 
 POSTGRES_DATABASE = "pgbouncer_bench"
 REQUESTS = 3000
@@ -58,15 +58,11 @@ class PgBouncer:
 def measure(workdir, options):
     import psycopg
 
-    admin_url = capacity.POSTGRES_ADMIN_URL
-    direct_url = admin_url.rsplit("/", 1)[0] + "/" + POSTGRES_DATABASE
-    bouncer, redis_server = PgBouncer(), capacity.PrivateRedis()
+    bouncer, redis_server = PgBouncer(), sharedstores.PrivateRedis()
     results = {}
     try:
         for name, query in URLS.items():
-            with psycopg.connect(admin_url, autocommit=True) as connection:
-                connection.execute(f"DROP DATABASE IF EXISTS {POSTGRES_DATABASE} WITH (FORCE)")
-                connection.execute(f"CREATE DATABASE {POSTGRES_DATABASE}")
+            direct_url = sharedstores.fresh_database(POSTGRES_DATABASE)
             env = dict(servers.service_env(workdir), RATELIMIT_STORAGE_URL=redis_server.url,
                        DATABASE_URL=f"postgresql://postgres@127.0.0.1:{bouncer.port}/{POSTGRES_DATABASE}{query}")
             secrets = servers.seed_keys(env, 1 + REQUESTS)

@@ -6,24 +6,20 @@ checkout too. Needs PostgreSQL on 127.0.0.1:5432 and Redis (BENCH_REDIS_URL, emp
     python -m bench.scale [--against DIR] [--quick] [--json FILE]
 """
 
-from bench import servers, suite, wrk
+from bench import servers, sharedstores, suite, wrk
 
-POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 POSTGRES_DATABASE = "apiservice_bench"  # made afresh at the start
 BARE = "bare Flask `GET /bare`"
 BASELINE = "SQLite + memory://"
 
 
 def measure(workdir, options):
-    import psycopg
     import redis
 
-    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {POSTGRES_DATABASE} WITH (FORCE)")
-        connection.execute(f"CREATE DATABASE {POSTGRES_DATABASE}")
+    database_url = sharedstores.fresh_database(POSTGRES_DATABASE)
     redis.Redis.from_url(servers.REDIS_URL).flushdb()
     sqlite_env = servers.service_env(workdir)
-    postgres_env = dict(sqlite_env, DATABASE_URL=POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + POSTGRES_DATABASE)
+    postgres_env = dict(sqlite_env, DATABASE_URL=database_url)
     secrets = {"sqlite": servers.seed_keys(sqlite_env, 1)[0], "postgresql": servers.seed_keys(postgres_env, 1)[0]}
     configurations = {
         BASELINE: ("sqlite", sqlite_env),
