@@ -1,7 +1,7 @@
 """MAX_BODY_BYTES on the live server in both run modes (two gunicorn workers, and the fallback
 server), with raw sockets: a larger body, declared or sent in chunks, is refused before it is read;
 a body within the limit is served and the workers carry on. The same rules in-process:
-tests/unit/serving/test_body_limit.py."""
+tests/unit/serving/test_bodylimit.py."""
 
 import json
 import socket

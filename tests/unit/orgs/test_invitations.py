@@ -1,6 +1,8 @@
 """orgs/invitations.py: a link that works once, for 7 days, for the invited address only; sent
 again with a new link that voids the old; the caps on pending invitations and mails; the mail
-queued with its link only when the site's address is known; each step in the organisation's log."""
+queued with its link only when the site's address is known; each step in the organisation's log;
+sending again capped per address and a minute apart, a link voided even while it is being accepted,
+an address never confirmed by an inviter, and ended invitations deleted after a month."""
 
 import datetime
 
@@ -213,3 +215,52 @@ def test_each_step_is_logged_with_who_acted(app, user, acme):
         ("member.joined", "bob as developer", "bob"),
         ("invitation.revoked", "carol@example.com as viewer", None),
     ]
+
+
+def test_sending_a_link_again_counts_against_the_address_s_hourly_cap(acme, user, public_url, monkeypatch):
+    monkeypatch.setattr(invitations, "RESEND_AFTER", datetime.timedelta(0))
+    invitations.invite(acme.id, "victim@example.org", "viewer", inviter=user)
+    for _ in range(invitations.MAILS_PER_ADDRESS_PER_HOUR - 1):
+        invitations.send_again(invitations.pending_in(acme.id).get(), actor=user)
+    with pytest.raises(ValueError, match="in the last hour"):
+        invitations.send_again(invitations.pending_in(acme.id).get(), actor=user)
+    assert MailMessage.select().where(MailMessage.recipient == "victim@example.org").count() == 3
+
+
+def test_a_link_is_sent_again_a_minute_later_at_the_soonest(acme, user, public_url):
+    invitation, _ = invitations.invite(acme.id, "guest@example.org", "viewer", inviter=user)
+    with pytest.raises(ValueError, match="less than a minute ago"):
+        invitations.send_again(reloaded(invitation), actor=user)
+
+
+def test_an_inviter_cannot_confirm_an_address_it_does_not_own(acme, user, public_url):
+    _, link = invitations.invite(acme.id, "victim@example.org", "viewer", inviter=user)
+    sock = make_user("sock", "victim@example.org")
+    invitations.accept(token_of(link), sock)
+    assert User.get_by_id(sock.id).email_verified_at is None
+
+
+def test_a_link_sent_anew_while_the_old_one_is_being_accepted_voids_it(acme, user, public_url, monkeypatch):
+    invitation, link = invitations.invite(acme.id, "guest@example.org", "viewer", inviter=user)
+    guest = make_user("guest", "guest@example.org")
+    found = invitations.find(token_of(link))
+    # The row as find read it, before a resend that another request commits in between.
+    monkeypatch.setattr(invitations, "find", lambda token, now=None: found)
+    Invitation.update(token_hash=emailtokens.hashed(emailtokens.new_token())).execute()
+    with pytest.raises(invitations.Unusable):
+        invitations.accept(token_of(link), guest)
+
+
+def reloaded(invitation):
+    return Invitation.get_by_id(invitation.id)
+
+
+def test_invitations_that_ended_a_month_ago_are_deleted_at_the_next_one(acme, user, public_url):
+    old, _ = invitations.invite(acme.id, "old@example.org", "viewer", inviter=user)
+    recent, _ = invitations.invite(acme.id, "recent@example.org", "viewer", inviter=user)
+    month_ago = utcnow() - invitations.KEPT_AFTER_END - datetime.timedelta(seconds=1)
+    Invitation.update(revoked_at=month_ago).where(Invitation.id == old.id).execute()
+    Invitation.update(revoked_at=utcnow()).where(Invitation.id == recent.id).execute()
+    invitations.invite(acme.id, "new@example.org", "viewer", inviter=user)
+    assert [row.email for row in Invitation.select().order_by(Invitation.id)] == [
+        "recent@example.org", "new@example.org"]
