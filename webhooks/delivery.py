@@ -170,7 +170,7 @@ def post(url, body, headers, allow_private, deadline):
     else:
         connection = http.client.HTTPConnection(host, port)
     # http.client opens its socket with this attribute (socket.create_connection by default); the
-    # TLS handshake, SNI and certificate check still use the host name. tests/test_webhooks.py pins it.
+    # TLS handshake, SNI and certificate check still use the host name. tests/unit/webhooks/test_delivery.py pins it.
     connection._create_connection = addresses.checked_connection(allow_private, deadline)
     try:
         connection.request("POST", target, body=body, headers={

@@ -190,7 +190,7 @@ def test_a_message_outlives_a_stopped_service_with_its_webhook_id(tmp_path, rece
         cli(env, "keys", "create", "carol", "--name", "second", "--type", "development")
         first = receiver.wait_for(1)[0]
         # The failed attempt recorded, the next one due in 10 s (a process killed in the middle of an
-        # attempt leaves its message to be claimed again when the lease ends: tests/unit/webhooks/test_webhooks.py).
+        # attempt leaves its message to be claimed again when the lease ends: tests/unit/webhooks/test_delivery.py).
         wait_for(lambda: rows(env["DATABASE_URL"], "SELECT id FROM webhook_attempts"))
         server.stop(getattr(signal, stop))
     finally:

@@ -24,16 +24,6 @@ DOCUMENT = json.loads(TEXT)
 HEADERS = {"webhook-id": "msg_" + "a" * 24, "webhook-timestamp": "1795312800", "webhook-signature": "v1," + "A" * 43 + "="}
 
 
-@pytest.fixture
-def app(make_app, database_url):
-    app = make_app({
-        "DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://", "RATE_LIMIT_TIERS": "free=5/minute",
-        "PUBLIC_RATE_LIMIT": "off", "TESTING": True, "WTF_CSRF_ENABLED": False, "WEBHOOK_ALLOW_PRIVATE": True,
-    })
-    with app.app_context():
-        yield app
-
-
 def test_openapi_json_holds_the_catalog_as_regenerating_writes_it():
     # Run `python -m webhooks.catalog` when this fails: the catalog changed and openapi.json did not.
     assert catalog.rewrite(TEXT) == TEXT

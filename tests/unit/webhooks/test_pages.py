@@ -1,34 +1,18 @@
-"""The Security tab's webhook section in-process: Send test event returns to the endpoint's own
-section, and the endpoint's attempts list is served alone (for the page's script) to its owner only,
-saying whether a test event still waits for its first attempt."""
+"""webhooks/pages.py, the Security tab's webhook section in-process: an endpoint added with its
+secret shown once and its events chosen, Send test event returning to the endpoint's own section,
+the attempts list served alone (for the page's script) to its owner only, saying whether a test
+event still waits for its first attempt; refusals in a sentence, another account's endpoint a 404,
+a removed endpoint's messages dropped, the CSRF token required."""
 
+import html.parser
 import re
 
-import pytest
-from webhookreceiver import receiving
+from werkzeug.datastructures import MultiDict
 
 from accounts import users
-from webhooks import delivery, endpoints
-from webhooks.models import FAILED, PENDING, WebhookMessage
-
-
-@pytest.fixture
-def app(make_app, database_url):
-    app = make_app({
-        "DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://", "PUBLIC_RATE_LIMIT": "off",
-        "TESTING": True, "WTF_CSRF_ENABLED": False, "WEBHOOK_ALLOW_PRIVATE": True,
-    })
-    with app.app_context():
-        yield app
-
-
-@pytest.fixture
-def hook(app, user):
-    """Alice's endpoint at a live receiver that answers 204."""
-    with receiving() as receiver:
-        endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/alice")
-        receiver.secrets["/alice"] = secret
-        yield endpoint
+from models import SecurityEvent
+from webhooks import delivery, endpoints, signing
+from webhooks.models import FAILED, PENDING, WebhookEndpoint, WebhookMessage
 
 
 def test_send_test_event_returns_to_the_endpoints_section(logged_in, hook):
@@ -135,3 +119,107 @@ def test_the_resend_button_of_a_forgotten_message_says_it_is_no_longer_kept(app,
     response = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
     assert response.status_code == 409
     assert f"{message.message_id} is no longer kept: messages are forgotten a week after they were made." in response.text
+
+
+def test_the_security_tab_adds_an_endpoint_and_shows_its_secret_once(app, logged_in, receiver):
+    response = logged_in.post("/settings/security/webhooks", data={
+        "url": f"{receiver.url}/web", "events_shown": "1", "events": ["key.created", "usage.threshold"]})
+    assert response.status_code == 302 and response.location.endswith("/settings/security#webhooks")
+    page = logged_in.get("/settings/security").text
+    secret = re.search(r'id="webhook-secret"[^>]*>(whsec_[^<]+)<', page)[1]
+    assert signing.unseal(WebhookEndpoint.get().sealed_secret) == secret
+    assert "key.created, usage.threshold" in page
+    again = logged_in.get("/settings/security").text
+    assert secret not in again and secret[6:] not in again and "webhook-secret" not in again
+
+
+def sent_as_shown(page, action):
+    """The fields a browser sends from the page's form with this action, left as shown: its hidden
+    inputs, and the radio buttons and boxes the page checks."""
+    fields, within = [], []
+
+    class Form(html.parser.HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag == "form":
+                within[:] = [attrs.get("action") == action]
+            elif tag == "input" and any(within) and (attrs.get("type") == "hidden" or "checked" in attrs):
+                fields.append((attrs["name"], attrs["value"]))
+
+        def handle_endtag(self, tag):
+            if tag == "form":
+                within.clear()
+
+    Form().feed(page)
+    return fields
+
+
+def test_the_security_tab_form_subscribes_to_all_events_unless_events_are_chosen(app, logged_in, receiver):
+    page = logged_in.get("/settings/security").text
+    assert re.search(r'<label[^>]*><input type="radio" name="subscribe" value="all" checked> All events', page)
+    fields = sent_as_shown(page, "/settings/security/webhooks")
+    assert [name for name, _ in fields] == ["csrf_token", "events_shown", "subscribe"]
+    response = logged_in.post("/settings/security/webhooks", data=MultiDict([*fields, ("url", f"{receiver.url}/a")]))
+    assert response.status_code == 302 and WebhookEndpoint.get().events == "*"
+    assert "Events: all, including those added later" in logged_in.get("/settings/security").text
+
+    chosen = {"url": f"{receiver.url}/b", "events_shown": "1", "subscribe": "chosen"}
+    response = logged_in.post("/settings/security/webhooks", data=chosen)
+    assert response.status_code == 400 and "Choose at least one event." in response.text
+    assert re.search(r'value="chosen" checked', response.text) and f'value="{receiver.url}/b"' in response.text
+    response = logged_in.post("/settings/security/webhooks", data={**chosen, "subscribe": "some"})
+    assert response.status_code == 400 and "Choose All events or Chosen events." in response.text
+    response = logged_in.post("/settings/security/webhooks", data={**chosen, "events": ["key.revoked", "key.created"]})
+    assert response.status_code == 302
+    assert [endpoint.events for endpoint in WebhookEndpoint.select().order_by(WebhookEndpoint.id)] == [
+        "*", "key.created,key.revoked"]
+    assert "Events: key.created, key.revoked" in logged_in.get("/settings/security").text
+
+
+def test_the_security_tab_sends_a_test_event_and_lists_the_attempt(app, logged_in, user, receiver):
+    endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/web")
+    receiver.secrets["/web"] = secret
+    response = logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test")
+    assert response.status_code == 302
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 409  # one at a time
+    delivery.deliver_due(app)
+    assert receiver.received()[0].verified["type"] == "webhook.test"
+    page = logged_in.get("/settings/security").text
+    assert re.search(r'<tr class="attempt">.*webhook\.test.*HTTP 204.*ms.*>1<', page, re.S)
+    assert secret not in page and secret[6:] not in page
+
+
+def test_the_security_tab_refuses_with_a_sentence(app, logged_in):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    response = logged_in.post("/settings/security/webhooks", data={"url": "http://10.0.0.7/", "events_shown": "1",
+                                                                   "events": ["key.created"]})
+    assert response.status_code == 400 and "Webhooks are not sent to 10.0.0.7" in response.text
+    response = logged_in.post("/settings/security/webhooks", data={"url": "https://93.184.216.34/",
+                                                                   "events_shown": "1"})
+    assert response.status_code == 400 and "Choose at least one event." in response.text
+    assert WebhookEndpoint.select().count() == 0
+
+
+def test_another_accounts_endpoint_is_a_404(app, logged_in, receiver):
+    bob = users.create_user("bob", "bob@example.com", "correct horse battery")
+    endpoint, _ = endpoints.add_endpoint(bob, f"{receiver.url}/bob")
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 404
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 404
+    assert WebhookEndpoint.select().count() == 1
+
+
+def test_removing_an_endpoint_drops_its_messages(app, logged_in, user, receiver):
+    endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/web")
+    endpoints.send_test(endpoint)
+    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 302
+    assert WebhookMessage.select().count() == 0 and delivery.deliver_due(app) == []
+    assert SecurityEvent.select().where(SecurityEvent.event == "webhook.removed").count() == 1
+
+
+def test_the_webhook_forms_need_the_csrf_token(app, logged_in, user, receiver):
+    app.config["WTF_CSRF_ENABLED"] = True
+    endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/web")
+    for path in ["/settings/security/webhooks", f"/settings/security/webhooks/{endpoint.id}/test",
+                 f"/settings/security/webhooks/{endpoint.id}/remove"]:
+        assert logged_in.post(path, data={"url": f"{receiver.url}/x"}).status_code == 400
+    assert WebhookEndpoint.select().count() == 1 and WebhookMessage.select().count() == 0

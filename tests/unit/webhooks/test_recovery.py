@@ -5,7 +5,7 @@ import datetime
 import threading
 
 import pytest
-from webhookreceiver import receiving, verifies
+from webhookreceiver import verifies
 
 from models import SecurityEvent, db, iso_seconds, utcnow
 from webhooks import delivery, endpoints, outbox, recovery, signing
@@ -22,20 +22,6 @@ def app(make_app, database_url):
     })
     with app.app_context():
         yield app
-
-
-@pytest.fixture
-def receiver():
-    with receiving() as receiver:
-        yield receiver
-
-
-@pytest.fixture
-def hook(app, user, receiver):
-    """alice's endpoint at the receiver, whose secret verifies its deliveries."""
-    endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/alice")
-    receiver.secrets["/alice"] = secret
-    return endpoint
 
 
 def failed_message(app, hook, receiver):
