@@ -23,7 +23,7 @@ ANY_ORIGIN = "*"
 ORIGIN_PATTERN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
 DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 # The schemes of playhouse.db_url for the two databases the service's SQL is written for, and of
-# limits' synchronous storages; tests/test_settings.py checks both against the libraries, whose
+# limits' synchronous storages; tests/live/test_settings.py checks both against the libraries, whose
 # own lists cannot be read here without importing them.
 DATABASE_SCHEMES = frozenset({
     "sqlite", "sqlite+pool", "postgres", "postgresql", "postgres+pool", "postgresql+pool", "postgresext",

@@ -108,7 +108,7 @@ def add_observations(histogram, seconds, per_bucket):
     """Add many observations to a histogram child at once: their sum, and how many fell in each
     bucket (bounds as BUCKET_BOUNDS). prometheus_client observes one value at a time; this writes
     the same values it would (`_sum`, and `_buckets[i]`, the first bucket whose bound is at least
-    the value). tests/test_operations.py fails if a new version moves them."""
+    the value). tests/unit/ops/test_operations.py fails if a new version moves them."""
     histogram._sum.inc(seconds)
     for bucket, count in zip(histogram._buckets, per_bucket):
         if count:

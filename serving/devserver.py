@@ -18,7 +18,7 @@ It reaches into gevent.pywsgi.WSGIHandler's hooks (`read_requestline`, `read_req
 `MessageClass`, `handle_one_request`, `handle_one_response`, `_handle_client_error`,
 `_send_error_response_if_possible`, `handle_error`, `log_request`, `run_application`) and its
 input's `_discard`;
-tests/test_devserver.py fails if a new version of gevent moves them.
+tests/live/test_devserver.py fails if a new version of gevent moves them.
 """
 
 import io
@@ -45,7 +45,7 @@ access_log = logging.getLogger(f"{__name__}.access")
 # LOG_FORMAT=json makes each access line gunicorn.conf.py's JSON object; set by prepare_access_log.
 access_json = False
 
-# gunicorn.conf.py's settings, which tests/test_devserver.py keeps equal to these.
+# gunicorn.conf.py's settings, which tests/live/test_devserver.py keeps equal to these.
 KEEPALIVE_SECONDS = 5
 GRACEFUL_SECONDS = 20
 WORKER_CONNECTIONS = 10_000

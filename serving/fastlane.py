@@ -92,7 +92,7 @@ class Lane:
     def open(self):
         """{path: view} of the lane, or {} when Flask would do more than call the views. Flask is
         told the app has served (its private flag, as its first dispatch sets it), so it refuses
-        setup from now on rather than the lane skipping a hook added later; tests/test_fastlane.py
+        setup from now on rather than the lane skipping a hook added later; tests/unit/serving/test_fastlane.py
         fails if Flask moves the flag."""
         self.app._got_first_request = True
         return lane_views(self.app) if flask_would_only_call_the_view(self.app) else {}

@@ -1,7 +1,7 @@
 """The `limits` library's storages, adapted where its own behaviour costs too much (Redis's, in
 store/rediswindows.py), and the three things the limiter asks of a storage: count a request in a
 window, in several windows at once or in none, and take one back. This module reaches into limits
-(MemoryStorage's private sweep); tests/test_limitstorage.py fails loudly if a new version moves
+(MemoryStorage's private sweep); tests/unit/store/test_limitstorage.py fails loudly if a new version moves
 what it relies on."""
 
 import math

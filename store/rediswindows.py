@@ -1,6 +1,6 @@
 """Windows on Redis, counted by Lua scripts in one round trip, beside the key generation that
 tells every process when a key it keeps may be stale. This module reaches into limits
-(RedisStorage's client and key prefix); tests/test_limitstorage.py fails loudly if a new version
+(RedisStorage's client and key prefix); tests/unit/store/test_limitstorage.py fails loudly if a new version
 moves what it relies on."""
 
 import secrets
