@@ -37,6 +37,10 @@ def token_of(link):
     return link.rsplit("/", 1)[1]
 
 
+def reloaded(invitation):
+    return Invitation.get_by_id(invitation.id)
+
+
 def role_of(org, user):
     membership = Membership.get_or_none((Membership.org == org.id) & (Membership.user == user.id))
     return membership and membership.role
@@ -249,10 +253,6 @@ def test_a_link_sent_anew_while_the_old_one_is_being_accepted_voids_it(acme, use
     Invitation.update(token_hash=emailtokens.hashed(emailtokens.new_token())).execute()
     with pytest.raises(invitations.Unusable):
         invitations.accept(token_of(link), guest)
-
-
-def reloaded(invitation):
-    return Invitation.get_by_id(invitation.id)
 
 
 def test_invitations_that_ended_a_month_ago_are_deleted_at_the_next_one(acme, user, public_url):
