@@ -47,6 +47,12 @@ def claimed_ids(*args, **options):
 
 # Claims: accounts share the slots
 
+def due_now(message_id):
+    """Bring a message's next attempt forward to now, as if its pause had passed."""
+    WebhookMessage.update(next_attempt_at=utcnow()).where(
+        (WebhookMessage.message_id == message_id) & (WebhookMessage.state == PENDING)).execute()
+
+
 def test_each_account_has_a_turn_before_any_has_a_second(app, user):
     minute_ago = utcnow() - datetime.timedelta(minutes=1)
     alice = messages(user, 2, minute_ago, endpoint_count=3)
@@ -224,12 +230,6 @@ def test_the_cli_test_while_the_last_test_event_waits_is_one_sentence(app, runne
     assert result.output == ("Error: A test event for this endpoint is still waiting to be delivered; try again once "
                              "it has been.\n")
     assert WebhookMessage.select().count() == 1
-
-
-def due_now(message_id):
-    """Bring a message's next attempt forward to now, as if its pause had passed."""
-    WebhookMessage.update(next_attempt_at=utcnow()).where(
-        (WebhookMessage.message_id == message_id) & (WebhookMessage.state == PENDING)).execute()
 
 
 def test_http_client_still_opens_its_socket_through_create_connection():
