@@ -131,9 +131,9 @@ def test_every_event_made_for_real_is_delivered_as_the_catalog_describes_it(app,
         make_every_event(app, client, user, endpoint)
         delivery.deliver_due(app)
         received = receiver.wait_for(WebhookMessage.select().count())
-    assert {delivery.payload["type"] for delivery in received} == set(catalog.EVENTS)
-    assert all(delivery.error is None and delivery.catalog_errors == [] for delivery in received)
-    data = [(delivery.payload["type"], delivery.payload["data"]) for delivery in received]
+    assert {sent.payload["type"] for sent in received} == set(catalog.EVENTS)
+    assert all(sent.error is None and sent.catalog_errors == [] for sent in received)
+    data = [(sent.payload["type"], sent.payload["data"]) for sent in received]
     # Each nullable field was seen null and not null, and the actor both ways.
     for event, field in (("key.created", "expires_at"), ("key.rolled", "previous_valid_until"),
                          ("credits.exhausted", "next_refill_at"), ("key.revoked", "actor")):

@@ -100,7 +100,7 @@ def test_the_cli_subscribes_to_every_event_without_events_and_accepts_webhook_te
     assert sorted(message.endpoint_id for message in WebhookMessage.select()) == [everything.id, star.id]
     tested = runner.invoke(args=["webhooks", "test", str(tests_only.id)])
     assert tested.exit_code == 0 and "Delivered msg_" in tested.output, tested.output
-    assert [delivery.verified["type"] for delivery in receiver.received("/tests")] == ["webhook.test"]
+    assert [sent.verified["type"] for sent in receiver.received("/tests")] == ["webhook.test"]
 
 
 def test_the_cli_says_why_it_refuses(app, runner, user):
@@ -117,7 +117,7 @@ def test_the_cli_says_why_it_refuses(app, runner, user):
 
 
 def test_the_cli_test_of_a_failing_endpoint_exits_1_and_leaves_it_to_the_schedule(app, runner, user, receiver):
-    receiver.answer = lambda delivery: 500
+    receiver.answer = lambda sent: 500
     endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/down")
     result = runner.invoke(args=["webhooks", "test", str(endpoint.id)])
     assert result.exit_code == 1 and "not delivered: HTTP 500" in result.output

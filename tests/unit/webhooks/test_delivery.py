@@ -239,7 +239,7 @@ def test_http_client_still_opens_its_socket_through_create_connection():
 
 
 def test_a_receiver_failing_twice_gets_three_attempts_with_one_webhook_id(app, hook, receiver):
-    receiver.answer = lambda delivery: 500 if len(receiver.received()) <= 2 else 200
+    receiver.answer = lambda sent: 500 if len(receiver.received()) <= 2 else 200
     message = endpoints.send_test(hook)
     states = []
     for _ in range(3):
@@ -256,20 +256,20 @@ def test_a_receiver_failing_twice_gets_three_attempts_with_one_webhook_id(app, h
             assert delivery.claim(db.obj, 1, now=next_attempt_at - datetime.timedelta(milliseconds=1)) == []
             due_now(message.message_id)
     assert states == [(1, 500, PENDING), (2, 500, PENDING), (3, 200, DELIVERED)]
-    assert {delivery.message_id for delivery in receiver.received()} == {message.message_id}
-    assert all(delivery.error is None for delivery in receiver.received())
+    assert {sent.message_id for sent in receiver.received()} == {message.message_id}
+    assert all(sent.error is None for sent in receiver.received())
 
 
 def test_a_redirect_is_a_failure_and_is_not_followed(app, hook, receiver):
-    receiver.answer = lambda delivery: 302
+    receiver.answer = lambda sent: 302
     endpoints.send_test(hook)
     [(_, outcome, state)] = delivery.deliver_due(app)
     assert outcome.status == 302 and state == PENDING
-    assert [delivery.path for delivery in receiver.received()] == ["/alice"]
+    assert [sent.path for sent in receiver.received()] == ["/alice"]
 
 
 def test_a_message_fails_for_good_once_the_schedule_is_spent(app, hook, receiver):
-    receiver.answer = lambda delivery: 503
+    receiver.answer = lambda sent: 503
     message = endpoints.send_test(hook)
     for _ in range(3):
         delivery.deliver_due(app)
@@ -281,7 +281,7 @@ def test_a_message_fails_for_good_once_the_schedule_is_spent(app, hook, receiver
 
 
 def test_an_endpoint_failing_for_five_days_is_disabled(app, user, hook, receiver):
-    receiver.answer = lambda delivery: 500
+    receiver.answer = lambda sent: 500
     endpoint = hook
     endpoints.send_test(endpoint)
     delivery.deliver_due(app)
@@ -317,14 +317,14 @@ def test_a_claim_takes_one_message_an_endpoint_and_none_of_an_endpoint_in_flight
 
 
 def test_a_failing_endpoint_gets_one_message_at_a_time_and_its_backlog_waits(app, hook, receiver):
-    receiver.answer = lambda delivery: 500
+    receiver.answer = lambda sent: 500
     messages = [outbox.write_test(hook) for _ in range(3)]
     [(probe, _, state)] = delivery.deliver_due(app)
     assert state == PENDING and len(receiver.received()) == 1 and probe.pk == messages[0].id
     waits = {message.next_attempt_at for message in WebhookMessage.select()}
     assert len(waits) == 1 and waits.pop() > utcnow()
     assert [message.attempts for message in WebhookMessage.select().order_by(WebhookMessage.id)] == [1, 0, 0]
-    receiver.answer = lambda delivery: 204
+    receiver.answer = lambda sent: 204
     WebhookMessage.update(next_attempt_at=utcnow()).execute()
     assert [state for *_, state in delivery.deliver_due(app)] == [DELIVERED] * 3
 
@@ -396,7 +396,7 @@ def test_a_stop_gives_back_only_a_message_still_pending(app, hook, receiver):
 
 
 def test_a_message_in_flight_when_its_endpoint_is_disabled_is_not_tried_again(app, hook, receiver):
-    receiver.answer = lambda delivery: 500
+    receiver.answer = lambda sent: 500
     endpoints.send_test(hook)
     [claimed] = delivery.claim(db.obj, 1)
     # Another process disables the endpoint meanwhile, failing its waiting messages (this one too).

@@ -22,9 +22,9 @@ def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, 
     leaked, leaked_secret = auth.issue_key(user, "Leaky", "development")
     assert client.post("/api/v1/keys/revoke", headers={"X-API-Key": leaked_secret}).status_code == 200
     delivery.deliver_due(app)
-    by_type = {delivery.payload["type"]: delivery for delivery in receiver.wait_for(5)
-               if delivery.payload["data"]["key_name"] == "Laptop" or delivery.payload["type"] != "key.created"}
-    assert all(delivery.error is None for delivery in by_type.values())
+    by_type = {sent.payload["type"]: sent for sent in receiver.wait_for(5)
+               if sent.payload["data"]["key_name"] == "Laptop" or sent.payload["type"] != "key.created"}
+    assert all(sent.error is None for sent in by_type.values())
     # Made from the command line (no one logged in acted): no actor; the organisation is alice's own.
     names = {"key_id": key.id, "key_name": "Laptop", "org": "alice", "actor": None}
     created = by_type["key.created"].verified["data"]
@@ -37,7 +37,7 @@ def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, 
     assert by_type["key.revoked"].verified["data"] == {**names, "key_prefix": new_secret[:12],
                                                        "revoked_at": by_type["key.revoked"].verified["data"]["revoked_at"]}
     assert by_type["key.revoked_as_leaked"].verified["data"]["key_id"] == leaked.id
-    everything = " ".join(delivery.body.decode() + str(delivery.headers) for delivery in receiver.received())
+    everything = " ".join(sent.body.decode() + str(sent.headers) for sent in receiver.received())
     for shown_once in (secret, new_secret, leaked_secret, receiver.secrets["/alice"]):
         assert shown_once not in everything and shown_once[12:] not in everything
 
@@ -48,7 +48,7 @@ def test_an_endpoint_gets_only_the_events_it_is_subscribed_to(app, user, receive
     key, _ = auth.issue_key(user, "Laptop", "production")
     auth.revoke_key(key)
     delivery.deliver_due(app)
-    assert [delivery.payload["type"] for delivery in receiver.wait_for(1)] == ["key.revoked"]
+    assert [sent.payload["type"] for sent in receiver.wait_for(1)] == ["key.revoked"]
 
 
 def test_an_endpoint_of_every_event_gets_the_events_of_later_releases(app, user, receiver):
@@ -66,7 +66,7 @@ def test_an_endpoint_of_every_event_gets_the_events_of_later_releases(app, user,
     outbox.DeferredEvents.write([(org, later, {"key_id": 7}, utcnow())])
     assert [(message.endpoint_id, message.event) for message in WebhookMessage.select()] == [(everything.id, later)]
     delivery.deliver_due(app)
-    assert [delivery.verified["type"] for delivery in receiver.wait_for(1)] == [later]
+    assert [sent.verified["type"] for sent in receiver.wait_for(1)] == [later]
 
 
 def test_a_change_that_rolls_back_leaves_no_message(app, user, hook):
@@ -115,8 +115,8 @@ def test_usage_threshold_at_80_and_100_percent_once_per_window(app, client, user
     assert statuses == [200] * 5 + [429] * 2
     app.extensions["usage"].flush()
     delivery.deliver_due(app)
-    thresholds = sorted((delivery.verified["data"] for delivery in receiver.received()
-                         if delivery.payload["type"] == "usage.threshold"), key=lambda data: data["used"])
+    thresholds = sorted((sent.verified["data"] for sent in receiver.received()
+                         if sent.payload["type"] == "usage.threshold"), key=lambda data: data["used"])
     window = "free" if limits is None else "key-minute"
     assert [(data["window"], data["used"], data["percent"]) for data in thresholds] == [(window, 4, 80), (window, 5, 100)]
     assert thresholds[0] == {"key_id": key.id, "key_name": "Busy", "key_prefix": key.display_prefix, "window": window,
@@ -131,8 +131,8 @@ def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client,
     assert statuses == [200] * 20 + [429] * 2
     app.extensions["usage"].flush()
     delivery.deliver_due(app)
-    events = sorted((delivery.verified for delivery in receiver.received()
-                     if delivery.payload["type"].startswith("credits.")), key=lambda event: -event["data"]["credits_remaining"])
+    events = sorted((sent.verified for sent in receiver.received()
+                     if sent.payload["type"].startswith("credits.")), key=lambda event: -event["data"]["credits_remaining"])
     assert [(event["type"], event["data"]["credits_remaining"]) for event in events] == [
         ("credits.low", 2), ("credits.exhausted", 0)]
     assert events[0]["data"]["credits_granted"] == 20

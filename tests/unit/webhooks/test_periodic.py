@@ -18,7 +18,7 @@ def test_expiring_and_expired_are_sent_once_each(app, user, hook, receiver):
     after_expiry = utcnow() + datetime.timedelta(days=3, hours=12)
     assert periodic.run(now=after_expiry) == 1 and periodic.run(now=after_expiry) == 0
     delivery.deliver_due(app)
-    expiring, expired = sorted(receiver.wait_for(2), key=lambda delivery: delivery.payload["type"])[::-1]
+    expiring, expired = sorted(receiver.wait_for(2), key=lambda sent: sent.payload["type"])[::-1]
     assert expiring.payload["type"] == "key.expiring" and expired.payload["type"] == "key.expired"
     for event in (expiring, expired):
         assert event.verified["data"] == {"key_id": soon.id, "key_name": "Soon", "key_prefix": soon.display_prefix,
