@@ -17,7 +17,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from bench.capacity import POSTGRES_ADMIN_URL
+from bench import sharedstores
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,8 +60,7 @@ def run_once(database):
             url, drop = f"sqlite:///{folder}/bench.db", None
         else:
             name = f"bench_leaks_{uuid.uuid4().hex[:8]}"
-            psql(f"CREATE DATABASE {name}")
-            url, drop = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}", name
+            url, drop = sharedstores.fresh_database(name), name
         try:
             result = subprocess.run([sys.executable, "-c", MEASURE, url, str(ROOT)], cwd=ROOT, check=True,
                                     capture_output=True, text=True)
@@ -72,7 +71,7 @@ def run_once(database):
 
 
 def psql(statement):
-    subprocess.run(["psql", POSTGRES_ADMIN_URL, "-q", "-c", statement], check=True, capture_output=True)
+    subprocess.run(["psql", sharedstores.POSTGRES_ADMIN_URL, "-q", "-c", statement], check=True, capture_output=True)
 
 
 def main():
