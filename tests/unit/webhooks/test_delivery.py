@@ -45,13 +45,13 @@ def claimed_ids(*args, **options):
     return sorted(message.pk for message in delivery.claim(db.obj, *args, **options))
 
 
-# Claims: accounts share the slots
-
 def due_now(message_id):
     """Bring a message's next attempt forward to now, as if its pause had passed."""
     WebhookMessage.update(next_attempt_at=utcnow()).where(
         (WebhookMessage.message_id == message_id) & (WebhookMessage.state == PENDING)).execute()
 
+
+# Claims: accounts share the slots
 
 def test_each_account_has_a_turn_before_any_has_a_second(app, user):
     minute_ago = utcnow() - datetime.timedelta(minutes=1)
@@ -231,6 +231,8 @@ def test_the_cli_test_while_the_last_test_event_waits_is_one_sentence(app, runne
                              "it has been.\n")
     assert WebhookMessage.select().count() == 1
 
+
+# Retries, leases and deadlines
 
 def test_http_client_still_opens_its_socket_through_create_connection():
     # delivery.post replaces this attribute to connect to a checked address; a Python that moved it

@@ -26,14 +26,14 @@ def app(make_app, database_url):
 
 def failed_message(app, hook, receiver):
     """A test event that failed for good: every attempt of the schedule answered 503."""
-    receiver.answer = lambda delivery: 503
+    receiver.answer = lambda sent: 503
     message = endpoints.send_test(hook)
     for _ in range(len(SCHEDULE.split(",")) + 1):
         WebhookMessage.update(next_attempt_at=utcnow()).where(
             (WebhookMessage.id == message.id) & (WebhookMessage.state == PENDING)).execute()
         delivery.deliver_due(app)
     assert WebhookMessage.get_by_id(message.id).state == FAILED
-    receiver.answer = lambda delivery: 204
+    receiver.answer = lambda sent: 204
     return WebhookMessage.get_by_id(message.id)
 
 
@@ -93,7 +93,7 @@ def test_resend_sends_the_same_id_and_body_again_now_whatever_its_state(app, run
 def test_a_resend_that_fails_goes_on_with_the_schedule_from_where_its_attempts_stand(app, runner, hook, receiver):
     delivered = delivered_message(app, hook)
     failed = failed_message(app, hook, receiver)
-    receiver.answer = lambda delivery: 500
+    receiver.answer = lambda sent: 500
     for message, state in [(delivered, PENDING), (failed, FAILED)]:
         result = runner.invoke(args=["webhooks", "resend", message.message_id])
         assert result.exit_code == 1
@@ -169,7 +169,7 @@ def test_a_message_being_sent_is_not_resent_beside_its_attempt(app, runner, hook
 def disabled_during_an_attempt(app, hook, receiver):
     """A message claimed for an attempt, and its endpoint disabled meanwhile by another message's
     failed attempt (which marks every waiting message failed): return the claim under way."""
-    receiver.answer = lambda delivery: 503
+    receiver.answer = lambda sent: 503
     message = endpoints.send_test(hook)
     [claimed] = delivery.claim(db.obj, 1)
     [other_id] = outbox.write_messages([hook.id], "webhook.test", {"endpoint_id": hook.id, "url": hook.url,
@@ -201,7 +201,7 @@ def test_a_message_failed_while_in_an_attempt_gets_no_second_attempt_beside_it(a
 def test_recover_enables_a_disabled_endpoint_so_a_failing_receiver_gets_one_probe(app, runner, hook, receiver):
     """Recovering twenty failed messages of a disabled endpoint whose receiver still fails: one
     attempt, the others waiting for its retry; pressing again finds nothing to recover."""
-    receiver.answer = lambda delivery: 503
+    receiver.answer = lambda sent: 503
     outbox.write_messages([hook.id] * 20, "webhook.test", {"endpoint_id": hook.id, "url": hook.url,
                                                            "org": hook.org.slug}, utcnow())
     WebhookMessage.update(state=FAILED, next_attempt_at=None, attempts=3).execute()
@@ -219,7 +219,7 @@ def test_recover_enables_a_disabled_endpoint_so_a_failing_receiver_gets_one_prob
 
 def test_resend_of_a_spent_message_that_fails_says_so_not_disabled(app, runner, hook, receiver):
     failed = failed_message(app, hook, receiver)
-    receiver.answer = lambda delivery: 500
+    receiver.answer = lambda sent: 500
     result = runner.invoke(args=["webhooks", "resend", failed.message_id])
     assert result.stderr.endswith("It is not tried again: its retry schedule is spent.\n")
 
@@ -231,12 +231,12 @@ def test_resend_of_a_webhook_id_of_another_form_is_one_line(app, runner, webhook
 
 
 def test_a_waiting_message_due_later_is_resent_now(app, runner, hook, receiver):
-    receiver.answer = lambda delivery: 503
+    receiver.answer = lambda sent: 503
     message = endpoints.send_test(hook)
     delivery.deliver_due(app)
     WebhookMessage.update(next_attempt_at=utcnow() + datetime.timedelta(hours=2)).where(
         WebhookMessage.id == message.id).execute()
-    receiver.answer = lambda delivery: 204
+    receiver.answer = lambda sent: 204
     assert runner.invoke(args=["webhooks", "resend", message.message_id]).exit_code == 0
     assert WebhookMessage.get_by_id(message.id).state == DELIVERED
 
