@@ -39,6 +39,8 @@ MAIL_FROM_ADDRESS = re.compile(r"[^@\s<>,;\"]{1,64}@[^@\s<>,;\"]{1,253}")
 DURATION_PATTERN = re.compile(r"\s*([0-9]{1,6})\s*(s|m|h|d)\s*")
 DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_RETRIES = 20
+# scrypt's N: 32 MiB and about 0.1 s of one core a hash (werkzeug's default).
+DEFAULT_PASSWORD_HASH_COST = 32768
 DEFAULT_GITHUB_KEYS_URL = "https://api.github.com/meta/public_keys/secret_scanning"
 STORAGE_SCHEMES = frozenset({
     "memory", "redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel", "valkey", "valkeys",
@@ -67,6 +69,7 @@ def load(environ):
         "WS_SEND_TIMEOUT": seconds(environ, "WS_SEND_TIMEOUT", 30),
         "MAX_KEYS_PER_USER": count(environ, "MAX_KEYS_PER_USER", 20),
         "MAX_BODY_BYTES": count(environ, "MAX_BODY_BYTES", 65536, minimum=1024),
+        "PASSWORD_HASH_COST": password_hash_cost(environ),
         "LOG_FORMAT": log_format(environ),
         "METRICS_TOKEN": metrics_token(environ),
         "CORS_ORIGINS": allowed_origins(environ),
@@ -116,6 +119,14 @@ def count(environ, name, default, minimum=1, maximum=None):
         bounds = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
         raise ConfigError(f"{name} must be a whole number {bounds}, not {text!r}.")
     return value
+
+
+def password_hash_cost(environ):
+    """PASSWORD_HASH_COST: scrypt's N for the passwords hashed from now on, a power of two."""
+    cost = count(environ, "PASSWORD_HASH_COST", DEFAULT_PASSWORD_HASH_COST, minimum=1024, maximum=131072)
+    if cost & (cost - 1):
+        raise ConfigError(f"PASSWORD_HASH_COST must be a power of two (such as 32768), not {cost}.")
+    return cost
 
 
 def workers(environ):

@@ -12,6 +12,7 @@ import secrets
 import unicodedata
 from pathlib import Path
 
+from flask import current_app
 from peewee import IntegrityError, PostgresqlDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
@@ -41,7 +42,9 @@ CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 REFUSED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
 MIN_PASSWORD_LENGTH = 8
 MAX_PASSWORD_LENGTH = 1024
-PASSWORD_METHOD = "scrypt:32768:8:1"
+# scrypt's block size and parallelism; its cost N is the PASSWORD_HASH_COST setting.
+SCRYPT_BLOCKS = "8:1"
+SCRYPT_COST = re.compile(r"scrypt:([0-9]+):")
 # Django's list of 20,000 common passwords by Royce Williams (lower case), BSD licence: data/README.md.
 COMMON_PASSWORDS = Path(__file__).resolve().parent.parent / "data" / "common-passwords.txt.gz"
 # Password hashing runs in these threads, at this niceness, so log-ins wait for each other and
@@ -143,9 +146,13 @@ def _niced(function, *args):
     return function(*args)
 
 
+def password_method():
+    return f"scrypt:{current_app.config['PASSWORD_HASH_COST']}:{SCRYPT_BLOCKS}"
+
+
 def hash_password(password):
-    """Return a salted scrypt hash of a password."""
-    return off_the_loop(generate_password_hash, password, PASSWORD_METHOD)
+    """Return a salted scrypt hash of a password, at the PASSWORD_HASH_COST setting."""
+    return off_the_loop(generate_password_hash, password, password_method())
 
 
 def password_matches(user, password):
@@ -154,8 +161,20 @@ def password_matches(user, password):
 
 
 @functools.cache
-def unknown_user_hash():
-    return off_the_loop(generate_password_hash, secrets.token_hex(), PASSWORD_METHOD)
+def unknown_user_hash(method):
+    return off_the_loop(generate_password_hash, secrets.token_hex(), method)
+
+
+def rehash_if_weaker(user, password):
+    """Hash the password again when its hash is cheaper than PASSWORD_HASH_COST (the setting was
+    raised since it was made), so a raised cost reaches every account as it logs in. The hash is
+    replaced only if unchanged meanwhile: a password changed at the same time stays."""
+    found = SCRYPT_COST.match(user.password_hash)
+    if found and int(found[1]) >= current_app.config["PASSWORD_HASH_COST"]:
+        return
+    stronger = hash_password(password)
+    User.update(password_hash=stronger).where(
+        (User.id == user.id) & (User.password_hash == user.password_hash)).execute()
 
 
 def find_user(username):
@@ -168,12 +187,13 @@ def user_for_login(username, password):
     as a wrong password, so timing does not tell which usernames exist."""
     user = find_user(username)
     if user is None:
-        off_the_loop(check_password_hash, unknown_user_hash(), password)
+        off_the_loop(check_password_hash, unknown_user_hash(password_method()), password)
         return None
     if not password_matches(user, password):
         if securitylog.failures_this_hour(user.id) < securitylog.FAILURES_RECORDED_PER_HOUR:
             securitylog.record(user.id, "user.login_failed")
         return None
+    rehash_if_weaker(user, password)
     return user
 
 

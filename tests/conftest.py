@@ -19,6 +19,10 @@ sys.path.insert(0, str(TESTS / "support"))
 _import_dir = tempfile.mkdtemp(prefix="apiservice-import-")
 os.environ["DATABASE_URL"] = f"sqlite:///{_import_dir}/import.db"
 os.environ.setdefault("SECRET_KEY", "test-secret")
+# scrypt at a test's cost, for the in-process apps and the live servers (whose environment starts
+# from this one): the service's default takes ~0.1 s of a core per hash, and the tests make
+# thousands. A test about what a hash costs sets the default back.
+os.environ.setdefault("PASSWORD_HASH_COST", "1024")
 
 import pytest  # noqa: E402
 import services  # noqa: E402
@@ -31,12 +35,6 @@ from mailserver import mail_server  # noqa: E402
 import auth  # noqa: E402
 from accounts import users  # noqa: E402
 from app import close_app, create_app  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def cheap_password_hashing(monkeypatch):
-    """scrypt at a test's cost: the default takes ~0.2 s per hash and the tests make hundreds."""
-    monkeypatch.setattr(users, "PASSWORD_METHOD", "scrypt:1024:8:1")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -19,6 +19,7 @@ BAD_VALUES = [
     ("REVOKED_KEY_RETENTION_DAYS", "-1"),
     ("MAX_KEYS_PER_USER", "0"),
     ("MAX_BODY_BYTES", "1000"),
+    ("PASSWORD_HASH_COST", "20000"),
     ("WS_SEND_TIMEOUT", "soon"),
     ("PORT", "abc"),
     ("PORT", "70000"),

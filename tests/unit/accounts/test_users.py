@@ -1,5 +1,6 @@
 """Accounts with Flask's test client and in-process: idle sessions, the pending secret at rest,
-password hashing off the event loop, the key-creation throttle, file modes and settings."""
+password hashing off the event loop and at its configured cost, the key-creation throttle, file
+modes and settings."""
 
 import datetime
 import hashlib
@@ -14,6 +15,7 @@ import pytest
 from limits import RateLimitItemPerHour
 from peewee import SqliteDatabase
 from webforms import SECRET_PATTERN, create_key, page
+from werkzeug.security import generate_password_hash
 
 import app as service
 import auth
@@ -254,3 +256,46 @@ def test_an_account_s_own_events_never_push_out_the_organisation_events_it_acted
         users.start_session(user)
     assert [event.event for event in users.securitylog.recent_in(org_id, limit=None)] == ["key.created"]
     assert [event.event for event in users.securitylog.recent(user.id, limit=None)].count("user.login") == 3
+
+
+def test_passwords_are_hashed_with_scrypt_at_the_default_cost_unless_set(app):
+    assert service.load_config({})["PASSWORD_HASH_COST"] == 32768
+    assert service.load_config({"PASSWORD_HASH_COST": "131072"})["PASSWORD_HASH_COST"] == 131072
+    app.config["PASSWORD_HASH_COST"] = 32768
+    assert users.hash_password("a long password").startswith("scrypt:32768:8:1$")
+
+
+@pytest.mark.parametrize("value", ["1000", "512", "262144", "0", "cheap", "\u00b2"])
+def test_the_password_hash_cost_is_a_power_of_two_within_bounds(value):
+    with pytest.raises(ValueError, match="PASSWORD_HASH_COST must be a"):
+        service.load_config({"PASSWORD_HASH_COST": value})
+
+
+def test_a_raised_cost_reaches_a_password_at_its_next_log_in_and_a_lowered_one_never(app, user):
+    made = User.get_by_id(user.id).password_hash
+    assert made.startswith(f"scrypt:{app.config['PASSWORD_HASH_COST']}:8:1$")
+    app.config["PASSWORD_HASH_COST"] *= 2
+    assert users.user_for_login("alice", "a wrong password") is None
+    assert User.get_by_id(user.id).password_hash == made
+    assert users.user_for_login("alice", "correct horse battery").id == user.id
+    raised = User.get_by_id(user.id).password_hash
+    assert raised.startswith(f"scrypt:{app.config['PASSWORD_HASH_COST']}:8:1$")
+    app.config["PASSWORD_HASH_COST"] //= 4
+    assert users.user_for_login("alice", "correct horse battery").id == user.id
+    assert User.get_by_id(user.id).password_hash == raised
+
+
+def test_a_hash_of_another_method_is_made_scrypt_at_the_next_log_in(app, user):
+    User.update(password_hash=generate_password_hash("correct horse battery", "pbkdf2:sha256:1000")).where(
+        User.id == user.id).execute()
+    assert users.user_for_login("alice", "correct horse battery").id == user.id
+    assert User.get_by_id(user.id).password_hash.startswith(f"scrypt:{app.config['PASSWORD_HASH_COST']}:8:1$")
+
+
+def test_a_password_changed_while_its_old_hash_is_raised_stays_changed(app, user):
+    seen_at_log_in = User.get_by_id(user.id)
+    users.change_password(User.get_by_id(user.id), "correct horse battery", "a new long password")
+    changed = User.get_by_id(user.id).password_hash
+    app.config["PASSWORD_HASH_COST"] *= 2
+    users.rehash_if_weaker(seen_at_log_in, "correct horse battery")
+    assert User.get_by_id(user.id).password_hash == changed
