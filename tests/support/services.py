@@ -91,7 +91,7 @@ def postgres_url():
 def postgres_url_as_built(build):
     """Return the URL of this test run's PostgreSQL database holding the schema that build(url)
     (an app's start) makes in an empty one, and no rows but the schema's version. The schema is
-    built once and emptied for each later test (about 40 ms against 240 for building it), unless
+    built once and emptied for each later test (about 25 ms against 240 for building it), unless
     a test has changed it meanwhile."""
     global _built_schema
     if _built_schema is not None:

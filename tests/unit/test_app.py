@@ -1,14 +1,17 @@
 """What `import app` loads: with the default settings, no library of a feature they leave unused;
 a serving process loads those its requests would, before it freezes its heap. The import leaves
 the garbage collector on, what it made frozen out of the collector's way, also when the settings
-stop it; a program that turned the collector off keeps it off. Its middlewares are bound methods."""
+stop it; a program that turned the collector off keeps it off. Its middlewares are bound methods.
+Its URL rules compile their URL builders at their first url_for, and build what werkzeug's own do."""
 
 import subprocess
 import sys
 import types
 
-from flask import Flask
+import pytest
+from flask import Flask, url_for
 from liveserver import ROOT, service_env
+from werkzeug.routing import Map, Rule
 
 # Each is imported where its feature is used: PostgreSQL's driver when a PostgreSQL URL is opened
 # (store/pgdriver.py), Redis by limits' storage for a Redis URL; passkeys, cryptography, segno and
@@ -67,3 +70,32 @@ def test_every_middleware_is_called_as_a_bound_method(make_app, database_url):
         layer = getattr(middleware, "wsgi_app", None) or middleware.app  # ProxyFix keeps it as .app
     assert layers == ["Envelope", "ProxyFix", "CheckedClientAddress", "Lane"]
     assert layer == Flask.wsgi_app.__get__(app)
+
+
+def test_making_the_app_compiles_no_url_builder(make_app, database_url, monkeypatch):
+    compiled = []
+    compile_builder = Rule._compile_builder
+
+    def counted(rule, append_unknown=True):
+        compiled.append(rule.rule)
+        return compile_builder(rule, append_unknown)
+
+    monkeypatch.setattr(Rule, "_compile_builder", counted)
+    app = make_app({"DATABASE_URL": database_url, "TESTING": True})
+    assert compiled == []
+    with app.test_request_context():
+        assert url_for("static", filename="style.css") == "/static/style.css"
+    assert compiled == ["/static/<path:filename>"]
+
+
+@pytest.mark.parametrize("append_unknown", [True, False])
+def test_every_rule_builds_the_urls_werkzeug_s_own_rule_builds(make_app, database_url, append_unknown):
+    app = make_app({"DATABASE_URL": database_url, "TESTING": True})
+    own = Map([Rule(rule.rule, websocket=rule.websocket, **rule.get_empty_kwargs()) for rule in app.url_map.iter_rules()],
+              converters=app.url_map.converters)
+    ours, theirs = app.url_map.bind("localhost"), own.bind("localhost")
+    for rule in app.url_map.iter_rules():
+        values = {**{name: 7 for name in rule.arguments}, "next": "/a b?c"}
+        built = ours.build(rule.endpoint, values, append_unknown=append_unknown)
+        assert built == theirs.build(rule.endpoint, values, append_unknown=append_unknown), rule.rule
+        assert "7" in built or not rule.arguments
