@@ -168,13 +168,20 @@ def unknown_user_hash(method):
 def rehash_if_weaker(user, password):
     """Hash the password again when its hash is cheaper than PASSWORD_HASH_COST (the setting was
     raised since it was made), so a raised cost reaches every account as it logs in. The hash is
-    replaced only if unchanged meanwhile: a password changed at the same time stays."""
+    replaced only if unchanged meanwhile (a password changed at the same time stays), and user
+    then holds the new one, which the session and a pending two-factor log-in compare against.
+    With the hashing pool full, the log-in goes on and the hash waits for the next one."""
     found = SCRYPT_COST.match(user.password_hash)
     if found and int(found[1]) >= current_app.config["PASSWORD_HASH_COST"]:
         return
-    stronger = hash_password(password)
-    User.update(password_hash=stronger).where(
+    try:
+        stronger = hash_password(password)
+    except HashingBusy:
+        return
+    replaced = User.update(password_hash=stronger).where(
         (User.id == user.id) & (User.password_hash == user.password_hash)).execute()
+    if replaced:
+        user.password_hash = stronger
 
 
 def find_user(username):

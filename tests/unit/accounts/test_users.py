@@ -14,6 +14,7 @@ import gevent
 import pytest
 from limits import RateLimitItemPerHour
 from peewee import SqliteDatabase
+from twofactorsteps import code_at, enable, is_logged_in
 from webforms import SECRET_PATTERN, create_key, page
 from werkzeug.security import generate_password_hash
 
@@ -299,3 +300,41 @@ def test_a_password_changed_while_its_old_hash_is_raised_stays_changed(app, user
     app.config["PASSWORD_HASH_COST"] *= 2
     users.rehash_if_weaker(seen_at_log_in, "correct horse battery")
     assert User.get_by_id(user.id).password_hash == changed
+
+
+def raised_at_log_in(app, client, user):
+    """Raise the cost and log in through the form; return the response, checking the hash was raised."""
+    app.config["PASSWORD_HASH_COST"] *= 2
+    response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
+    assert User.get_by_id(user.id).password_hash.startswith(f"scrypt:{app.config['PASSWORD_HASH_COST']}:8:1$")
+    return response
+
+
+def test_the_log_in_that_raises_a_hash_s_cost_logs_in(app, client, user):
+    response = raised_at_log_in(app, client, user)
+    assert response.status_code == 302 and is_logged_in(client)
+
+
+def test_the_two_factor_log_in_that_raises_a_hash_s_cost_logs_in(app, logged_in, user):
+    secret, _ = enable(logged_in)
+    logged_in.post("/logout")
+    response = raised_at_log_in(app, logged_in, user)
+    assert response.status_code == 302 and response.headers["Location"] == "/login/2fa"
+    assert logged_in.post("/login/2fa", data={"code": code_at(secret, 1)}).status_code == 302
+    assert is_logged_in(logged_in)
+
+
+def test_a_full_hashing_pool_leaves_the_hash_for_the_next_log_in(app, user, monkeypatch):
+    made = User.get_by_id(user.id).password_hash
+    app.config["PASSWORD_HASH_COST"] *= 2
+    checked = []
+
+    def busy_after_the_check(function, *args):
+        if checked:
+            raise users.HashingBusy()
+        checked.append(function)
+        return function(*args)
+
+    monkeypatch.setattr(users, "off_the_loop", busy_after_the_check)
+    assert users.user_for_login("alice", "correct horse battery").id == user.id
+    assert User.get_by_id(user.id).password_hash == made
