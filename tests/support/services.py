@@ -126,9 +126,11 @@ def referrers(connection):
     """{table: the other tables whose foreign keys refer to it}, for every table but the version's."""
     found = {name: set() for name in tables_but_the_version(connection)}
     for referrer, referred in connection.execute(
-            "SELECT conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint "
+            "SELECT referrer.relname, referred.relname FROM pg_constraint "
+            "JOIN pg_class referrer ON referrer.oid = conrelid JOIN pg_class referred ON referred.oid = confrelid "
             "WHERE contype = 'f' AND connamespace = 'public'::regnamespace AND conrelid <> confrelid"):
-        found[referred].add(referrer)
+        if referrer in found and referred in found:
+            found[referred].add(referrer)
     return found
 
 
