@@ -24,9 +24,9 @@ os.environ.setdefault("SECRET_KEY", "test-secret")
 # thousands. A test about what a hash costs sets the default back.
 os.environ.setdefault("PASSWORD_HASH_COST", "1024")
 # Bytecode written and read, even where PYTHONDONTWRITEBYTECODE is set (as on some CI machines):
-# without it each of the run's hundreds of Python processes (workers, servers, CLIs) compiles the service's
-# modules anew, ~0.1 s of a core each, and each worker rewrites every test module. This process
-# writes the service's bytecode as it imports the app below, before the workers start.
+# without it each of the run's hundreds of Python processes (workers, servers, CLIs) compiles the
+# service's modules anew, ~0.1 s of a core each, and each worker rewrites every test module. This
+# process writes the service's bytecode as it imports the app below, before the workers start.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
