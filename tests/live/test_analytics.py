@@ -37,9 +37,9 @@ def commands(env):
         yield session
 
 
-def create(commands, name, *options):
-    """Create a key for erin; return (its secret, its id)."""
-    output = commands("keys", "create", "erin", "--name", name, "--type", "production", *options)
+def create(commands, name, *options, owner="erin"):
+    """Create a key for the owner (erin); return (its secret, its id)."""
+    output = commands("keys", "create", owner, "--name", name, "--type", "production", *options)
     return output.strip().splitlines()[-1], int(re.search(r"\(id (\d+)\)", output)[1])
 
 
@@ -63,8 +63,11 @@ def get(server, path, secret):
 
 
 def test_outcomes_on_several_endpoints_appear_after_one_flush(env, commands, tmp_path_factory):
-    tiny, tiny_id = create(commands, "tiny key", "--tier", "tiny")  # 2 a minute
-    narrow, narrow_id = create(commands, "narrow key", "--scopes", "test:read,usage:read,time:stream")
+    # An account of its own: its report below sums every key of it, and the module's other tests
+    # use erin's keys today too.
+    commands("users", "create", "olga", "--email", "olga@example.com", "--password-stdin", stdin="a long password\n")
+    tiny, tiny_id = create(commands, "tiny key", "--tier", "tiny", owner="olga")  # 2 a minute
+    narrow, narrow_id = create(commands, "narrow key", "--scopes", "test:read,usage:read,time:stream", owner="olga")
     with serving(tmp_path_factory.mktemp("analytics-log"), env) as server:
         assert [get(server, path, tiny) for path in (PROTECTED, ME, PROTECTED, STATS)] == [200, 200, 429, 429]
         assert [get(server, path, narrow) for path in (ME, PROTECTED, ME)] == [403, 200, 403]
@@ -89,11 +92,11 @@ def test_outcomes_on_several_endpoints_appear_after_one_flush(env, commands, tmp
     # total_requests: the requests that passed scope and limit (not the 429s and 403s; the history
     # request is one).
     assert stored_total(env["DATABASE_URL"], tiny) == 2 and stored_total(env["DATABASE_URL"], narrow) == 3
-    report = json.loads(cli(env, "usage", "report", "erin", "--key", str(tiny_id), "--days", "1",
+    report = json.loads(cli(env, "usage", "report", "olga", "--key", str(tiny_id), "--days", "1",
                             "--format", "json"))
     assert report == [{"day": now.date().isoformat(), "requests": 4, "by_status": {"200": 2, "429": 2},
                        "by_endpoint": {ME: 1, PROTECTED: 2, STATS: 1}}]
-    table = cli(env, "usage", "report", "erin", "--days", "1", "--format", "csv").splitlines()
+    table = cli(env, "usage", "report", "olga", "--days", "1", "--format", "csv").splitlines()
     # The account: both keys, with the history request itself counted by the flush at shutdown.
     assert table[1:] == [f"{now.date().isoformat()},9,5,2,2,0"]
 
