@@ -122,6 +122,36 @@ def empty(connection):
                            "WHERE relkind = 'S' AND relnamespace = 'public'::regnamespace")
 
 
+def saved_rows(connection):
+    """Every row but the schema's version, and where each id sequence stands, to put back with
+    restore_rows into the same schema emptied (`empty`)."""
+    tables = {name: connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name))).fetchone()[0]
+              for name in tables_but_the_version(connection)}
+    rows = {}
+    for name, count in tables.items():
+        if count:
+            with connection.cursor().copy(sql.SQL("COPY {} TO STDOUT (FORMAT BINARY)").format(
+                    sql.Identifier(name))) as copy:
+                rows[name] = b"".join(copy)
+    sequences = connection.execute("SELECT sequencename, last_value FROM pg_sequences "
+                                   "WHERE schemaname = 'public' AND last_value IS NOT NULL").fetchall()
+    return rows, sequences
+
+
+def restore_rows(connection, saved):
+    """Put back what saved_rows saved, into the schema it came from, emptied."""
+    rows, sequences = saved
+    with connection.transaction():
+        # A table's rows go in after those of the tables they refer to.
+        for name in reversed(list(graphlib.TopologicalSorter(referrers(connection)).static_order())):
+            if name in rows:
+                with connection.cursor().copy(sql.SQL("COPY {} FROM STDIN (FORMAT BINARY)").format(
+                        sql.Identifier(name))) as copy:
+                    copy.write(rows[name])
+        for name, last_value in sequences:
+            connection.execute("SELECT setval(%s, %s)", (sql.Identifier(name).as_string(connection), last_value))
+
+
 def referrers(connection):
     """{table: the other tables whose foreign keys refer to it}, for every table but the version's."""
     found = {name: set() for name in tables_but_the_version(connection)}

@@ -2,12 +2,12 @@
 and clients logged in as its members."""
 
 import pytest
-from teams import PASSWORD, make_team
+from teams import PASSWORD, team_in
 
 
 @pytest.fixture
-def team(app):
-    return make_team(app)
+def team(app, database_url):
+    return team_in(app, database_url)
 
 
 @pytest.fixture

@@ -3,13 +3,17 @@ the others refused with 403 and nothing changed (orgs/roles.py decides the expec
 and the test cannot drift apart); another organisation's ids are 404s; the last owner stays; a
 removed member's open session loses the organisation at once; bad input is a 400 with a sentence."""
 
+import shutil
 import threading
 from dataclasses import dataclass
 
 import pytest
-from teams import ACTORS, OTHERS, snapshot
+import services
+from appconfig import APP_SETTINGS, build_schema
+from services import rows
+from teams import ACTORS, OTHERS, make_team, restore_content, saved_content, snapshot
 
-from models import ROLES, ApiKey, Membership, Organisation, utcnow
+from models import ROLES, ApiKey, Membership, Organisation, db, utcnow
 from orgs import roles
 from orgs.models import Invitation
 from webhooks import outbox
@@ -387,3 +391,39 @@ def test_an_organisation_deleted_while_its_page_makes_a_key_sends_the_browser_ba
     response = client.post("/settings/security/keys", data={"name": "late", "type": "development"})
     assert response.status_code == 302 and response.location == "/settings/security"
     assert not ApiKey.select().where(ApiKey.name == "late").exists()
+
+
+def everything(database_url):
+    """Every row of every table, and where each id sequence stands, read from outside the app."""
+    if database_url.startswith("sqlite"):
+        tables = [name for name, in rows(database_url, "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {name: rows(database_url, f'SELECT * FROM "{name}" ORDER BY rowid') for name in tables}
+    tables = [name for name, in rows(database_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+    return {**{name: rows(database_url, f'SELECT * FROM "{name}" ORDER BY 1') for name in tables},
+            "sequences": rows(database_url, "SELECT sequencename, last_value FROM pg_sequences ORDER BY 1")}
+
+
+def test_a_team_put_back_in_a_new_database_is_the_team_as_made_row_for_row(database_url, make_app, sqlite_schema,
+                                                                          tmp_path):
+    """The `team` fixture makes the team once a process for each kind of database and puts it back
+    for each later test (tests/support/teams.py): the same rows, and the same next ids."""
+
+    def new_app(name):
+        if database_url.startswith("sqlite"):
+            url = f"sqlite:///{tmp_path}/{name}.db"
+            shutil.copyfile(sqlite_schema, tmp_path / f"{name}.db")
+        else:
+            db.close()
+            url = services.postgres_url_as_built(build_schema)
+        return url, make_app({**APP_SETTINGS, "DATABASE_URL": url})
+
+    url, app = new_app("made")
+    with app.app_context():
+        make_team(app)
+        content = saved_content(url)
+    made = everything(url)
+    assert made["users"] and made["api_keys"] and made["invitations"]
+    url, app = new_app("put-back")
+    with app.app_context():
+        restore_content(url, content)
+    assert everything(url) == made
