@@ -10,7 +10,7 @@ import re
 from pprint import pformat
 
 import pytest
-from browsing import DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, sign_up
+from browsing import DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, painted, sign_up
 from liveserver import service_env, serving
 
 try:
@@ -103,7 +103,8 @@ def test_an_invitee_signs_up_from_the_mailed_link_joins_makes_a_key_and_switches
     page.get_by_role("button", name="Switch").click()
     expect(page.locator("table.keys tbody tr", has_text="Team deploy key")).to_be_visible()
     if not phone:
-        # The header's switcher above the team's key and security log.
+        # The header's switcher above the team's key and security log, just switched to.
+        painted(page)
         page.screenshot(path=screenshots / "org-switcher.png", clip={"x": 0, "y": 0, **DESKTOP})
 
     page.goto(path)

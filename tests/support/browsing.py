@@ -39,6 +39,14 @@ def sign_up(page, username):
     expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
 
 
+def painted(page):
+    """Return once the page has loaded and drawn a frame since: between a navigation and the new
+    page's first frame Chromium has nothing to copy, and a screenshot fails ("Unable to capture
+    screenshot", once on a loaded machine)."""
+    page.wait_for_load_state("load")
+    page.evaluate("() => new Promise(drawn => requestAnimationFrame(() => requestAnimationFrame(drawn)))")
+
+
 def create_key(page, name):
     """From Profile Settings: Security, Create New API Key; return the secret shown once."""
     page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Security").click()
