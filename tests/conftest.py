@@ -25,8 +25,9 @@ os.environ.setdefault("SECRET_KEY", "test-secret")
 os.environ.setdefault("PASSWORD_HASH_COST", "1024")
 # Bytecode written and read, even where PYTHONDONTWRITEBYTECODE is set (as on some CI machines):
 # without it each of the run's hundreds of Python processes (workers, servers, CLIs) compiles the
-# service's modules anew, ~0.1 s of a core each, and each worker rewrites every test module. This
-# process writes the service's bytecode as it imports the app below, before the workers start.
+# service's modules anew, ~0.1 s of a core each, and each worker rewrites every test module in
+# every run. This process writes the service's bytecode as it imports the app below, before the
+# workers start; on a clean clone the workers still rewrite the test modules once, side by side.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
