@@ -56,14 +56,24 @@ class GitHubKeys:
         when no kept key has it and the keys could not be read."""
         if self.fresh() and identifier in self.keys:
             return self.keys[identifier]
-        with self.lock:
+        # A read ends within READ_SECONDS, so its waiters are let go soon after; the margin is for a
+        # loaded worker, and a waiter let go without the lock answers from what is kept.
+        if not self.lock.acquire(timeout=READ_SECONDS + 1):
+            return self.kept_key(identifier, unavailable=True)
+        try:
             if not (self.fresh() and identifier in self.keys) and self.may_read():
                 self.refresh()
-            key = self.keys.get(identifier)
-            if key is None and self.failed:
-                raise KeysUnavailable
-            # A kept key past KEPT_FOR still verifies while the URL cannot be read.
-            return key
+            return self.kept_key(identifier, unavailable=self.failed)
+        finally:
+            self.lock.release()
+
+    def kept_key(self, identifier, unavailable):
+        """The kept key with this identifier (one past KEPT_FOR still verifies while the URL cannot be
+        read), else None, or KeysUnavailable when the keys could not be read to tell."""
+        key = self.keys.get(identifier)
+        if key is None and unavailable:
+            raise KeysUnavailable
+        return key
 
     def fresh(self):
         return self.read_at is not None and self.clock() - self.read_at < KEPT_FOR
@@ -102,8 +112,10 @@ def read_document(url, etag=None):
     deadline = time.monotonic() + READ_SECONDS
     # A server may send each byte just within the socket's timeout, in the TLS handshake, the head
     # or the body: at the deadline the socket is shut, which ends a read waiting on it, in a thread
-    # as in a greenlet.
-    watchdog = threading.Timer(READ_SECONDS, lambda: shut(connection.sock))
+    # as in a greenlet. The socket is held apart from the connection, which lets go of it once a
+    # response that ends with the connection (Connection: close, HTTP/1.0) has its head.
+    connected = []
+    watchdog = threading.Timer(READ_SECONDS, lambda: shut(connected[0] if connected else connection.sock))
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -111,6 +123,7 @@ def read_document(url, etag=None):
         # Timeout cuts a slow lookup; anywhere, the connection gets only the time left.
         with gevent.Timeout(READ_SECONDS, TimeoutError):
             connection.connect()
+        connected.append(connection.sock)
         if (left := deadline - time.monotonic()) <= 0:
             raise TimeoutError
         connection.sock.settimeout(left)

@@ -2,7 +2,7 @@
 keys served from loopback: a report of 1,000 entries (250 active keys, 250 revoked ones, 500 other
 providers' tokens) answered within 10 s on SQLite and on PostgreSQL, 1 MiB bodies taken (declared and chunked) whatever MAX_BODY_BYTES says and one byte
 more refused, a replay that changes nothing, concurrent reports that read the keys once, a keys
-server that never answers cut off with a 503 while other requests go on, and no token in the log."""
+server that never answers or drips its answer cut off with a 503 while other requests go on, and no token in the log."""
 
 import concurrent.futures
 import json
@@ -139,9 +139,11 @@ def test_concurrent_reports_with_an_unknown_identifier_read_the_keys_once(tmp_pa
             assert keys.read_count() == 1
 
 
-def test_keys_that_never_come_are_cut_off_with_a_503_while_other_requests_go_on(tmp_path):
+@pytest.mark.parametrize("behaviour", ["silent", "dripping body, then close", "HTTP/1.0 dripping"])
+def test_keys_that_never_come_are_cut_off_with_a_503_while_other_requests_go_on(tmp_path, behaviour):
     with serving_keys(SIGNER) as keys:
-        keys.answer = lambda handler: None
+        keys.answer = {"silent": lambda handler: None, "dripping body, then close": keys.drip_body,
+                       "HTTP/1.0 dripping": lambda handler: keys.drip_body(handler, "HTTP/1.0")}[behaviour]
         env = scanning_env(tmp_path, keys)
         with serving(tmp_path, env) as server:
             with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -100,13 +100,33 @@ class Keys:
         """An answer whose head comes a byte every half second, for ever (until the server stops)."""
         handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
         handler.wfile.flush()
+        self.dripping(handler, b"X")
+
+    def drip_body(self, handler, version="HTTP/1.1"):
+        """An answer whose whole head arrives at once, saying that the body ends with the connection,
+        and whose body then comes a byte every half second, for ever (until the server stops)."""
+        handler.wfile.write(f"{version} 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+                            .encode())
+        handler.wfile.flush()
+        self.dripping(handler, b"{")
+
+    def dripping(self, handler, byte):
         while not self.stopping.wait(0.5):
             try:
-                handler.wfile.write(b"X")
+                handler.wfile.write(byte)
                 handler.wfile.flush()
             except OSError:
                 return
-        return None
+
+    def flood(self, handler):
+        """An answer with no length, ended by the connection, whose body never ends."""
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n")
+        chunk = b" " * 65536
+        while not self.stopping.is_set():
+            try:
+                handler.wfile.write(chunk)
+            except OSError:
+                return
 
     def stop(self):
         self.stopping.set()

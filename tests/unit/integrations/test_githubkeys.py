@@ -195,16 +195,49 @@ def test_a_failing_redirecting_or_huge_answer_is_unreadable(answer, reason):
             githubkeys.read_document(keys.url)
 
 
-@pytest.mark.parametrize("behaviour", ["silent", "dripping"])
+@pytest.mark.parametrize("behaviour", ["silent", "dripping head", "dripping body, then close", "HTTP/1.0 dripping"])
 def test_a_silent_or_dripping_server_is_cut_off_at_the_deadline(monkeypatch, behaviour):
     monkeypatch.setattr(githubkeys, "READ_SECONDS", 1.5)
     with serving_keys(Signer("served")) as keys:
-        keys.answer = (lambda handler: None) if behaviour == "silent" else keys.drip
+        keys.answer = {"silent": lambda handler: None, "dripping head": keys.drip,
+                       "dripping body, then close": keys.drip_body,
+                       "HTTP/1.0 dripping": lambda handler: keys.drip_body(handler, "HTTP/1.0")}[behaviour]
         started = time.monotonic()
         with pytest.raises(KeysUnreadable, match="longer than 1.5 s"):
             githubkeys.read_document(keys.url)
         # The deadline, with a margin for a loaded machine; a drip would otherwise last for ever.
         assert time.monotonic() - started < 6
+
+
+def test_an_endless_body_ended_by_the_connection_is_cut_at_the_size_limit():
+    with serving_keys(Signer("served")) as keys:
+        keys.answer = keys.flood
+        with pytest.raises(KeysUnreadable, match="larger than 65536 bytes"):
+            githubkeys.read_document(keys.url)
+
+
+def test_a_report_waiting_for_a_read_that_never_ends_is_let_go_after_the_deadline(monkeypatch):
+    monkeypatch.setattr(githubkeys, "READ_SECONDS", 0.5)
+    reads = Reads(Signer("real"))
+    keys = GitHubKeys("http://keys.invalid/", read=reads)
+    assert keys.key_for("real") is not None
+    keys.tried_at -= 120
+    reads.pause = 4  # a read stuck past every deadline, whatever the cause
+    reader = threading.Thread(target=keys.key_for, args=("new",))
+    reader.start()
+    try:
+        while reads.calls < 2:
+            time.sleep(0.01)
+        with pytest.raises(KeysUnavailable):
+            elapsed_seconds = -time.monotonic()
+            try:
+                keys.key_for("other")
+            finally:
+                elapsed_seconds += time.monotonic()
+        assert 1.4 < elapsed_seconds < 5
+        assert keys.key_for("real") is not None  # a kept key still verifies meanwhile
+    finally:
+        reader.join(timeout=15)
 
 
 def test_an_address_nobody_listens_on_is_unreadable_at_once():
