@@ -71,7 +71,7 @@ from mail.commands import mail_cli
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics, services
-from orgs import models as org_models
+from orgs import members as org_members, models as org_models
 from orgs.commands import orgs_cli
 from serving import bodylimit, cors, envelope, fastlane, startup
 from web import keypage, pages, webprotection
@@ -205,9 +205,11 @@ def create_app(overrides=None):
     models.init_app(app, [*account_models.PROTECTION_MODELS, *webhook_models.MODELS, *mail_models.MODELS,
                           *emailtokens.MODELS, *org_models.MODELS])
     # Key changes reach the security log, webhooks and notices through keys/events.py's signal, account
-    # events the notices through the security log's; the hot path's thresholds wait for the usage flush.
+    # events the notices through the security log's, an account's deletion its invitations through
+    # accounts/organisations.py's; the hot path's thresholds wait for the usage flush.
     securitylog.init_app(app)
     notices.init_app(app)
+    org_members.init_app(app)
     webhook_events = webhook_outbox.init_app(app)
     ratelimit.init_app(app, thresholds.Watcher(webhook_events.add))
     keycache.init_app(app)

@@ -37,18 +37,34 @@ def has_terminal():
 @click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
 def create_user_command(username, email, password_stdin):
     """Create a user."""
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-    elif not has_terminal():
-        raise click.ClickException("No terminal to prompt for a password; use --password-stdin.")
-    else:
-        # Judged before it is asked again: a refused password is not typed twice for nothing.
-        password = click.prompt("Password", hide_input=True, confirmation_prompt=True, value_proc=allowed_password)
+    password = new_password(password_stdin)
     try:
         user = users.create_user(username, email, password)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"Created user {user.username} (id {user.id}).")
+
+
+@users_cli.command("set-password")
+@click.argument("username")
+@click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
+def set_password_command(username, password_stdin):
+    """Set a user's password: its sessions end and its reset links stop working."""
+    user = find_user(username)
+    try:
+        users.change_password(user, None, new_password(password_stdin), checked=False)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"Set the password of {user.username}; its sessions and reset links have ended.")
+
+
+def new_password(from_stdin):
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    if not has_terminal():
+        raise click.ClickException("No terminal to prompt for a password; use --password-stdin.")
+    # Judged before it is asked again: a refused password is not typed twice for nothing.
+    return click.prompt("Password", hide_input=True, confirmation_prompt=True, value_proc=allowed_password)
 
 
 def allowed_password(password):

@@ -61,13 +61,19 @@ def issue(user_id, purpose, email, now=None):
     expired ones; call inside the caller's transaction. Return the token (the link's secret)."""
     now = now or utcnow()
     token = new_token()
-    (EmailToken.update(voided_at=now)
-     .where((EmailToken.user == user_id) & (EmailToken.purpose == purpose) & EmailToken.used_at.is_null()
-            & EmailToken.voided_at.is_null()).execute())
+    void(user_id, purpose, now)
     EmailToken.delete().where(EmailToken.expires_at < now - KEPT_AFTER_EXPIRY).execute()
     EmailToken.create(token_hash=hashed(token), user=user_id, purpose=purpose, email=email, created_at=now,
                       expires_at=now + LIFETIMES[purpose])
     return token
+
+
+def void(user_id, purpose, now=None):
+    """Void the user's tokens of this purpose that could still be used; call inside the caller's
+    transaction."""
+    (EmailToken.update(voided_at=now or utcnow())
+     .where((EmailToken.user == user_id) & (EmailToken.purpose == purpose) & EmailToken.used_at.is_null()
+            & EmailToken.voided_at.is_null()).execute())
 
 
 def find(token, purpose, now=None):

@@ -20,6 +20,9 @@ signals = Namespace()
 # Sent inside the deleting transaction with org_ids: the rooms above delete what those organisations
 # held (webhook endpoints), which an upgraded SQLite database has no foreign key to cascade to.
 organisations_deleted = signals.signal("organisations-deleted")
+# Sent inside the deleting transaction with the account's user id: the invitations it sent and
+# that are still pending end with it, as when it is removed from their organisation.
+account_deleted = signals.signal("account-deleted")
 
 
 class SoleOwner(ValueError):
@@ -98,3 +101,4 @@ def leave_for_deletion(user):
     SecurityEvent.update(user=None).where(SecurityEvent.user == user.id).execute()
     Organisation.update(personal_for=None).where(Organisation.personal_for == user.id).execute()
     Membership.delete().where(Membership.user == user.id).execute()
+    account_deleted.send(user.id)

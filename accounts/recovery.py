@@ -6,7 +6,7 @@ from peewee import fn
 
 from accounts import emailtokens, securitylog, users
 from accounts.models import Passkey, TwoFactor
-from models import Session, User, db, utcnow
+from models import SecurityEvent, Session, User, db, utcnow
 from store.writelock import write_transaction
 
 # Reset mails one account gets in an hour at most; past them a request sends nothing (and is
@@ -16,11 +16,13 @@ HOUR = datetime.timedelta(hours=1)
 # Why a link cannot be used, besides emailtokens' own: it went to an address the account has since
 # left, which may no longer be its owner's.
 ADDRESS_CHANGED = "address_changed"
+# Or it was voided by a change of the password after it was mailed.
+PASSWORD_CHANGED = "password_changed"
 
 
 class LinkUnusable(Exception):
-    """A reset link that cannot set a password; .why is emailtokens.UNKNOWN, USED, VOIDED, EXPIRED or
-    ADDRESS_CHANGED."""
+    """A reset link that cannot set a password; .why is emailtokens.UNKNOWN, USED, VOIDED, EXPIRED,
+    ADDRESS_CHANGED or PASSWORD_CHANGED."""
 
     def __init__(self, why):
         super().__init__(why)
@@ -63,6 +65,10 @@ def find_link(token):
     """The token row of a reset link that can set a password, its user loaded; LinkUnusable when it
     cannot."""
     row, why = emailtokens.find(token, emailtokens.PASSWORD_RESET)
+    if why == emailtokens.VOIDED and SecurityEvent.select().where(
+            (SecurityEvent.user == row.user_id) & (SecurityEvent.event == "user.password_changed")
+            & (SecurityEvent.created_at >= row.created_at)).exists():
+        raise LinkUnusable(PASSWORD_CHANGED)
     if why is not None:
         raise LinkUnusable(why)
     user = User.get_or_none(User.id == row.user_id)
@@ -96,6 +102,7 @@ def reset_password(token, new_password):
         User.update(password_hash=password_hash, email_verified_at=fn.COALESCE(User.email_verified_at, utcnow())
                     ).where(User.id == user.id).execute()
         Session.delete().where(Session.user == user.id).execute()
+        emailtokens.void(user.id, emailtokens.PASSWORD_RESET)
         securitylog.record(user.id, "user.password_reset", signed_in_without_password(user.id))
     user.password_hash = password_hash
     return user

@@ -17,7 +17,7 @@ from peewee import IntegrityError, PostgresqlDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from accounts import organisations, securitylog
+from accounts import emailtokens, organisations, securitylog
 from accounts.models import PROTECTION_MODELS
 from keys import keycache
 from models import (
@@ -249,10 +249,11 @@ def create_user(username, email, password, on_created=None):
         raise AccountTaken("That username or email was taken a moment ago.") from None
 
 
-def change_password(user, current_password, new_password):
-    """Set a new password after checking the current one; end every session of the account (the
-    caller starts a new one for the browser that made the change)."""
-    if not password_matches(user, current_password):
+def change_password(user, current_password, new_password, *, checked=True):
+    """Set a new password after checking the current one (unless not checked: the command line); end
+    every session of the account (the caller starts a new one for the browser that made the change)
+    and void its reset links: one mailed before may be in other hands."""
+    if checked and not password_matches(user, current_password):
         raise WrongPassword("The current password is not correct.")
     check_new_password(new_password)
     user.password_hash = hash_password(new_password)
@@ -260,6 +261,7 @@ def change_password(user, current_password, new_password):
         lock_user(user)
         User.update(password_hash=user.password_hash).where(User.id == user.id).execute()
         Session.delete().where(Session.user == user.id).execute()
+        emailtokens.void(user.id, emailtokens.PASSWORD_RESET)
         securitylog.record(user.id, "user.password_changed")
 
 

@@ -225,6 +225,18 @@ def revoke_invitations_by(org_id, user_id):
             & Invitation.revoked_at.is_null()).execute())
 
 
+def revoke_every_invitation_by(user_id):
+    """accounts/organisations.py's account_deleted: a deleted account's pending invitations end
+    with it, in every organisation."""
+    (Invitation.update(revoked_at=utcnow())
+     .where((Invitation.invited_by == user_id) & Invitation.accepted_at.is_null() & Invitation.revoked_at.is_null())
+     .execute())
+
+
+def init_app(app):
+    organisations.account_deleted.connect(revoke_every_invitation_by)
+
+
 def refuse_last_owner(org_id, user_id, change):
     if Organisation.select().where((Organisation.id == org_id) & (Organisation.personal_for == user_id)).exists():
         raise PersonalOwner(f"A personal organisation always keeps its own user as an owner: it cannot {change}.")

@@ -29,6 +29,8 @@ UNUSABLE = {
                          "use the latest mail, or ask for a new link."),
     emailtokens.EXPIRED: ("This link has expired", "A reset link works for an hour after it is mailed. "
                           "Ask for a new link."),
+    recovery.PASSWORD_CHANGED: ("This link no longer works", "The account's password was changed after the "
+                                "link was mailed, which ends every link mailed before. Ask for a new link."),
     recovery.ADDRESS_CHANGED: ("This link no longer works", "The account's email address changed after the "
                                "link was mailed. Ask for a new link at the account's address."),
 }

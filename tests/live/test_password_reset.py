@@ -150,6 +150,21 @@ def test_a_newer_link_voids_the_older_and_an_expired_one_changes_nothing(server,
     assert Browser(server).login(address.partition("@")[0]).status_code == 302  # the password is as it was
 
 
+def test_a_password_changed_on_the_profile_tab_ends_the_link_mailed_before(server, smtp):
+    owner = Browser(server).signup()
+    address = f"{owner.username}@example.com"
+    ask(Browser(server), address)
+    path = mailed_link(smtp, address)
+    changed = owner.post("/settings/profile/password", {"current_password": PASSWORD, "new_password": NEW_PASSWORD},
+                         form_page="/settings/profile")
+    assert changed.status_code in (200, 302), changed.text
+    stranger = Browser(server)
+    for response in (stranger.get(path), reset(stranger, path, "the holder's own passphrase")):
+        assert response.status_code == 410 and "password was changed after the link was mailed" in response.text
+    assert Browser(server).login(owner.username, "the holder's own passphrase").status_code == 400
+    assert Browser(server).login(owner.username, NEW_PASSWORD).status_code == 302
+
+
 def test_guessed_and_garbage_tokens_are_404_and_a_megabyte_one_is_refused_by_the_server(server):
     browser = Browser(server)
     for token in ["A" * 43, "x" * 3000, "%00" * 43, "%E2%80%AE" + "a" * 40, "'%20OR%201=1--" + "a" * 30]:

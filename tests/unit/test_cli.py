@@ -9,8 +9,8 @@ from liveserver import run_cli, service_env
 
 import auth
 import cli
-from accounts import users
-from models import ApiKey, Membership, User, db, personal_organisation
+from accounts import recovery, securitylog, users
+from models import ApiKey, Membership, Session, User, db, personal_organisation
 from orgs import members
 
 
@@ -51,6 +51,38 @@ def test_users_create_errors(runner, user, args, message):
     assert result.exit_code != 0
     assert message in result.stderr
     assert result.stdout == ""
+
+
+def test_users_set_password_ends_the_sessions_and_voids_the_reset_links(runner, user):
+    assert users.start_session(user)
+    links = []
+    assert recovery.request_reset("alice@example.com", lambda user, token: links.append(token))
+    result = runner.invoke(args=["users", "set-password", "alice", "--password-stdin"], input="a new passphrase\n")
+    assert result.exit_code == 0, result.output
+    assert "Set the password of alice" in result.stdout and "a new passphrase" not in result.output
+    assert users.password_matches(User.get_by_id(user.id), "a new passphrase")
+    assert not Session.select().where(Session.user == user.id).exists()
+    with pytest.raises(recovery.LinkUnusable):
+        recovery.find_link(links[0])
+    assert [event.event for event in securitylog.recent(user.id, None)][0] == "user.password_changed"
+
+
+@pytest.mark.parametrize("username, password, message", [
+    ("nobody", "a new passphrase", "no user named"),
+    ("alice", "password123", "most common"),
+    ("alice", "short", "at least 8"),
+])
+def test_users_set_password_refuses_with_a_sentence_and_changes_nothing(runner, user, username, password, message):
+    result = runner.invoke(args=["users", "set-password", username, "--password-stdin"], input=password + "\n")
+    assert result.exit_code == 1 and message in result.stderr.lower()
+    assert users.password_matches(User.get_by_id(user.id), "correct horse battery")
+
+
+def test_users_set_password_asks_twice_on_a_terminal(runner, user, monkeypatch):
+    monkeypatch.setattr(cli, "has_terminal", lambda: True)
+    result = runner.invoke(args=["users", "set-password", "alice"], input="a new passphrase\na new passphrase\n")
+    assert result.exit_code == 0, result.output
+    assert users.password_matches(User.get_by_id(user.id), "a new passphrase")
 
 
 def test_keys_create_prints_the_secret_last(runner, user):

@@ -124,6 +124,31 @@ def test_a_newer_link_voids_the_older_one(user):
     recovery.reset_password(newer, NEW_PASSWORD)
 
 
+def test_a_password_changed_on_the_profile_voids_the_link_mailed_before(user):
+    token = ask()
+    users.change_password(user, "correct horse battery", NEW_PASSWORD)
+    assert unusable(token) == recovery.PASSWORD_CHANGED
+    with pytest.raises(recovery.LinkUnusable):
+        recovery.reset_password(token, "another new passphrase")
+    assert users.password_matches(User.get_by_id(user.id), NEW_PASSWORD)
+
+
+def test_a_refused_profile_change_leaves_the_link_usable(user):
+    token = ask()
+    with pytest.raises(users.WrongPassword):
+        users.change_password(user, "not the password", NEW_PASSWORD)
+    with pytest.raises(ValueError, match="most common"):
+        users.change_password(user, "correct horse battery", "password123")
+    recovery.find_link(token)
+
+
+def test_a_reset_voids_every_other_link_of_the_account(user):
+    used, other = ask(), ask()
+    EmailToken.update(voided_at=None).execute()  # two outstanding, as a link made by an older release
+    recovery.reset_password(other, NEW_PASSWORD)
+    assert unusable(used) == emailtokens.VOIDED
+
+
 def test_an_expired_link_changes_nothing(user):
     token = ask()
     EmailToken.update(expires_at=utcnow() - datetime.timedelta(seconds=1)).execute()

@@ -116,6 +116,24 @@ def test_a_revoked_link_is_void(acme):
     assert role_of(acme, bob) is None
 
 
+def test_a_deleted_accounts_pending_invitations_are_void_in_every_organisation(user, acme):
+    mia = make_user("mia")
+    _, link = invitations.invite(acme.id, "mia@example.com", "admin", inviter=user)
+    invitations.accept(token_of(link), mia)
+    minis = members.create("Minis", mia)
+    _, to_acme = invitations.invite(acme.id, "eve@example.com", "admin", inviter=mia)
+    _, to_minis = invitations.invite(minis.id, "eve@example.com", "developer", inviter=mia)
+    _, from_owner = invitations.invite(acme.id, "otto@example.com", "viewer", inviter=user)
+    users.delete_account(mia, "correct horse battery")
+    assert invitations.find(token_of(to_acme))[1] == invitations.VOIDED
+    assert invitations.find(token_of(to_minis))[1] in (invitations.VOIDED, invitations.UNKNOWN)
+    eve = make_user("eve")
+    with pytest.raises(invitations.Unusable):
+        invitations.accept(token_of(to_acme), eve)
+    assert role_of(acme, eve) is None
+    assert invitations.find(token_of(from_owner))[1] is None  # another member's stay pending
+
+
 def test_an_expired_link_cannot_be_used(acme):
     invitation, link = invitations.invite(acme.id, "bob@example.com", "viewer")
     Invitation.update(expires_at=utcnow() - datetime.timedelta(seconds=1)).where(
