@@ -11,6 +11,7 @@ from openapi_core.validation.response.exceptions import ResponseValidationError
 
 import auth
 import models
+import openapi
 from accounts import users
 from api import VERSION
 from models import ApiKey, Membership
@@ -20,12 +21,37 @@ PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats",
 PUBLIC = ["/api/v1/demo/year", "/api/v1/status", "/api/v1/openapi.json"]
 
 
+GITHUB_REPORTS = "/api/v1/integrations/github/secret-scanning"
+
+
 def test_document_is_served_as_json(client):
     response = client.get("/api/v1/openapi.json")
     assert response.status_code == 200
     assert response.mimetype == "application/json"
-    assert response.get_json() == DOCUMENT
     assert_conforms(response)
+
+
+def test_a_default_deployment_describes_what_it_serves_and_not_github_reports(client):
+    served = client.get("/api/v1/openapi.json").get_json()
+    assert set(served["paths"]) == set(DOCUMENT["paths"]) - {GITHUB_REPORTS}
+    assert [tag["name"] for tag in served["tags"]] == ["public", "keyed"]
+    assert {key: value for key, value in served.items() if key not in ("paths", "tags")} == \
+        {key: value for key, value in DOCUMENT.items() if key not in ("paths", "tags")}
+    assert all(served["paths"][path] == DOCUMENT["paths"][path] for path in served["paths"])
+    assert client.post(GITHUB_REPORTS).status_code == 404
+
+
+def test_with_every_feature_on_the_served_document_is_the_file(make_app, database_url):
+    app = make_app({"DATABASE_URL": database_url, "TESTING": True, "GITHUB_SECRET_SCANNING": True})
+    assert app.test_client().get("/api/v1/openapi.json").get_json() == DOCUMENT
+
+
+def test_an_operation_a_path_keeps_while_another_goes_stays_described():
+    kept = openapi.described(lambda path, method: (path, method) != ("/api/v1/keys/revoke", "post"))
+    assert "/api/v1/keys/revoke" not in kept["paths"] and kept["paths"].keys() < DOCUMENT["paths"].keys()
+    only_get = openapi.described(lambda path, method: method == "get")
+    assert all(set(item) & openapi.METHODS == {"get"} for item in only_get["paths"].values())
+    assert openapi.OPENAPI == DOCUMENT  # the file's own description is left whole
 
 
 def test_document_describes_this_version(app):
