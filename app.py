@@ -293,7 +293,8 @@ def render_http_error(error):
     browser (a client that prefers HTML) gets templates/error.html anywhere outside the API."""
     response = error.get_response()
     if not request.path.startswith(envelope.API_PREFIX) and prefers_html():
-        response.set_data(render_template("error.html", error=error))
+        own = error.description == type(error).description and PAGE_SENTENCES.get(error.code)
+        response.set_data(render_template("error.html", error=error, sentence=own or error.description))
         response.content_type = "text/html; charset=utf-8"
         return response
     code = getattr(error, "error_code", None) or ERROR_CODES.get(error.code) or snake_case(error.name)
@@ -303,6 +304,11 @@ def render_http_error(error):
 
 
 ERROR_CODES = {413: "payload_too_large", 500: "internal_error"}
+# The pages' own words where an error has Werkzeug's ("... please check your spelling ...").
+PAGE_SENTENCES = {
+    403: "Your role in this organisation does not allow this.",
+    404: "There is nothing here: the address is mistyped or out of date, or what it named is gone or not yours to see.",
+}
 
 
 def prefers_html():
