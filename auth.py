@@ -13,7 +13,7 @@ from werkzeug.exceptions import Forbidden, Unauthorized
 
 import ratelimit
 from accounts import organisations, users
-from keys import allowips, events, keycache
+from keys import allowips, events, keycache, leaks
 from keys.lookup import find_active_key
 from metering import credits
 from models import SCOPES, ApiKey, db, display_time, iso_seconds, utcnow
@@ -218,18 +218,21 @@ def revoke_key(key, leaked=False, again=False, report=None):
     request on; return True when this call revoked it. leaked: revoked through POST
     /api/v1/keys/revoke by whoever held the secret, or reported by GitHub, which must still be the
     key's current one (a roll may have made it the previous one meanwhile); report: GitHub's
-    report ({"source": "github", "url": ...}), added to the event's data. again: announce a
-    key already revoked once more (the CLI: repeating a revocation whose announcement failed helps;
-    the web application does not, or a button could move every worker's key generation at will)."""
+    report ({"source": "github", "url": ...}), kept with the key (keys/leaks.py) and added to the
+    event's data. again: announce a key already revoked once more (the CLI: repeating a revocation
+    whose announcement failed helps; the web application does not, or a button could move every
+    worker's key generation at will)."""
     revoked = False
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         # Only the first of two revocations at once records one.
         which = (ApiKey.id == key.id) & ApiKey.revoked_at.is_null()
+        changes = {"revoked_at": key.revoked_at}
         if leaked:
             which &= ApiKey.key_hash == key.presented_hash
+            changes.update(leaks.recorded(report))
         with db.atomic():
-            revoked = bool(ApiKey.update(revoked_at=key.revoked_at).where(which).execute())
+            revoked = bool(ApiKey.update(**changes).where(which).execute())
             if revoked:
                 events.key_changed.send(
                     "key.revoked_as_leaked" if leaked else "key.revoked", key=key,

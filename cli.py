@@ -15,6 +15,7 @@ from peewee import JOIN
 import auth
 import ratelimit
 from accounts import securitylog, users
+from keys import leaks
 from metering import analytics, credits, lifecycle
 from models import SCOPES, ApiKey, User, display_time, iso_seconds, personal_organisation
 from ops import logs
@@ -121,7 +122,8 @@ def list_keys_command(username, org_slug):
     expired or revoked), expiry, scopes, IP allow-list (any when empty), its own windows
     (limit=10/second+5000/hour) or - for its tier's (tab-separated; never the secret). With --org,
     every key of that organisation, of which the user must be a member, each line ending with its
-    creator's username (- for a deleted account)."""
+    creator's username (- for a deleted account). A key revoked as leaked ends its line with who
+    reported it and when ("revoked: reported by GitHub at URL on TIME")."""
     user = find_user(username)
     org = organisation_for(user, org_slug, roles.VIEW)
     keys = (ApiKey.select(ApiKey, User.username).join(User, JOIN.LEFT_OUTER, on=(ApiKey.user == User.id))
@@ -134,6 +136,8 @@ def list_keys_command(username, org_slug):
                   f"limit={key.rate_limits}" if key.rate_limits else "-"]
         if org_slug is not None:
             fields.append(key.username or "-")
+        if key.leak_report:
+            fields.append(f"revoked: {leaks.reported(key)} on {iso_seconds(key.revoked_at)}")
         click.echo("\t".join(map(str, fields)))
 
 

@@ -221,6 +221,10 @@ class ApiKey(BaseModel):
     credits_refill_amount = BigIntegerField(null=True)
     credits_refill_interval = CharField(null=True, max_length=8)
     credits_refilled_for = DateTimeField(null=True)
+    # A key revoked as leaked: who reported it (keys/leaks.py: "github", or "api" for POST
+    # /api/v1/keys/revoke) and where GitHub found it; NULL for any other key.
+    leak_report = CharField(null=True, max_length=8)
+    leak_url = TextField(null=True)
     # Not a column: how ratelimit.Limiter counts this key, made once for each key it counts; a
     # kept key (keys/keycache.py) serves many requests.
     limit_plan = None

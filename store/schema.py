@@ -160,6 +160,26 @@ def add_webhook_rotation(database, migrator):
             migrate(*(migrator.add_column(table, name, field) for name, field in wanted.items() if name not in have))
 
 
+def add_leak_reports(database, migrator):
+    """Version 15: who reported a key revoked as leaked ("github", or "api" for POST
+    /api/v1/keys/revoke) and where GitHub found it. A key revoked as leaked before takes who from
+    its security log line, which names GitHub when GitHub reported it; where is not known."""
+    if "leak_report" not in {column.name for column in database.get_columns("api_keys")}:
+        migrate(migrator.add_column("api_keys", "leak_report", CharField(null=True, max_length=8)),
+                migrator.add_column("api_keys", "leak_url", TextField(null=True)))
+    if not database.table_exists("security_events"):
+        return
+    # A line ends with its key's id and display prefix (then GitHub's words): another key's line ends
+    # with its own, whatever its key's name says.
+    param = database.param
+    line = f"{param} || '(id ' || api_keys.id || ', ' || api_keys.display_prefix || '...)' || {param}"
+    for report, ending in (("github", " reported by GitHub"), ("api", "")):
+        database.execute_sql(
+            f"UPDATE api_keys SET leak_report = {param} WHERE revoked_at IS NOT NULL AND leak_report IS NULL "
+            "AND EXISTS (SELECT 1 FROM security_events e WHERE e.event = 'key.revoked_as_leaked' "
+            f"AND e.detail LIKE {line})", (report, "%", ending))
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -247,7 +267,8 @@ def keep_key_generation(database):
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
-         make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation]
+         make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation,
+         add_leak_reports]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

@@ -2,10 +2,13 @@
 keys served from loopback: a report of 1,000 entries (250 active keys, 250 revoked ones, 500 other
 providers' tokens) answered within 10 s on SQLite and on PostgreSQL, 1 MiB bodies taken (declared and chunked) whatever MAX_BODY_BYTES says and one byte
 more refused, a replay that changes nothing, concurrent reports that read the keys once, a keys
-server that never answers or drips its answer cut off with a 503 while other requests go on, and no token in the log."""
+server that never answers or drips its answer cut off with a 503 while other requests go on, no token
+in the log, and a reported key's page and `keys list` saying that GitHub reported it, where and when."""
 
 import concurrent.futures
+import datetime
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -15,7 +18,7 @@ import pytest
 import requests
 import services
 from githubscanning import PATH, Signer, report, serving_keys
-from liveserver import ROOT, service_env, serving
+from liveserver import ROOT, SECRET_PATTERN, Browser, cli, service_env, serving
 
 MIB = 1024 * 1024
 SIGNER = Signer("e" * 64)
@@ -90,6 +93,26 @@ def test_a_report_of_1000_entries_is_answered_within_10_s(scanning):
     before = services.rows(env["DATABASE_URL"], counts)
     again = post(server, body)
     assert again.json() == response.json() and services.rows(env["DATABASE_URL"], counts) == before
+
+
+def test_a_key_github_reported_says_so_on_its_page_and_in_keys_list(scanning):
+    """The newcomer's case: a key GitHub reported showed only "Revoked". Its page and `keys list`
+    say that GitHub reported it, where it was found and when."""
+    server, env, _ = scanning
+    browser = Browser(server).signup()
+    assert browser.create_key("Pushed by mistake").status_code == 302
+    secret = SECRET_PATTERN.search(browser.get("/settings/security").text)[1]
+    url = "https://github.com/octo/repo/blob/0123abc/settings.py"
+    assert post(server, report(secret, url=url)).json()[0]["label"] == "true_positive"
+    [listed] = cli(env, "keys", "list", browser.username).splitlines()
+    fields = listed.split("\t")
+    assert fields[5] == "revoked" and fields[-1].startswith(f"revoked: reported by GitHub at {url} on ")
+    revoked_at = datetime.datetime.strptime(fields[-1].rsplit(" ", 1)[1], "%Y-%m-%dT%H:%M:%SZ")
+    assert abs(datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None) - revoked_at).total_seconds() < 300
+    page = browser.get(f"/settings/security/keys/{fields[0]}")
+    assert page.status_code == 200
+    status = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", page.text.split('<dd id="status">', 1)[1].split("</dd>", 1)[0]))
+    assert status.strip() == f"Revoked: reported by GitHub at {url} on {revoked_at:%Y-%m-%d %H:%M} UTC"
 
 
 @pytest.mark.parametrize("sending", ["declared", "chunked"])

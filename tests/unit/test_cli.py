@@ -10,7 +10,7 @@ from liveserver import run_cli, service_env
 import auth
 import cli
 from accounts import recovery, securitylog, users
-from models import ApiKey, Membership, Session, User, db, personal_organisation
+from models import ApiKey, Membership, Session, User, db, iso_seconds, personal_organisation
 from orgs import members
 
 
@@ -229,6 +229,31 @@ def test_keys_list_with_org_lists_every_key_there_with_its_creator(runner, user,
     assert result.stdout == (
         f"{mine.id}\talice's\tdevelopment\t{mine.display_prefix}...\tfree\tactive\tnever\t{every_scope}\tany\t-\talice\n"
         f"{bobs.id}\tbob's\tproduction\t{bobs.display_prefix}...\tpro\tactive\tnever\t{every_scope}\tany\t-\t-\n")
+
+
+def test_keys_list_ends_a_key_revoked_as_leaked_with_who_reported_it_where_and_when(runner, user, acme):
+    """Its line keeps every field where it was (active, revoked ...) and adds one last: a script
+    that reads the fields by place reads what it read before."""
+    url = "https://github.com/acme/app/blob/main/.env"
+    keys = {}
+    for name, report in [("by GitHub", {"source": "github", "url": url}), ("by GitHub, nowhere said",
+                         {"source": "github", "url": ""}), ("by its holder", None), ("plain", "not leaked")]:
+        key, secret = auth.issue_key(user, name, "development", org=acme.id)
+        if report == "not leaked":
+            auth.revoke_key(key)
+        else:
+            auth.revoke_key(auth.authenticate(secret), leaked=True, report=report)
+        keys[name] = ApiKey.get_by_id(key.id)
+    when = {name: iso_seconds(key.revoked_at) for name, key in keys.items()}
+    result = runner.invoke(args=["keys", "list", "alice", "--org", "acme"])
+    assert result.exit_code == 0, result.output
+    lines = [line.split("\t") for line in result.stdout.splitlines()]
+    assert [fields[5] for fields in lines] == ["revoked"] * 4
+    assert [fields[10:] for fields in lines] == [
+        ["alice", f"revoked: reported by GitHub at {url} on {when['by GitHub']}"],
+        ["alice", f"revoked: reported by GitHub on {when['by GitHub, nowhere said']}"],
+        ["alice", f"revoked: reported with POST /api/v1/keys/revoke on {when['by its holder']}"],
+        ["alice"]]
 
 
 def test_keys_list_with_org_is_refused_to_a_non_member(runner, acme):
