@@ -32,14 +32,19 @@ def init_app(app):
 
 def mail_key_notice(event, key, data=None, **_):
     """keys/events.py's key_changed: who made a key hears of it revoked as leaked, expiring or
-    expired; the organisation's owners do once its maker is no longer a member."""
+    expired; the organisation's owners do once its maker is no longer a member, and of a leak
+    also while its maker's address is not confirmed."""
     if event in KEY_NOTICES:
-        for user_id in key_recipients(key):
+        for user_id in key_recipients(key, confirmed_only=event == "key.revoked_as_leaked"):
             mail_owner(user_id, KEY_NOTICES[event], key=data or {}, link=outbox.link("/settings/security"))
 
 
-def key_recipients(key):
+def key_recipients(key, confirmed_only=False):
+    """The key's creator while a member of its organisation, else its owners. confirmed_only: only
+    members whose address is confirmed count (a leak must reach someone who can act on it)."""
     members = Membership.select(Membership.user).where(Membership.org == key.org_id)
+    if confirmed_only:
+        members = members.join(User, on=(Membership.user == User.id)).where(User.email_verified_at.is_null(False))
     if key.user_id is not None and members.where(Membership.user == key.user_id).exists():
         return [key.user_id]
     return [member.user_id for member in members.where(Membership.role == OWNER)]

@@ -1,5 +1,6 @@
 """Notices: the owner's address hears of a key revoked as leaked, expiring or expired (a key's
-creator while a member of its organisation, else the organisation's owners), a password changed,
+creator while a member of its organisation, else the organisation's owners; a leak goes past a
+creator whose address is not confirmed to the owners whose addresses are), a password changed,
 two-factor log-in turned off and a passkey added, through a real SMTP server; the mail names the
 key or the change and never holds a secret."""
 
@@ -158,3 +159,44 @@ def test_a_key_whose_creator_was_deleted_is_told_to_the_owners(notice_app, bob):
     key, _ = auth.issue_key(alice, "Deploy", "development", org=acme.id)
     users.delete_account(alice, "correct horse battery")
     assert notices.key_recipients(ApiKey.get_by_id(key.id)) == [bob.id]
+
+
+@pytest.fixture
+def leaky(notice_app, bob):
+    """Acme: bob a developer whose key leaks, alice and carol owners, dave an owner whose address
+    nobody confirmed, erin an admin; all confirmed but dave. Returns (the key's secret, who is who)."""
+    people = {name: users.create_user(name, f"{name}@example.com", "correct horse battery")
+              for name in ("alice", "carol", "dave", "erin")}
+    User.update(email_verified_at=utcnow()).where(User.username.in_(["alice", "carol", "erin"])).execute()
+    acme = members.create("Acme", people["alice"])
+    for name, role in (("carol", "owner"), ("dave", "owner"), ("erin", "admin")):
+        Membership.create(org=acme.id, user=people[name].id, role=role)
+    Membership.create(org=acme.id, user=bob.id, role="developer")
+    _, secret = auth.issue_key(bob, "Deploy", "development", org=acme.id)
+    return secret
+
+
+def leak_reaches(notice_app, secret):
+    """Revoke the key as leaked through the API; the addresses its notice went to."""
+    assert notice_app.test_client().post("/api/v1/keys/revoke", headers={"X-API-Key": secret}).status_code == 200
+    mails = list(MailMessage.select())
+    assert {mail.subject for mail in mails} == {"An API key was revoked: it was found in public"}
+    return sorted(mail.recipient for mail in mails)
+
+
+def test_a_leak_is_told_to_its_creator_alone_when_its_address_is_confirmed(notice_app, leaky):
+    assert leak_reaches(notice_app, leaky) == ["bob@example.com"]
+
+
+def test_a_leak_whose_creator_is_unconfirmed_is_told_to_every_confirmed_owner(notice_app, bob, leaky):
+    """The newcomer's case: a creator who never confirmed the address, and nobody heard of the leak.
+    Now every owner with a confirmed address does; not the unconfirmed owner, nor the admin."""
+    User.update(email_verified_at=None).where(User.id == bob.id).execute()
+    assert leak_reaches(notice_app, leaky) == ["alice@example.com", "carol@example.com"]
+
+
+def test_a_key_expiring_still_goes_to_its_creator_alone_while_a_member(notice_app, bob, leaky):
+    """Only the leak looks past an unconfirmed creator: an expiry comes with a week's warning on
+    the Security tab, and its notice is the creator's as before."""
+    User.update(email_verified_at=None).where(User.id == bob.id).execute()
+    assert notices.key_recipients(auth.authenticate(leaky)) == [bob.id]
