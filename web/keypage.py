@@ -1,10 +1,11 @@
 """A key's own page (/settings/security/keys/<KEY_ID>): its details, its requests per hour and per
-day by outcome and by endpoint as charts drawn on the server (SVG, no script), and its actions."""
+day by outcome and by endpoint as charts drawn on the server (SVG, no script), and its actions; for
+a key of another of the user's organisations, which one holds it and the switch there."""
 
-from flask import Blueprint, g, render_template
+from flask import Blueprint, abort, g, render_template
 
 from metering import analytics, credits
-from models import SCOPES, utcnow
+from models import SCOPES, ApiKey, Membership, Organisation, utcnow
 from orgs import roles
 from web import keyforms, pages
 
@@ -67,6 +68,8 @@ class EndpointChart:
 @bp.get(f"/settings/security/keys/<int(max={pages.MAX_ID}):key_id>")
 @pages.login_required
 def key_page(key_id):
+    if not ApiKey.select().where((ApiKey.id == key_id) & (ApiKey.org == g.org.id)).exists():
+        return key_elsewhere(key_id)
     key = keyforms.org_key(key_id, roles.VIEW)
     now = utcnow()
     hours = analytics.hourly([key.id], now=now)
@@ -86,6 +89,18 @@ def key_page(key_id):
                            next_refill=refill and credits.next_refill_at(refill, now),
                            outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=pages.KEY_TYPES, graces=pages.GRACES,
                            geometry={"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": BOTTOM, "top": TOP})
+
+
+def key_elsewhere(key_id):
+    """The page of a key that another of the user's organisations holds: which one, and a switch to
+    it that comes back here. Any other id, a stranger's key or none, is the same 404."""
+    found = (ApiKey.select(ApiKey.name, Organisation.name.alias("org_name"), Organisation.slug)
+             .join(Organisation).join(Membership, on=(Membership.org == Organisation.id))
+             .where((ApiKey.id == key_id) & (Membership.user == g.user.id)).dicts().first())
+    if found is None:
+        abort(404)
+    return render_template("key_elsewhere.html", key_name=found["name"], org_name=found["org_name"],
+                           org_slug=found["slug"])
 
 
 def init_app(app):

@@ -9,7 +9,7 @@ import json
 
 from flask import abort, current_app, flash, g, redirect, render_template, request, session, url_for
 from peewee import fn
-from werkzeug.exceptions import Forbidden, NotFound
+from werkzeug.exceptions import Forbidden, HTTPException, NotFound
 
 from accounts import organisations, users
 from models import ROLES, ApiKey, Membership, User
@@ -19,8 +19,10 @@ from web.pages import MAX_ID, bp, login_required
 
 MEMBERS_TAB = "web.settings_members"
 # The pages that show whichever organisation is current: a switch stays on them. Any other (a key's
-# page) belongs to the organisation left, and the switch goes to the Security tab instead.
+# page) belongs to the organisation left, and the switch goes to the Security tab instead; but the
+# switch that a key's page offers to the organisation holding the key comes back to it.
 SWITCH_STAYS_ON = ("web.settings_profile", "web.settings_security", MEMBERS_TAB, "web.playground")
+KEY_PAGE = "keys.key_page"
 
 
 @bp.app_context_processor
@@ -124,12 +126,22 @@ def switch_organisation():
         abort(404)
     membership = org_members.switch(g.session, g.user, slug)
     flash(f"You now work in {membership.org.name}, as {membership.role}.")
-    return redirect(page_after_switch(request.form.get("next", "")))
+    return redirect(page_after_switch(request.form.get("next", ""), membership.org_id))
 
 
-def page_after_switch(path):
-    """The page the switcher was used on, when it shows whichever organisation is current; else the Security tab."""
-    return path if path in {url_for(endpoint) for endpoint in SWITCH_STAYS_ON} else url_for("web.settings_security")
+def page_after_switch(path, org_id):
+    """The page the switcher was used on, when it shows whichever organisation is current or is the
+    page of a key of the organisation switched to; else the Security tab."""
+    if path in {url_for(endpoint) for endpoint in SWITCH_STAYS_ON}:
+        return path
+    try:
+        endpoint, arguments = current_app.url_map.bind("").match(path, method="GET")
+    except HTTPException:  # no page's path, or one that redirects
+        endpoint = None
+    if endpoint == KEY_PAGE and ApiKey.select().where((ApiKey.id == arguments["key_id"])
+                                                      & (ApiKey.org == org_id)).exists():
+        return path
+    return url_for("web.settings_security")
 
 
 @bp.post(f"/settings/members/<int(max={MAX_ID}):user_id>/role")

@@ -1,8 +1,9 @@
 """Organisations in headless Chromium against the real server (the Procfile's gunicorn), the
 invitation mailed through a real SMTP server: an owner makes an organisation and invites an address
 (the link shown once), the invitee signs up from the mailed link, joins, creates a key there and
-switches organisations in the header, at 390 and 1280 px, each page within the window's width and
-clean to axe-core. With UPDATE_SCREENSHOTS=1 the run saves docs/members-tab.png,
+switches organisations in the header; a key page of another of the user's organisations switches
+back to it from its own button, and is a 404 to anyone else; at 390 and 1280 px, each page within
+the window's width and clean to axe-core. With UPDATE_SCREENSHOTS=1 the run saves docs/members-tab.png,
 docs/phone-members-tab.png and docs/org-switcher.png."""
 
 import itertools
@@ -10,6 +11,7 @@ import re
 from pprint import pformat
 
 import pytest
+import requests
 from browsing import DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, painted, sign_up
 from liveserver import service_env, serving
 
@@ -116,4 +118,58 @@ def test_an_invitee_signs_up_from_the_mailed_link_joins_makes_a_key_and_switches
     invite(owner, f"later{number}@example.com", "viewer")
     look(owner, "the Members tab with a member and an invitation")
     owner.screenshot(path=screenshots / ("phone-members-tab.png" if phone else "members-tab.png"), full_page=True)
+    assert not found, pformat(found, width=120)
+
+
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
+def test_a_key_page_of_another_of_ones_organisations_offers_the_switch_back_to_it(open_page, server, viewport):
+    """The newcomer's case: their own key, opened while another of their organisations was
+    current, gave Werkzeug's 404 text. Its page now names the organisation holding it, and its
+    button switches there and comes back to the key (revoked as leaked, which it says); to anyone
+    else the page is the service's own 404."""
+    number = next(numbers)
+    owner_name, team = f"kim{number}", f"Kite Team {number}"
+    found = {}
+
+    def look(page, name):
+        page.wait_for_load_state("load")
+        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
+            found[name] = problems
+
+    page = open_page(viewport)
+    sign_up(page, owner_name)
+    page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Members").click()
+    page.get_by_label("Name", exact=True).fill(team)
+    page.get_by_role("button", name="Create organisation").click()
+    expect(page.get_by_role("heading", name=f"Members of {team}")).to_be_visible()
+    secret = create_key(page, "Kite deploy key")
+    page.locator("table.keys").get_by_role("link", name="Kite deploy key").click()
+    expect(page.get_by_role("heading", name="Kite deploy key")).to_be_visible()
+    key_path = page.url.removeprefix(server.base)
+    assert requests.post(server.base + "/api/v1/keys/revoke", headers={"X-API-Key": secret}, timeout=10).ok
+
+    page.get_by_label("Organisation", exact=True).select_option(owner_name)
+    page.get_by_role("button", name="Switch").click()
+    expect(page.get_by_text(f"You now work in {owner_name}, as owner.")).to_be_visible()
+    page.goto(key_path)
+    expect(page.get_by_role("heading", name=f"Kite deploy key: a key of {team}")).to_be_visible()
+    expect(page.locator("#elsewhere")).to_contain_text(
+        f"This key belongs to the organisation {team}, and you work in {owner_name} now.")
+    look(page, "a key page of another of the user's organisations")
+    page.get_by_role("button", name=f"Switch to {team}").click()
+    expect(page.get_by_text(f"You now work in {team}, as owner.")).to_be_visible()
+    assert page.url == server.base + key_path
+    expect(page.get_by_role("heading", name="Kite deploy key", exact=True)).to_be_visible()
+    expect(page.locator("#status")).to_contain_text("Revoked: reported with POST /api/v1/keys/revoke on ")
+    expect(page.get_by_label("Organisation", exact=True)).to_have_value(f"kite-team-{number}")
+    look(page, "the key's page after the switch, revoked as leaked")
+
+    stranger = open_page(viewport)
+    sign_up(stranger, f"sam{number}")
+    response = stranger.goto(key_path)
+    assert response.status == 404
+    expect(stranger.get_by_role("heading", name="404 Not Found")).to_be_visible()
+    expect(stranger.get_by_text("There is nothing here")).to_be_visible()
+    expect(stranger.get_by_text(team)).to_have_count(0)
+    look(stranger, "another user's key page: the service's own 404")
     assert not found, pformat(found, width=120)
