@@ -3,7 +3,7 @@
 import-linter builds its graph of packages only, and the service's spine is plain modules at the
 root (app.py, auth.py, ...), which it refuses as root packages. The contracts here are its own
 layers and acyclic_siblings contracts, checked against a graph of the checkout read the way grimp
-reads a package: every import statement of every module outside tests/ and bench/, at module level
+reads a package: every import statement of every module outside tests/, bench/ and tools/, at module level
 or inside a function, under the module's dotted name (gunicorn.conf.py as gunicorn_conf)."""
 
 import ast
@@ -17,7 +17,7 @@ from importlinter.contracts.layers import LayersContract
 
 ROOT = Path(__file__).resolve().parents[2]
 # Packages of the checkout that are not the service.
-NOT_THE_SERVICE = {"tests", "bench"}
+NOT_THE_SERVICE = {"tests", "bench", "tools"}
 
 
 def module_name(path):

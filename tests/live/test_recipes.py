@@ -1,0 +1,82 @@
+"""The docs' recipes for trying the service on one machine, run as written, block by block, in a
+shell: docs/webhooks.md's "Trying it on your own machine" (tools/webhookreceiver.py, `python app.py`,
+an endpoint, key events, a failing receiver's retries, Recover). Only the ports and the database's
+folder are the test's own."""
+
+import re
+import subprocess
+
+from liveserver import ROOT, Server, free_port, service_env, wait_for
+
+SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
+
+
+def recipe(page, heading, **replacements):
+    """The ```sh blocks of the page's section under `## heading`, in order, each text of
+    replacements replaced (the documented ports and folders by the test's)."""
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    blocks = SH_BLOCK.findall(section)
+    for old, new in replacements.items():
+        assert old in section, old
+        blocks = [block.replace(old, new) for block in blocks]
+    return blocks
+
+
+def run(block, env):
+    """Run a block of commands as pasted into a shell that stops at the first failure; its stdout."""
+    done = subprocess.run(["sh", "-e", "-c", block], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def deliveries(receiver):
+    """(webhook-id, event, status) of each delivery the receiver printed, in order."""
+    return [(message_id, event, int(status)) for message_id, status, event in re.findall(
+        r"POST /demo webhook-id: (\S+) -> (\d+)\n  \{\"type\":\"([^\"]+)\"", receiver.output())]
+
+
+def test_the_webhook_recipe_delivers_retries_and_recovers_as_it_says(tmp_path):
+    port, receiver_port = free_port(), free_port()
+    env = service_env(tmp_path, PORT=str(port))
+    del env["DATABASE_URL"]  # the recipe's own
+    start_receiver, start_service, first_events, failing, attempts, recover = recipe(
+        "webhooks.md", "Trying it on your own machine",
+        **{"9000": str(receiver_port), ":5000/": f":{port}/", "$PWD/instance/": f"{tmp_path}/",
+           "rm -f instance/": f"rm -f {tmp_path}/"})
+    receiver = Server(["sh", "-e", "-c", start_receiver], env, receiver_port, tmp_path / "receiver.log")
+    try:
+        service = Server(["sh", "-e", "-c", start_service], env, port, tmp_path / "service.log")
+        try:
+            added = run(first_events, env)
+            # The third terminal's later blocks run with the settings its first one exported.
+            [settings] = [line for line in first_events.splitlines() if line.startswith("export ")]
+            failing, attempts, recover = (f"{settings}\n{block}" for block in (failing, attempts, recover))
+            assert added.startswith(f"Added webhook endpoint 1 for demo: http://127.0.0.1:{receiver_port}/demo (*).")
+            assert added.splitlines()[-1] == '{"revoked":true,"api_key_name":"first","secret":"current"}'
+            wait_for(lambda: [(event, status) for _, event, status in deliveries(receiver)]
+                     == [("key.created", 200), ("key.revoked_as_leaked", 200)])
+
+            run(failing, env)
+            wait_for(lambda: len(deliveries(receiver)) == 5)
+            [(failed_id, event, _)] = {(message_id, event, status) for message_id, event, status
+                                       in deliveries(receiver)[2:]}
+            assert event == "key.created" and "deliveries are answered 500 from now on" in receiver.output()
+            # The third attempt is recorded, and its message failed, once the receiver's answer is in.
+            wait_for(lambda: len(run(attempts, env).splitlines()) == 5)
+            listed = [line.split("\t") for line in run(attempts, env).splitlines()]
+            assert [(line[0], line[2], line[3], line[4]) for line in listed[:3]] == [
+                (failed_id, "key.created", "HTTP 500", str(n)) for n in (3, 2, 1)]
+            assert [(line[2], line[3]) for line in listed[3:]] == [("key.revoked_as_leaked", "HTTP 200"),
+                                                                  ("key.created", "HTTP 200")]
+
+            assert run(recover, env).splitlines()[-1].startswith(
+                "Recovering 1 failed message of endpoint 1 made since ")
+            wait_for(lambda: deliveries(receiver)[5:] == [(failed_id, "key.created", 200)])
+        finally:
+            output = service.output()
+            service.stop()
+        assert "Traceback" not in output
+    finally:
+        receiver.stop()
