@@ -1,8 +1,11 @@
 """The docs' recipes for trying the service on one machine, run as written, block by block, in a
 shell: docs/webhooks.md's "Trying it on your own machine" (tools/webhookreceiver.py, `python app.py`,
-an endpoint, key events, a failing receiver's retries, Recover). Only the ports and the database's
-folder are the test's own."""
+an endpoint, key events, a failing receiver's retries, Recover) and docs/leaked-keys.md's
+(tools/githubreport.py's signed report revoking a key). Only the ports, the database's folder and the
+report tool's key file are the test's own."""
 
+import hashlib
+import json
 import re
 import subprocess
 
@@ -80,3 +83,40 @@ def test_the_webhook_recipe_delivers_retries_and_recovers_as_it_says(tmp_path):
         assert "Traceback" not in output
     finally:
         receiver.stop()
+
+
+def test_the_github_recipe_revokes_a_key_with_a_report_signed_by_the_tools_own_key(tmp_path):
+    port, keys_port = free_port(), free_port()
+    env = service_env(tmp_path, PORT=str(port))
+    key_file = tmp_path / "githubreport-key.pem"
+    start_service, report = recipe(
+        "leaked-keys.md", "Trying it on your own machine",
+        **{"8700": str(keys_port), ":5000/": f":{port}/",
+           "python -m tools.githubreport": f"python -m tools.githubreport --key-file {key_file}"})
+    service = Server(["sh", "-e", "-c", start_service], env, port, tmp_path / "service.log")
+    try:
+        said = run(report, env).splitlines()
+        assert said[:3] == [f"Serving the public keys at http://127.0.0.1:{keys_port}/keys (key identifier "
+                             f"{tools_identifier(key_file)[:16]}...).",
+                             "The service read the public keys (GET /keys).",
+                             f"POST http://127.0.0.1:{port}/api/v1/integrations/github/secret-scanning: HTTP 200"]
+        assert [entry["label"] for entry in json.loads(said[3])] == ["true_positive", "false_positive"]
+        assert json.loads(said[4])["error"]["code"] == "invalid_api_key"
+        assert said[5].split("\t")[1] == "key.revoked_as_leaked" and said[5].endswith(") reported by GitHub")
+        # A second run signs with the kept key, which the service verifies without reading the keys again.
+        again = run(report.replace("--name leaked", "--name leaked-again"), env).splitlines()
+        assert again[1].endswith(": HTTP 200") and "The service read" not in "\n".join(again)
+        assert [entry["label"] for entry in json.loads(again[2])] == ["true_positive", "false_positive"]
+        assert key_file.stat().st_mode & 0o777 == 0o600
+    finally:
+        output = service.output()
+        service.stop()
+    assert "Traceback" not in output
+    assert "GitHub reported 2 tokens: 1 of this service's secrets, 1 revoked now." in output
+
+
+def tools_identifier(key_file):
+    from cryptography.hazmat.primitives import serialization
+    public = serialization.load_pem_private_key(key_file.read_bytes(), password=None).public_key()
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
