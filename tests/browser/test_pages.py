@@ -12,7 +12,7 @@ from pprint import pformat
 import pyotp
 import pytest
 import requests
-from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, require, sign_up
+from browsing import AXE, DESKTOP, PATH_BROKEN, PATHS, PHONE, TOO_WIDE, axe_violations, create_key, require, sign_up
 from liveserver import service_env, serving
 from webhookreceiver import receiving
 
@@ -21,9 +21,6 @@ try:
 except ImportError:
     pass
 
-# Where an endpoint's path is shown: the landing page's list, the reference's headings and contents,
-# the playground's buttons.
-PATHS = 'td[data-label="Path"] code, article.operation h3, article.socket h3, .toc a, button.call'
 usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("dana", "erin", "finn", "gale"))
 SHOWN_IN_DOCS = "Security tab with a new key's secret"
 # How long a test event's first attempt may take to show on a loaded machine (the contract: 5 s).
@@ -216,32 +213,6 @@ LABEL_APART = """() => {
       apart.push(`“${label.textContent.trim()}”: box at y ${Math.round(box.top)}, label at y ${Math.round(letter.top)}`);
   }
   return apart;
-}"""
-
-# Each visible path (PATHS) that goes to a new line anywhere but beside a slash or a "?", or at a space.
-PATH_BROKEN = """selector => {
-  const broken = [];
-  for (const element of document.querySelectorAll(selector)) {
-    if (!element.getBoundingClientRect().width) continue;
-    const letters = [];
-    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
-    for (let node; (node = walker.nextNode());) {
-      for (let i = 0; i < node.length; i++) {
-        const range = document.createRange();
-        range.setStart(node, i);
-        range.setEnd(node, i + 1);
-        const box = range.getClientRects()[0];
-        if (box && box.width) letters.push({letter: node.data[i], top: box.top, bottom: box.bottom});
-      }
-    }
-    for (let i = 1; i < letters.length; i++) {
-      const [before, after] = [letters[i - 1], letters[i]];
-      const newLine = after.top >= before.bottom - 1;
-      if (newLine && !/[\\/?\\s]/.test(before.letter) && !/[\\/?\\s]/.test(after.letter))
-        broken.push(`${letters.map(l => l.letter).join('')} breaks after “${letters.slice(0, i).map(l => l.letter).join('')}”`);
-    }
-  }
-  return broken;
 }"""
 
 # What should line up and does not: a key table row whose cells do not end on one line (a cell that is

@@ -1,6 +1,6 @@
 """Debian's Chromium through Playwright: where it and axe-core are, the two sizes pages are looked at,
-axe-core's findings and what is wider than the phone, and a user's first steps on the pages (sign
-up, create a key)."""
+axe-core's findings, what is wider than the phone and paths that wrap elsewhere than at a slash, and
+a user's first steps on the pages (sign up, create a key)."""
 
 import re
 
@@ -20,6 +20,9 @@ AXE = ROOT / "tests" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
 CREATE = re.compile("Create New API Key|Create your first key")
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
+# Where an endpoint's path is shown: the landing page's list, the reference's headings and contents,
+# the playground's buttons.
+PATHS = 'td[data-label="Path"] code, article.operation h3, article.socket h3, .toc a, button.call'
 AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
 
 
@@ -97,4 +100,31 @@ TOO_WIDE = """() => {
       found.push(`${label(e)} scrolls sideways (${e.scrollWidth} px in ${e.clientWidth}) but is not focusable`);
   }
   return found;
+}"""
+
+
+# Each visible path (PATHS) that goes to a new line anywhere but beside a slash or a "?", or at a space.
+PATH_BROKEN = """selector => {
+  const broken = [];
+  for (const element of document.querySelectorAll(selector)) {
+    if (!element.getBoundingClientRect().width) continue;
+    const letters = [];
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    for (let node; (node = walker.nextNode());) {
+      for (let i = 0; i < node.length; i++) {
+        const range = document.createRange();
+        range.setStart(node, i);
+        range.setEnd(node, i + 1);
+        const box = range.getClientRects()[0];
+        if (box && box.width) letters.push({letter: node.data[i], top: box.top, bottom: box.bottom});
+      }
+    }
+    for (let i = 1; i < letters.length; i++) {
+      const [before, after] = [letters[i - 1], letters[i]];
+      const newLine = after.top >= before.bottom - 1;
+      if (newLine && !/[\\/?\\s]/.test(before.letter) && !/[\\/?\\s]/.test(after.letter))
+        broken.push(`${letters.map(l => l.letter).join('')} breaks after “${letters.slice(0, i).map(l => l.letter).join('')}”`);
+    }
+  }
+  return broken;
 }"""

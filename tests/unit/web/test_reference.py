@@ -2,7 +2,7 @@
 authentication, parameters and every documented response (status, body schema, error codes,
 headers), every schema and header, and the webhooks (each event of openapi.json's `webhooks` with
 every field of its data, the headers, how to verify a delivery); needs no script and no other host, and is
-linked from the landing page."""
+linked from the landing page. Its folds are walked in a browser in tests/browser/test_reference.py."""
 
 import base64
 import hashlib
@@ -113,10 +113,16 @@ def test_the_answers_outside_the_operations_are_shown(page):
 
 def test_the_page_needs_no_script_and_no_other_host(page):
     html = page.get_data(as_text=True)
-    assert "<script" not in html
+    # Its one script, from this host, only opens folds: every part is in the HTML, in a <details>.
+    assert re.findall(r"<script[^>]*>", html) == ['<script src="/static/reference.js" defer>']
     assert page.headers["Content-Security-Policy"] == pages.CONTENT_SECURITY_POLICY
     for link in Articles(html).links:
         assert link.startswith(("/", "#")) and not link.startswith("//"), link
+
+
+def test_every_section_and_each_part_in_it_is_a_fold_closed_in_the_html(page):
+    folds = re.findall(r"<(?:section|article)\b[^>]*>(<details[^>]*>)?", page.get_data(as_text=True))
+    assert len(folds) > 40 and set(folds) == {'<details class="fold">'}
 
 
 def webhooks_section(page):
