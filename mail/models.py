@@ -24,11 +24,15 @@ class MailMessage(BaseModel):
     sent_at = DateTimeField(null=True)
     # The last failed attempt's short reason (the server's answer, or why there was none).
     error = CharField(max_length=200, null=True)
+    # The recipient as addresses are compared (trimmed, lower case) when the mail counts in that
+    # address's hourly cap (mail/addresscap.py): it went to an address that is not the confirmed one
+    # of the account that asked for it. NULL for any other mail.
+    capped_address = CharField(max_length=254, null=True)
 
     class Meta:
         table_name = "mail_messages"
-        # notices.py counts the mails to an address in the last hour.
-        indexes = ((("recipient", "created_at"), False),)
+        # notices.py counts the mails to an address in the last hour, addresscap.py the capped ones.
+        indexes = ((("recipient", "created_at"), False), (("capped_address", "created_at"), False))
 
 
 MODELS = [MailMessage]

@@ -37,16 +37,18 @@ def enabled():
     return current_app.config["MAIL_URL"].strip().lower() != "off"
 
 
-def queue(recipient, name, **context):
-    """Render mail `name` for recipient and write it to the outbox inside the caller's transaction;
-    return the row, or None when MAIL_URL is off. ValueError for an address no header may carry."""
+def queue(recipient, name, capped_address=None, **context):
+    """Render mail `name` for recipient and write it to the outbox inside the caller's transaction
+    (counted in capped_address's hourly cap when given: mail/addresscap.py); return the row, or None
+    when MAIL_URL is off. ValueError for an address no header may carry."""
     address = checked_address(recipient)
     if not enabled():
         return None
     text, html = render(name, **context)
     return MailMessage.create(recipient=address, subject=SUBJECTS[name], message_id=new_message_id(),
                               sealed_parts=sealing.seal(json.dumps({"text": text, "html": html}), SEALED_AS),
-                              created_at=utcnow(), state=PENDING, next_attempt_at=utcnow())
+                              created_at=utcnow(), state=PENDING, next_attempt_at=utcnow(),
+                              capped_address=capped_address)
 
 
 def render(name, **context):

@@ -180,6 +180,13 @@ def add_leak_reports(database, migrator):
             f"AND e.detail LIKE {line})", (report, "%", ending))
 
 
+def add_mail_caps(database, migrator):
+    """Version 16: which mails count in an address's hourly cap (the mails before count in none)."""
+    if database.table_exists("mail_messages"):
+        if "capped_address" not in {column.name for column in database.get_columns("mail_messages")}:
+            migrate(migrator.add_column("mail_messages", "capped_address", CharField(max_length=254, null=True)))
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -268,7 +275,8 @@ def keep_key_generation(database):
 STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage_breakdown,
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
          make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation,
-         add_leak_reports]
+         add_leak_reports,
+         add_mail_caps]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

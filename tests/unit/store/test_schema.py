@@ -26,6 +26,7 @@ import auth
 import models
 from accounts import users
 from accounts.models import Passkey, RecoveryCode, TwoFactor
+from mail.models import MailMessage
 from metering import credits
 from models import ApiKey, User, db
 from store import connections, schema
@@ -129,6 +130,24 @@ def test_a_fifth_version_database_keeps_totp_set_ups_with_their_session(database
         assert [(row.user_id, row.last_step) for row in TwoFactor.select()] == [(owner.id, 7)]
         session = users.find_session(token)
         assert session.user_id == owner.id and session.totp_setup is None
+
+
+def test_a_fourteenth_version_database_gets_the_mail_caps_column_and_its_index(database_url, make_app):
+    """Version 14 to the latest: the mails so far count in no address's cap (mail/addresscap.py),
+    and the cap's count has its index."""
+    with make_app({"DATABASE_URL": database_url}).app_context():
+        MailMessage.create(recipient="bob@example.com", subject="A test mail", message_id="<1@localhost>",
+                           sealed_parts="")
+        # The mail table as version 14 made it.
+        db.execute_sql("DROP INDEX mailmessage_capped_address_created_at")
+        migrator = (PostgresqlMigrator if database_url.startswith("postgresql") else SqliteMigrator)(db.obj)
+        migrate(migrator.drop_column("mail_messages", "capped_address"))
+        db.execute_sql("UPDATE schema_version SET version = 14")
+    app = make_app({"DATABASE_URL": database_url})
+    assert app.extensions["schema"] == (14, schema.LATEST)
+    with app.app_context():
+        assert [(row.recipient, row.capped_address) for row in MailMessage.select()] == [("bob@example.com", None)]
+        assert "mailmessage_capped_address_created_at" in {index.name for index in db.get_indexes("mail_messages")}
 
 
 def test_a_new_database_starts_at_the_latest_version(app):
