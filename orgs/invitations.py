@@ -5,19 +5,17 @@ for an account with the invited address; sending it again makes a new link and v
 import datetime
 
 from accounts import emailtokens, organisations, securitylog, users
-from mail import outbox
-from mail.models import MailMessage
+from mail import addresscap, outbox
 from models import ROLES, Membership, Organisation, SecurityEvent, User, db, utcnow
 from orgs import members, roles
 from orgs.models import Invitation
 
 LIFETIME = datetime.timedelta(days=7)
-# Pending invitations an organisation may hold, links it may mail an hour, invitations one address
-# may receive an hour (from every organisation), and the wait before a link is sent again: each
-# mails a stranger, so no account may turn the service into a mail cannon.
+# Pending invitations an organisation may hold, links it may mail an hour, and the wait before a
+# link is sent again: each mails a stranger, so no account may turn the service into a mail cannon
+# (nor may all of them together: one address gets at most mail/addresscap.py's cap).
 MAX_PENDING = 50
 MAILS_PER_HOUR = 20
-MAILS_PER_ADDRESS_PER_HOUR = 3
 RESEND_AFTER = datetime.timedelta(minutes=1)
 # Invitations accepted, revoked or expired are kept this long (the Members tab does not list them),
 # then deleted at the organisation's next invitation.
@@ -42,7 +40,7 @@ def invite(org_id, email, role, inviter=None):
     """Invite the address with the role, when the inviter's role allows it (inviter None: the
     command line); return (Invitation, link: an absolute URL, or the path when no PUBLIC_URL is
     known). ValueError with a sentence for an address or role refused, a member's or an invited
-    address, or a cap reached; members.NotAllowed."""
+    address, or a cap reached (addresscap.NoMoreMail, the address's); members.NotAllowed."""
     email = users.checked_email(email)
     outbox.checked_address(email)
     if role not in ROLES:
@@ -58,13 +56,13 @@ def invite(org_id, email, role, inviter=None):
             raise ValueError(f"{email} is already invited: send that invitation again from the list.")
         if pending.count() >= MAX_PENDING:
             raise ValueError(f"An organisation may have {MAX_PENDING} pending invitations; revoke one first.")
-        refuse_beyond_hourly_mails(org_id, email, now)
+        refuse_beyond_hourly_mails(org_id, now)
         forget_ended(org_id, now)
         token = emailtokens.new_token()
         invitation = Invitation.create(org=org_id, email=email, role=role, token_hash=emailtokens.hashed(token),
                                        invited_by=inviter and inviter.id, created_at=now, sent_at=now,
                                        expires_at=now + LIFETIME)
-        link = mail(invitation, token)
+        link = mail(invitation, token, inviter)
         securitylog.record_in(org_id, "member.invited", f"{email} as {role}", actor_id=inviter and inviter.id)
     return invitation, link
 
@@ -72,14 +70,15 @@ def invite(org_id, email, role, inviter=None):
 def send_again(invitation, actor=None):
     """A new link for a pending invitation, mailed as invite()'s, when the actor's role allows it
     (actor None: the command line); return it. The invitation is made anew (a new row and id) and
-    the old one voided with its link, whose page then says so."""
+    the old one voided with its link, whose page then says so. ValueError (addresscap.NoMoreMail
+    among them) as invite()'s."""
     now = utcnow()
     with db.atomic():
         organisations.lock_organisation(invitation.org_id)
         members.require(invitation.org_id, actor, roles.MEMBER_INVITE, target_role=None, new_role=invitation.role)
         if invitation.sent_at > now - RESEND_AFTER:
             raise ValueError("That invitation was sent less than a minute ago; wait a moment before sending it again.")
-        refuse_beyond_hourly_mails(invitation.org_id, invitation.email, now)
+        refuse_beyond_hourly_mails(invitation.org_id, now)
         voided = (Invitation.update(revoked_at=now)
                   .where((Invitation.id == invitation.id) & Invitation.accepted_at.is_null()
                          & Invitation.revoked_at.is_null()).execute())
@@ -91,7 +90,7 @@ def send_again(invitation, actor=None):
                                     created_at=invitation.created_at, sent_at=now, expires_at=now + LIFETIME)
         securitylog.record_in(invitation.org_id, "member.invited",
                               f"{invitation.email} as {invitation.role} (sent again)", actor_id=actor and actor.id)
-        return mail(renewed, token)
+        return mail(renewed, token, actor)
 
 
 def revoke(invitation, actor=None):
@@ -170,31 +169,27 @@ def pending_in(org_id):
             .order_by(Invitation.id))
 
 
-def refuse_beyond_hourly_mails(org_id, email, now):
-    """The caps on invitation mails: per organisation (each invitation, and each sent again, is a
-    member.invited event of its log) and per address, from every organisation (the mail outbox's
-    rows)."""
+def refuse_beyond_hourly_mails(org_id, now):
+    """The cap on an organisation's invitation mails: each invitation, and each sent again, is a
+    member.invited event of its log."""
     since = now - datetime.timedelta(hours=1)
-    mailed = MailMessage.select().where((MailMessage.subject == outbox.SUBJECTS["invitation"])
-                                        & (MailMessage.created_at > since))
-    if mailed.where(MailMessage.recipient == email).count() >= MAILS_PER_ADDRESS_PER_HOUR:
-        raise ValueError(f"{email} was sent {MAILS_PER_ADDRESS_PER_HOUR} invitations in the last hour; try again "
-                         "later.")
     sent = SecurityEvent.select().where((SecurityEvent.org == org_id) & (SecurityEvent.event == "member.invited")
                                         & (SecurityEvent.created_at > since)).count()
     if sent >= MAILS_PER_HOUR:
         raise ValueError(f"An organisation may send {MAILS_PER_HOUR} invitations an hour; try again later.")
 
 
-def mail(invitation, token):
-    """Queue the invitation's mail (inside the caller's transaction); return its link: absolute
-    when PUBLIC_URL (or a request) gives the site's address, else the path alone (the command line
+def mail(invitation, token, asker):
+    """Queue the invitation's mail (inside the caller's transaction) as the account asker asks it,
+    counted in the address's cap (addresscap.NoMoreMail past it); return its link: absolute when
+    PUBLIC_URL (or a request) gives the site's address, else the path alone (the command line
     prints it, and no mail goes, as the link in it would lead nowhere)."""
     path = f"/invitations/{token}"
     link = outbox.link(path)
     if link is not None:
         org = Organisation.get_by_id(invitation.org_id)
         inviter = invitation.invited_by_id and User.get_or_none(User.id == invitation.invited_by_id)
-        outbox.queue(invitation.email, "invitation", org=org.name, inviter=inviter.username if inviter else None,
-                     role=invitation.role, link=link, days=LIFETIME.days)
+        addresscap.queue(asker, invitation.email, "invitation", org=org.name,
+                         inviter=inviter.username if inviter else None, role=invitation.role, link=link,
+                         days=LIFETIME.days)
     return link or path

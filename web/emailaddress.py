@@ -8,7 +8,7 @@ from flask import flash, g, redirect, render_template, request, url_for
 import ratelimit
 from accounts import emailaddress, emailtokens
 from accounts.emailaddress import LinkRefused, TooManyMails
-from mail import outbox
+from mail import addresscap, outbox
 from models import db
 from store.writelock import write_transaction
 from web import addressmails, throttles
@@ -17,6 +17,9 @@ from web.pages import bp, login_required, refuse_wrong_password, render_profile_
 REFUSED_STATUS = {emailtokens.UNKNOWN: 404, emailtokens.USED: 410, emailtokens.VOIDED: 410,
                   emailtokens.EXPIRED: 410, emailaddress.OTHER_ACCOUNT: 403, emailaddress.TAKEN: 409}
 NO_MAIL = "This service sends no mail, so no link can be sent."
+# The forms that mail an address say its cap up front: the Profile tab's, the Members tab's, sign-up.
+bp.add_app_template_global(addresscap.MAILS_PER_HOUR, "mails_per_address")
+bp.add_app_template_global(outbox.enabled, "sends_mail")
 
 
 @bp.get("/email/verify/<token>")
@@ -57,10 +60,10 @@ def change_email(token):
     try:
         with write_transaction(db.obj):
             old, new = emailaddress.change(token, g.user)
-            addressmails.mail_change_done(g.user, old, new)
+            noticed = addressmails.mail_change_done(g.user, old, new)
     except LinkRefused as refused:
         return refused_page("change", refused)
-    flash(f"Your address is now {new}. A notice went to {old}.")
+    flash(f"Your address is now {new}." + (f" A notice went to {old}." if noticed else ""))
     return redirect(url_for("web.settings_profile"))
 
 
@@ -83,6 +86,8 @@ def send_verify_link_again():
     except TooManyMails:
         return profile_error(f"{emailaddress.MAILS_PER_HOUR} links were mailed in the last hour; "
                              "use the newest, or try again later.", 429)
+    except addresscap.NoMoreMail as refused:
+        return profile_error(str(refused), 429)
     except ValueError as error:
         return profile_error(str(error), 400)
     flash(f"A new link was mailed to {g.user.email}. It works for 7 days; the earlier ones no longer do.")
@@ -101,18 +106,20 @@ def request_email_change():
         throttles.count_login_ip_request()
         with write_transaction(db.obj):
             new, token = emailaddress.request_change(g.user, request.form.get("email", ""))
-            addressmails.mail_change_links(g.user, new, token)
+            noticed = addressmails.mail_change_links(g.user, new, token)
     except ratelimit.RateLimitExceeded as error:
         return too_many(error)
     except TooManyMails:
         return profile_error(f"{emailaddress.MAILS_PER_HOUR} changes were asked for in the last hour; "
                              "use the newest link, or try again later.", 429)
+    except addresscap.NoMoreMail as refused:
+        return profile_error(str(refused), 429)
     except ValueError as error:
         return profile_error(str(error), 400)
     # The same answer whether or not another account has the address: that shows only to whoever
     # follows the link, which proves the address theirs.
     flash(f"A link was mailed to {new}: your address changes when it is followed, within 24 hours, "
-          f"logged in as {g.user.username}. A notice went to {g.user.email}.")
+          f"logged in as {g.user.username}." + (f" A notice went to {g.user.email}." if noticed else ""))
     return redirect(url_for("web.settings_profile"))
 
 

@@ -8,7 +8,7 @@ import json
 from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import users
-from mail import outbox
+from mail import addresscap, outbox
 from orgs import invitations, members as org_members
 from orgs.models import Invitation
 from web.members import MEMBERS_TAB, members_tab_error
@@ -26,6 +26,8 @@ def invite():
     try:
         invitation, link = invitations.invite(g.org.id, request.form.get("email", ""), request.form.get("role", ""),
                                               g.user)
+    except addresscap.NoMoreMail as refused:
+        return members_tab_error(str(refused), 429)
     except ValueError as error:
         return members_tab_error(str(error), 400)
     show_link_once(invitation, link)
@@ -62,6 +64,8 @@ def resend_invitation(invitation_id):
     invitation = pending_invitation(invitation_id)
     try:
         link = invitations.send_again(invitation, actor=g.user)
+    except addresscap.NoMoreMail as refused:
+        return members_tab_error(str(refused), 429)
     except ValueError as error:
         return members_tab_error(str(error), 400)
     show_link_once(invitation, link)

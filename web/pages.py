@@ -183,6 +183,7 @@ def signup():
         flash(str(error), "error")
         return render_template("signup.html"), 400
     log_in(user)
+    addressmails.say_why_no_link()
     # Back where the visitor came from (an invitation's page), else to the first key.
     if back := local_path(request.args.get("next")):
         flash(f"Welcome, {user.username}.")

@@ -100,6 +100,17 @@ def test_invite_with_public_url_mails_the_link_it_prints(app, runner, acme, monk
     assert Invitation.get().token_hash == emailtokens.hashed(link.rsplit("/", 1)[1])
 
 
+def test_invite_past_the_addresss_hourly_cap_says_so_and_mails_nothing(app, runner, user, acme, monkeypatch):
+    """mail/addresscap.py's cap, whichever organisation asks: the address had three mails this hour."""
+    monkeypatch.setitem(app.config, "PUBLIC_URL", "https://api.example.com")
+    for name in ("Globex", "Initech", "Umbrella"):
+        org = members.create(name, user)
+        succeeded(runner.invoke(args=["orgs", "invite", org.slug, "Carol@example.com", "--role", "viewer"]))
+    refused(runner.invoke(args=["orgs", "invite", "acme", "carol@example.com", "--role", "viewer"]),
+            "No more mail goes to carol@example.com for now; try again later.")
+    assert MailMessage.select().count() == 3 and Invitation.select().where(Invitation.org == acme.id).count() == 0
+
+
 def test_invite_with_mail_off_says_that_no_mail_was_sent(app, runner, acme, monkeypatch):
     monkeypatch.setitem(app.config, "PUBLIC_URL", "https://api.example.com")
     monkeypatch.setitem(app.config, "MAIL_URL", "off")
