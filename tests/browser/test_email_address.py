@@ -1,6 +1,7 @@
 """The address pages in headless Chromium against the real server, mails through a real SMTP server:
-the Profile tab not verified then verified, the link's page, a used link's page and a change to a
-long address, each with nothing wider than the page and nothing axe-core finds, at 390 and 1280 px."""
+the Profile tab not verified then verified, the link's page, a used link's page, a change to a long
+address, and a change refused as no more mail goes to an address, each with nothing wider than the
+page and nothing axe-core finds, at 390 and 1280 px."""
 
 import itertools
 import re
@@ -9,7 +10,7 @@ from pprint import pformat
 
 import pytest
 from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, require, sign_up
-from liveserver import service_env, serving
+from liveserver import PASSWORD as LIVE_PASSWORD, Browser, service_env, serving
 
 try:
     from playwright.sync_api import expect
@@ -38,7 +39,7 @@ def wait_for_mail(smtp, address, subject):
 
 
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
-def test_the_address_pages_fit_and_pass_axe(open_page, smtp, viewport):
+def test_the_address_pages_fit_and_pass_axe(open_page, server, smtp, viewport):
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
     page = open_page(viewport)
     found = {}
@@ -85,4 +86,17 @@ def test_the_address_pages_fit_and_pass_axe(open_page, smtp, viewport):
     expect(page.get_by_text(f"Your address is now {long_address}.")).to_be_visible()
     expect(page.locator(".status.verified")).to_have_text("Verified")
     look("Profile tab, a long address")
+
+    # Three other accounts had a link mailed to this address in the hour: no more mail goes there.
+    stranger = f"{username}.stranger0123456789@mail.anunusuallylongdomainname.example.com"
+    for _ in range(3):
+        asker = Browser(server).signup()
+        assert asker.post("/settings/profile/email", {"password": LIVE_PASSWORD, "email": stranger},
+                          form_page="/settings/profile").status_code == 302
+    expect(page.get_by_text("At most 3 links and invitations an hour go to one address")).to_be_visible()
+    page.get_by_label("New email address").fill(stranger)
+    page.get_by_label("Your password").fill(PASSWORD)
+    page.get_by_role("button", name="Send the link").click()
+    expect(page.get_by_role("alert")).to_have_text(f"No more mail goes to {stranger} for now; try again later.")
+    look("Profile tab, no more mail to an address")
     assert not found, pformat(found, width=120)

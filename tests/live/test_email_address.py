@@ -1,8 +1,9 @@
 """An account's address on the real server in both run modes, with SQLite (text logs) and PostgreSQL
 (JSON logs), its mails through a real SMTP server: sign-up's link, Send again, a change of address,
-an address another account has (and two accounts racing for one), links that cannot act, the caps,
-and a log that never holds a link's token. Each browser has its own client address
-(X-Forwarded-For behind TRUSTED_PROXIES=1)."""
+an address another account has (and two accounts racing for one), links that cannot act, the caps
+(per account, per IP, and per address: new accounts asking for one stranger's address, one after
+another and all at once on two instances of two workers), and a log that never holds a link's
+token. Each browser has its own client address (X-Forwarded-For behind TRUSTED_PROXIES=1)."""
 
 import concurrent.futures
 import re
@@ -10,7 +11,7 @@ import time
 
 import pytest
 import requests
-from liveserver import PASSWORD, Browser, service_env, serving, usernames
+from liveserver import PASSWORD, Browser, service_env, serving, start_procfile, usernames
 from mailserver import mail_server
 
 LINK = re.compile(r"https?://[^/\s]+(/email/(?:verify|change)/([A-Za-z0-9_-]{43}))")
@@ -215,3 +216,57 @@ def test_send_again_counts_against_the_ip_allowance(server, smtp):
     refused = browser.post("/settings/profile/email/verify", form_page="/settings/profile")
     assert refused.status_code == 429 and "Too many requests from this address" in refused.text
     assert int(refused.headers["Retry-After"]) > 0
+
+
+def stranger():
+    """An address no test of the module's has mailed (the SMTP server serves every server of it)."""
+    return f"stranger-{next(usernames)}@example.org"
+
+
+def mails_to_stay(smtp, to, count):
+    """The mails to that address once count came and a while after: none more may come."""
+    mails_to(smtp, to, count)
+    time.sleep(1.5)
+    return [mail for mail in smtp.mails if mail.to == to]
+
+
+def test_new_accounts_mail_one_strangers_address_three_times_and_the_fourth_form_says_so(server, smtp):
+    """Issue 66's attack: each new account asks to move to one stranger's address."""
+    target = stranger()
+    askers = [Browser(server).signup() for _ in range(4)]
+    for asker in askers[:3]:
+        assert ask_change(asker, target).status_code == 302
+    refused = ask_change(askers[3], target)
+    assert refused.status_code == 429
+    assert f"No more mail goes to {target} for now; try again later." in refused.text
+    assert f"A link was mailed to {target}" not in profile(askers[3])
+    mails = mails_to_stay(smtp, target, 3)
+    assert [mail.subject for mail in mails] == ["Confirm your new email address"] * 3
+    # Each link is its asker's (a mail scanner's fetch changes nothing).
+    assert {re.search(r"the account (\S+)\.", mail.text)[1] for mail in mails} == {a.username for a in askers[:3]}
+    assert all(requests.get(server.base + link_of(mail), timeout=30).status_code == 200 for mail in mails)
+    assert "At most 3 links and invitations an hour go to one address" in " ".join(profile(askers[0]).split())
+
+
+def test_accounts_racing_on_two_instances_of_two_workers_mail_one_address_three_times(env, smtp, tmp_path):
+    """Eight accounts ask at once, through two instances of two workers each on the module's
+    database, to move to one address: three are mailed, five are told, whichever worker counts."""
+    target = stranger()
+    servers = [start_procfile(tmp_path, dict(env, WEB_CONCURRENCY="2")) for _ in range(2)]
+    try:
+        askers = [Browser(servers[n % 2]).signup() for n in range(8)]
+        forms = [(asker, re.search(r'name="csrf_token" value="([^"]+)"', profile(asker))[1]) for asker in askers]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda form: form[0].http.post(
+                form[0].base + "/settings/profile/email",
+                data={"password": PASSWORD, "email": target, "csrf_token": form[1]},
+                allow_redirects=False, timeout=30), forms))
+        assert sorted(answer.status_code for answer in answers) == [302] * 3 + [429] * 5
+        assert all(f"No more mail goes to {target} for now" in answer.text
+                   for answer in answers if answer.status_code == 429)
+        assert len(mails_to_stay(smtp, target, 3)) == 3
+    finally:
+        for server in servers:
+            server.stop()
+        logs = "".join(server.output() for server in servers)
+    assert "Traceback" not in logs
