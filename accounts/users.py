@@ -19,6 +19,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 from accounts import emailtokens, organisations, securitylog
 from accounts.models import PROTECTION_MODELS
+from accounts.refusals import Refused
 from keys import keycache
 from models import (
     Membership,
@@ -85,12 +86,12 @@ class HashingBusy(ServiceUnavailable):
         return [*super().get_headers(environ, scope), ("Retry-After", "5")]
 
 
-def refuse_control_characters(value, what):
-    """Raise ValueError with a sentence when value holds NUL, another control character or an
-    invisible formatting character."""
+def refuse_control_characters(value, what, field=None):
+    """Raise Refused (a ValueError) with a sentence, about the field when one is named, when value
+    holds NUL, another control character or an invisible formatting character."""
     if any(unicodedata.category(character) in REFUSED_CATEGORIES for character in value):
-        raise ValueError(f"{what} cannot contain control characters (such as NUL, tabs or line breaks) "
-                         "or invisible formatting characters.")
+        raise Refused(f"{what} cannot contain control characters (such as NUL, tabs or line breaks) "
+                      "or invisible formatting characters.", field)
 
 
 @functools.cache
@@ -100,14 +101,15 @@ def common_passwords():
 
 
 def check_new_password(password):
-    """Raise ValueError with a sentence when the password may not be used."""
-    refuse_control_characters(password, "A password")
+    """Raise Refused (a ValueError) about the "password" with a sentence when the password may not be
+    used."""
+    refuse_control_characters(password, "A password", "password")
     if len(password) < MIN_PASSWORD_LENGTH:
-        raise ValueError(f"A password needs at least {MIN_PASSWORD_LENGTH} characters.")
+        raise Refused(f"A password needs at least {MIN_PASSWORD_LENGTH} characters.", "password")
     if len(password) > MAX_PASSWORD_LENGTH:
-        raise ValueError(f"A password has at most {MAX_PASSWORD_LENGTH} characters.")
+        raise Refused(f"A password has at most {MAX_PASSWORD_LENGTH} characters.", "password")
     if not password.strip() or password.lower().strip() in common_passwords():
-        raise ValueError("That password is one of the most common passwords; choose another.")
+        raise Refused("That password is one of the most common passwords; choose another.", "password")
 
 
 _hashing_pool = None
@@ -205,22 +207,23 @@ def user_for_login(username, password):
 
 
 def checked_email(email):
-    """The address as an account keeps it (trimmed, lower case); ValueError with a sentence when it
-    is not one."""
+    """The address as an account keeps it (trimmed, lower case); Refused about the "email" with a
+    sentence when it is not one."""
     email = email.strip().lower()
-    refuse_control_characters(email, "An email address")
+    refuse_control_characters(email, "An email address", "email")
     if len(email) > 254 or not EMAIL_PATTERN.fullmatch(email):
-        raise ValueError("That does not look like an email address.")
+        raise Refused("That does not look like an email address.", "email")
     return email
 
 
 def create_user(username, email, password, on_created=None):
-    """Create and return a user, or raise ValueError with a sentence saying what is wrong.
+    """Create and return a user, or raise ValueError with a sentence saying what is wrong (Refused,
+    naming the field, when one value is; AccountTaken when the username or email is taken).
     on_created(user) runs inside the creation's transaction (the web's sign-up mails a link)."""
     username = username.strip()
-    refuse_control_characters(username, "A username")
+    refuse_control_characters(username, "A username", "username")
     if not USERNAME_PATTERN.fullmatch(username):
-        raise ValueError("A username is 3 to 32 letters, digits, dots, dashes or underscores.")
+        raise Refused("A username is 3 to 32 letters, digits, dots, dashes or underscores.", "username")
     email = checked_email(email)
     check_new_password(password)
     if find_user(username) is not None:
