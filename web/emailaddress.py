@@ -11,7 +11,7 @@ from accounts.emailaddress import LinkRefused, TooManyMails
 from mail import addresscap, outbox
 from models import db
 from store.writelock import write_transaction
-from web import addressmails, throttles
+from web import addressmails, fields, throttles
 from web.pages import bp, login_required, refuse_wrong_password, render_profile_tab
 
 REFUSED_STATUS = {emailtokens.UNKNOWN: 404, emailtokens.USED: 410, emailtokens.VOIDED: 410,
@@ -101,7 +101,8 @@ def request_email_change():
         return profile_error(NO_MAIL, 400)
     failure = refuse_wrong_password(request.form.get("password", ""))
     if failure:
-        return profile_error(*failure)
+        sentence, status = failure
+        return profile_error(sentence, status, "email-password" if status == 400 else None)
     try:
         throttles.count_login_ip_request()
         with write_transaction(db.obj):
@@ -115,7 +116,7 @@ def request_email_change():
     except addresscap.NoMoreMail as refused:
         return profile_error(str(refused), 429)
     except ValueError as error:
-        return profile_error(str(error), 400)
+        return profile_error(str(error), 400, "new-email")
     # The same answer whether or not another account has the address: that shows only to whoever
     # follows the link, which proves the address theirs.
     flash(f"A link was mailed to {new}: your address changes when it is followed, within 24 hours, "
@@ -123,8 +124,9 @@ def request_email_change():
     return redirect(url_for("web.settings_profile"))
 
 
-def profile_error(sentence, status):
-    flash(sentence, "error")
+def profile_error(sentence, status, field_id=None):
+    """The Profile tab with the sentence, under the field with that id when it is about one."""
+    fields.refuse(sentence, field_id)
     return render_profile_tab(status=status)
 
 

@@ -19,7 +19,7 @@ from models import SCOPES, ApiKey, personal_organisation, utcnow
 from ops import note as request_note
 from orgs import members as org_members
 from serving import envelope
-from web import addressmails, reference, throttles
+from web import addressmails, fields, reference, throttles
 
 bp = Blueprint("web", __name__)
 csrf = CSRFProtect()
@@ -67,6 +67,7 @@ def init_app(app):
     app.config["WTF_CSRF_CHECK_DEFAULT"] = False
     csrf.init_app(app)
     app.before_request(protect_forms)
+    app.context_processor(fields.template_helpers)
     app.register_blueprint(bp)
 
 
@@ -177,10 +178,10 @@ def signup():
         return too_many_attempts("signup.html", error)
     except users.AccountTaken:
         # One sentence for both, so sign-up does not confirm which email addresses have accounts.
-        flash("That username or email cannot be used. Choose another, or log in.", "error")
+        fields.refuse("That username or email cannot be used. Choose another, or log in.", "username", "email")
         return render_template("signup.html"), 400
     except ValueError as error:
-        flash(str(error), "error")
+        fields.refuse(str(error), getattr(error, "field", None))
         return render_template("signup.html"), 400
     log_in(user)
     addressmails.say_why_no_link()
@@ -200,7 +201,7 @@ def login():
     try:
         users.refuse_control_characters(username + password, "A username or password")
     except ValueError as error:
-        flash(str(error), "error")
+        fields.refuse(str(error), "password", "username")
         return render_template("login.html"), 400
     try:
         time.sleep(throttles.password_attempt(username))
@@ -212,7 +213,8 @@ def login():
         return ask_second_factor(user, request.args.get("next"))
     if user is None or not log_in(user):
         throttles.password_refused(username)
-        flash("The username or password is incorrect.", "error")
+        # Either may be wrong; the password is the one typed again (a page never shows it back).
+        fields.refuse("The username or password is incorrect.", "password", "username")
         return render_template("login.html"), 400
     throttles.password_accepted(username)
     return redirect(local_path(request.args.get("next")) or url_for("web.settings_profile"))
@@ -264,15 +266,14 @@ def settings_profile():
 def render_profile_tab(status=200):
     personal = personal_organisation(g.user.id)
     return render_template("settings_profile.html", active_keys=ApiKey.active_in(personal).count() if personal else 0,
-                           min_password_length=users.MIN_PASSWORD_LENGTH, mail_enabled=outbox.enabled(),
-                           pending_change=emailaddress.pending_change(g.user)), status
+                           mail_enabled=outbox.enabled(), pending_change=emailaddress.pending_change(g.user)), status
 
 
 @bp.post("/settings/profile/password")
 @login_required
 def change_password():
-    failure = with_password_check(users.change_password, request.form.get("current_password", ""),
-                                  request.form.get("new_password", ""))
+    failure = with_password_check(users.change_password, {"current": "current-password", "password": "new-password"},
+                                  request.form.get("current_password", ""), request.form.get("new_password", ""))
     if failure:
         return failure
     # Every session ended with the change, this one too: a copy of this browser's cookie with it.
@@ -284,7 +285,7 @@ def change_password():
 @bp.post("/settings/profile/delete")
 @login_required
 def delete_account():
-    failure = with_password_check(users.delete_account, request.form.get("password", ""))
+    failure = with_password_check(users.delete_account, {"current": "delete-password"}, request.form.get("password", ""))
     if failure:
         return failure
     session.clear()
@@ -307,9 +308,10 @@ def refuse_wrong_password(password):
     return None
 
 
-def with_password_check(change, password, *args):
+def with_password_check(change, field_ids, password, *args):
     """Make a change that the account's password confirms, throttled like a log-in (so a stolen
-    cookie cannot guess the password); return the error page, or None when it was made."""
+    cookie cannot guess the password); return the error page, or None when it was made. field_ids
+    names the form's fields by their id: "current" (the confirming password), and a field a Refused names."""
     username = g.user.username
     try:
         time.sleep(throttles.password_attempt(username))
@@ -320,11 +322,11 @@ def with_password_check(change, password, *args):
         change(g.user, password, *args)
     except users.WrongPassword as error:
         throttles.password_refused(username)
-        flash(str(error), "error")
+        fields.refuse(str(error), field_ids["current"])
         return render_profile_tab(status=400)
     except ValueError as error:
         throttles.password_accepted(username)
-        flash(str(error), "error")
+        fields.refuse(str(error), field_ids.get(getattr(error, "field", None)))
         return render_profile_tab(status=400)
     throttles.password_accepted(username)
     return None

@@ -11,7 +11,7 @@ import ratelimit
 from accounts import emailtokens, recovery
 from mail import addresscap, outbox
 from models import release_connection
-from web import throttles
+from web import fields, throttles
 from web.pages import bp, too_many_attempts
 
 # Every answer to a request for a link comes this long after the request, whether or not an account
@@ -91,7 +91,7 @@ def reset_password(token):
     except recovery.LinkUnusable as error:
         return link_unusable(error.why)
     except ValueError as error:
-        flash(str(error), "error")
+        fields.refuse(str(error), "new_password" if getattr(error, "field", None) == "password" else None)
         return render_template("password_reset.html"), 400, LINK_REFERRER_POLICY
     flash("Your password is set, and every session of the account is signed out. Log in with the new password.")
     return redirect(url_for("web.login"))

@@ -30,6 +30,7 @@ from liveserver import (
     usernames,
     without_gunicorn,
 )
+from webforms import Fields
 
 from settings import DEFAULT_PASSWORD_HASH_COST
 
@@ -192,7 +193,25 @@ def test_common_passwords_are_refused(server, password):
     response = Browser(server).post("/signup", {"username": next(usernames), "email": "c@example.com",
                                                 "password": password})
     assert response.status_code == 400
-    assert "most common passwords" in response.text
+    assert "That password is one of the most common passwords" in response.text  # the refusal, not the hint
+
+
+@pytest.mark.parametrize("password, sentence, words", [
+    ("seven77", "A password needs at least 8 characters.", "8 to"),
+    ("x" * 1025, "A password has at most 1024 characters.", "1,024 characters"),
+    ("iloveyou", "one of the most common passwords", "not one of the most common passwords"),
+    ("ILoveYou", "one of the most common passwords", "capital letters make no difference"),
+    ("tab\there-password", "cannot contain control characters", "no control or invisible characters"),
+])
+def test_the_signup_hint_names_the_rule_behind_each_refusal(server, password, sentence, words):
+    hint = Fields(Browser(server).get("/signup").text).description("password")
+    assert words in hint
+    response = Browser(server).post("/signup", {"username": next(usernames), "email": "c@example.com",
+                                                "password": password})
+    assert response.status_code == 400
+    form = Fields(response.text)
+    assert sentence in form.texts["field-error"] and form.focused() == ["password"] and form.invalid() == ["password"]
+    assert form.description("password") == " ".join(form.texts["field-error"].split()) + " " + hint
 
 
 def test_usernames_are_unique_without_regard_to_case(server):
