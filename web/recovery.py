@@ -35,6 +35,7 @@ UNUSABLE = {
     recovery.ADDRESS_CHANGED: ("This link no longer works", "The account's email address changed after the "
                                "link was mailed. Ask for a new link at the account's address."),
 }
+MISMATCH = "The two passwords differ: type the same new password in both fields."
 # The reset page's address holds its token: never sent on (to the page's own style sheet, say,
 # where a log of referrers would keep it). Not no-referrer: over HTTPS, Flask-WTF's CSRF check
 # wants the form's origin in the Referer.
@@ -82,9 +83,16 @@ def reset_password(token):
         except recovery.LinkUnusable as error:
             return link_unusable(error.why)
         return render_template("password_reset.html"), LINK_REFERRER_POLICY
+    new_password = request.form.get("new_password", "")
     try:
         throttles.count_login_ip_request()
-        recovery.reset_password(token, request.form.get("new_password", ""))
+        # The repetition is the form's: a program that posts new_password alone (the contract's
+        # field) sets it as before.
+        if request.form.get("repeat_new_password", new_password) != new_password:
+            recovery.find_link(token)  # a link that cannot be used says so first
+            fields.refuse(MISMATCH, "repeat_new_password", "new_password", focus="new_password")
+            return render_template("password_reset.html"), 400, LINK_REFERRER_POLICY
+        recovery.reset_password(token, new_password)
     except ratelimit.RateLimitExceeded as error:
         page, status, headers = too_many_attempts("password_reset.html", error)
         return page, status, {**headers, **LINK_REFERRER_POLICY}

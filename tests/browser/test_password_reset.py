@@ -1,6 +1,7 @@
 """The forgotten password in headless Chromium against the real server (the Procfile's gunicorn),
-its mail through a real SMTP server: from the log-in page's link to a new password, at 390 and 1280
-px, each page within the window's width and clean to axe-core (WCAG 2.2 AA and best practice)."""
+its mail through a real SMTP server: from the log-in page's link to a new password typed twice (a
+repetition that differs refused first), at 390 and 1280 px, each page within the window's width
+and clean to axe-core (WCAG 2.2 AA and best practice)."""
 
 import itertools
 import re
@@ -18,6 +19,7 @@ except ImportError:
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
 LINK = re.compile(r"https?://[^/\s]+(/password/reset/[A-Za-z0-9_-]+)")
+MISMATCH = "The two passwords differ: type the same new password in both fields."
 usernames = (f"{name}{n}" for n in itertools.count() for name in ("hana", "ivo"))
 
 
@@ -53,7 +55,21 @@ def test_from_the_login_page_to_a_new_password_every_page_fits_and_axe_finds_not
     page.goto(path)
     expect(page.get_by_role("heading", name="Choose a new password")).to_be_visible()
     look("the reset form")
-    page.get_by_label("New password").fill("a brand new passphrase")
+    new, repeat = page.get_by_label("New password", exact=True), page.get_by_label("Repeat the new password")
+    expect(new).to_be_focused()
+    new.fill("a brand new passphrase")
+    repeat.fill("a brand new passphrase!")
+    page.get_by_role("button", name="Set the password").click()
+    # Both are typed again (the page shows no password back): the focus on the first, the sentence
+    # on the repetition, both described by it.
+    expect(new).to_be_focused()
+    expect(page.locator("#field-error")).to_have_text(MISMATCH)
+    for field in (new, repeat):
+        expect(field).to_have_attribute("aria-invalid", "true")
+        expect(field).to_have_accessible_description(re.compile("^" + re.escape(MISMATCH)))
+    look("the reset form, the passwords differing")
+    new.fill("a brand new passphrase")
+    repeat.fill("a brand new passphrase")
     page.get_by_role("button", name="Set the password").click()
     expect(page.get_by_text("Your password is set")).to_be_visible()
     look("the log-in page after the reset")

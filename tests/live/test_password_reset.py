@@ -15,6 +15,7 @@ from liveserver import PASSWORD, Browser, service_env, serving, usernames
 from mailserver import mail_server
 from services import rows
 from twofactorsteps import code_at
+from webforms import Fields
 
 NEW_PASSWORD = "a brand new passphrase"
 LINK = re.compile(r"https?://[^/\s]+(/password/reset/([A-Za-z0-9_-]+))")
@@ -106,6 +107,20 @@ def test_a_mailed_link_sets_the_password_and_ends_every_session(server, smtp):
     fresh = Browser(server)
     assert fresh.login(owner.username, NEW_PASSWORD).status_code == 302 and fresh.logged_in()
     assert reset(Browser(server), path, "yet another passphrase").status_code == 410
+
+
+def test_a_repetition_that_differs_changes_nothing_and_the_link_still_works(server, smtp):
+    browser, address = account(server)
+    ask(Browser(server), address)
+    path = mailed_link(smtp, address)
+    response = browser.post(path, {"new_password": NEW_PASSWORD, "repeat_new_password": NEW_PASSWORD + "?"})
+    assert response.status_code == 400
+    form = Fields(response.text)
+    assert "The two passwords differ" in form.texts["field-error"] and "repeat_new_password" in form.invalid()
+    assert Browser(server).login(browser.username).status_code == 302  # the old password still works
+    response = browser.post(path, {"new_password": NEW_PASSWORD, "repeat_new_password": NEW_PASSWORD})
+    assert response.status_code == 302 and response.headers["Location"] == "/login"
+    assert Browser(server).login(browser.username, NEW_PASSWORD).status_code == 302
 
 
 def test_after_a_reset_log_in_still_asks_for_the_second_factor(server, smtp):

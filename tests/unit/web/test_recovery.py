@@ -10,7 +10,7 @@ import time
 import pytest
 from limits import RateLimitItemPerMinute
 from twofactorsteps import code_at, enable, is_logged_in
-from webforms import page
+from webforms import Fields, page
 
 from accounts import emailtokens, recovery, users
 from accounts.emailtokens import EmailToken
@@ -160,6 +160,32 @@ def test_the_per_ip_login_throttle_counts_every_request_and_refuses_with_a_429(a
 
 def reset(client, path, password=NEW_PASSWORD):
     return client.post(path, data={"new_password": password})
+
+
+@pytest.mark.parametrize("repeated", [NEW_PASSWORD + "!", "", NEW_PASSWORD.upper()])
+def test_a_repetition_that_differs_is_refused_on_its_field_and_changes_nothing(app, client, smtp, user, repeated):
+    ask(client)
+    path = mailed_path(app, smtp)
+    form = Fields(page(client.get(path)))
+    assert form.inputs["repeat_new_password"]["type"] == "password" and form.focused() == ["new_password"]
+    before = (password_hash(), list(EmailToken.select().tuples()), Session.select().count(),
+              SecurityEvent.select().count())
+    response = client.post(path, data={"new_password": NEW_PASSWORD, "repeat_new_password": repeated})
+    assert response.status_code == 400 and response.headers["Referrer-Policy"] == "strict-origin"
+    form = Fields(page(response))
+    assert " ".join(form.texts["field-error"].split()) == recovery_pages.MISMATCH
+    assert form.description("repeat_new_password").startswith(recovery_pages.MISMATCH)
+    # Both are typed again (a page never shows a password back): the focus is on the first.
+    assert sorted(form.invalid()) == ["new_password", "repeat_new_password"] and form.focused() == ["new_password"]
+    assert (password_hash(), list(EmailToken.select().tuples()), Session.select().count(),
+            SecurityEvent.select().count()) == before
+    # The link still works, with the same password twice.
+    response = client.post(path, data={"new_password": NEW_PASSWORD, "repeat_new_password": NEW_PASSWORD})
+    assert response.status_code == 302 and response.headers["Location"] == "/login"
+    assert client.post("/login", data={"username": "alice", "password": NEW_PASSWORD}).status_code == 302
+    # A used link says so, whatever the two fields hold.
+    again = client.post(path, data={"new_password": NEW_PASSWORD, "repeat_new_password": repeated})
+    assert again.status_code == 410 and "This link was used already" in page(again)
 
 
 @pytest.mark.parametrize("why, status, heading", [
