@@ -1,13 +1,26 @@
-// The Security tab's script: copies a secret shown once (a new key's, a webhook endpoint's), hands a
-// new key to the playground through this tab's sessionStorage, and refreshes an endpoint's attempts
-// while a test event waits for its first one. Without it the page works as plain HTML: a secret is
-// selected by hand, an attempt seen on reload.
+// The Security tab's script: copies a secret shown once (a new key's, a webhook endpoint's, the
+// recovery codes), hands a new key to the playground through this tab's sessionStorage, and refreshes
+// an endpoint's attempts while a test event waits for its first one. Without it the page works as
+// plain HTML: a secret is selected by hand, an attempt seen on reload.
 
-// The text of a field onto the clipboard: said on the button at once, whatever the clipboard does.
-// The field is selected first, so that Ctrl+C copies it when nothing else can.
-function copy(button, field) {
-  field.focus();
-  field.select();
+// The text of a field, or of a list (the recovery codes, one a line), onto the clipboard: said on
+// the button at once, whatever the clipboard does. The text is selected first, so that Ctrl+C copies
+// it when nothing else can.
+function copy(button, source) {
+  const field = source.matches("input, textarea");
+  const text = field ? source.value : source.innerText.trim();
+  source.focus();
+  if (field) {
+    source.select();
+  } else {
+    getSelection().selectAllChildren(source);
+  }
+  // The clipboard gets the text itself, not a rendering of the selection (a list's markers).
+  const put = event => {
+    event.clipboardData.setData("text/plain", text);
+    event.preventDefault();
+  };
+  document.addEventListener("copy", put);
   let copied = false;
   try {
     // Synchronous, inside the click: it works where navigator.clipboard is missing (a page served
@@ -15,17 +28,19 @@ function copy(button, field) {
     copied = document.execCommand("copy");
   } catch {
     copied = false;
+  } finally {
+    document.removeEventListener("copy", put);
   }
   if (copied) {
     button.textContent = "Copied";
     button.focus();
     return;
   }
-  // The focus stays in the selected field, where Ctrl+C copies it.
+  // The focus stays on the selected text, where Ctrl+C copies it.
   button.textContent = "Selected: press Ctrl+C";
   if (navigator.clipboard) {
     // A clipboard that answers late (or never) leaves the sentence above, which is true meanwhile.
-    navigator.clipboard.writeText(field.value).then(() => { button.textContent = "Copied"; }, () => {});
+    navigator.clipboard.writeText(text).then(() => { button.textContent = "Copied"; }, () => {});
   }
 }
 
@@ -54,8 +69,8 @@ async function refreshAttempts(list) {
 
 document.addEventListener("DOMContentLoaded", () => {
   for (const button of document.querySelectorAll("button[data-copies]")) {
-    const field = document.getElementById(button.dataset.copies);
-    button.addEventListener("click", () => copy(button, field));
+    const source = document.getElementById(button.dataset.copies);
+    button.addEventListener("click", () => copy(button, source));
     // Shown once it works: a button that does nothing until the script arrives is never clicked.
     button.hidden = false;
   }

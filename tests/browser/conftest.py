@@ -35,12 +35,12 @@ def browser():
 
 @pytest.fixture
 def open_page(browser, server):
-    """open_page(viewport): a page of a fresh browser context on the module's server (the CSP
-    bypassed for axe-core)."""
+    """open_page(viewport, **options): a page of a fresh browser context on the module's server (the
+    CSP bypassed for axe-core unless options say bypass_csp=False; other options are Playwright's)."""
     contexts = []
 
-    def open_page(viewport):
-        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, bypass_csp=True))
+    def open_page(viewport, **options):
+        contexts.append(browser.new_context(base_url=server.base, viewport=viewport, **{"bypass_csp": True, **options}))
         return contexts[-1].new_page()
 
     yield open_page

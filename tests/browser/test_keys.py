@@ -10,7 +10,7 @@ import time
 
 import pytest
 import requests
-from browsing import AXE, CREATE, create_key, require, sign_up
+from browsing import AXE, COPY_DEADLINE_MS, CREATE, create_key, expect_clipboard, require, sign_up
 from contract import DOCUMENT
 from liveserver import service_env, start_server
 
@@ -40,18 +40,6 @@ def page(browser, server):
     yield page
     context.close()
     assert blocked == []
-
-
-# What a person waits for at most after "Copy" on a loaded machine; the page answers at once.
-COPY_DEADLINE_MS = 30_000
-
-
-def expect_clipboard(page, text):
-    """Wait (up to COPY_DEADLINE_MS) until the context's clipboard, read from page, holds the text."""
-    deadline = time.monotonic() + COPY_DEADLINE_MS / 1000
-    while (held := page.evaluate("navigator.clipboard.readText()")) != text and time.monotonic() < deadline:
-        page.wait_for_timeout(100)
-    assert held == text
 
 
 def protected_test(server, secret):

@@ -1,9 +1,12 @@
 """Debian's Chromium through Playwright: where it and axe-core are, the two sizes pages are looked at,
-axe-core's findings, what is wider than the phone and paths that wrap elsewhere than at a slash, and
-a user's first steps on the pages (sign up, create a key)."""
+axe-core's findings, what is wider than the phone and paths that wrap elsewhere than at a slash, a
+user's first steps on the pages (sign up, create a key, turn two-factor log-in on), and what a copy
+put on the clipboard."""
 
 import re
+import time
 
+import pyotp
 import services
 from liveserver import ROOT
 
@@ -23,6 +26,8 @@ DESKTOP = {"width": 1280, "height": 800}
 # Where an endpoint's path is shown: the landing page's list, the reference's headings and contents,
 # the playground's buttons.
 PATHS = 'td[data-label="Path"] code, article.operation h3, article.socket h3, .toc a, button.call'
+# What a person waits for at most after "Copy" on a loaded machine; the page answers at once.
+COPY_DEADLINE_MS = 30_000
 AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"]
 
 
@@ -40,6 +45,26 @@ def sign_up(page, username):
     page.get_by_label("Password").fill("a long password")
     page.get_by_role("button", name="Create account").click()
     expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
+
+
+def turn_on_two_factor(page):
+    """From any page of a fresh log-in: set up an authenticator app on the Security tab and turn
+    two-factor log-in on; return the recovery codes the page shows once."""
+    page.goto("/settings/security")
+    page.get_by_role("button", name="Set up an authenticator app").click()
+    secret = page.locator("[data-totp-secret]").get_attribute("data-totp-secret")
+    page.get_by_label("Code from the app").fill(pyotp.TOTP(secret).now())
+    page.get_by_role("button", name="Turn on").click()
+    expect(page.locator(".recovery-code")).to_have_count(10)
+    return page.locator(".recovery-code").all_inner_texts()
+
+
+def expect_clipboard(page, text):
+    """Wait (up to COPY_DEADLINE_MS) until the context's clipboard, read from page, holds the text."""
+    deadline = time.monotonic() + COPY_DEADLINE_MS / 1000
+    while (held := page.evaluate("navigator.clipboard.readText()")) != text and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert held == text
 
 
 def painted(page):
