@@ -2,9 +2,10 @@
 invitation mailed through a real SMTP server: an owner makes an organisation and invites an address
 (the link shown once), the invitee signs up from the mailed link, joins, creates a key there and
 switches organisations in the header; a key page of another of the user's organisations switches
-back to it from its own button, and is a 404 to anyone else; at 390 and 1280 px, each page within
-the window's width and clean to axe-core. With UPDATE_SCREENSHOTS=1 the run saves docs/members-tab.png,
-docs/phone-members-tab.png and docs/org-switcher.png."""
+back to it from its own button, and is a 404 to anyone else; revoking an invitation asks first, with
+the page's script and without; at 390 and 1280 px, each page within the window's width and clean to
+axe-core. With UPDATE_SCREENSHOTS=1 the run saves docs/members-tab.png, docs/phone-members-tab.png
+and docs/org-switcher.png."""
 
 import itertools
 import re
@@ -173,3 +174,31 @@ def test_a_key_page_of_another_of_ones_organisations_offers_the_switch_back_to_i
     expect(stranger.get_by_text(team)).to_have_count(0)
     look(stranger, "another user's key page: the service's own 404")
     assert not found, pformat(found, width=120)
+
+
+@pytest.mark.parametrize("script", [True, False], ids=["script", "no script"])
+@pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
+def test_revoking_an_invitation_asks_first(open_page, viewport, script):
+    number = next(numbers)
+    address = f"kept{number}@example.com"
+    page = open_page(viewport, java_script_enabled=script)
+    sign_up(page, f"rosa{number}")
+    page.goto("/settings/members")
+    invite(page, address, "viewer")
+    page.goto("/settings/members")
+    row = page.locator("table.invitations tr", has_text=address)
+    confirm = row.get_by_role("button", name="Yes, revoke")
+    expect(confirm).to_be_hidden()
+    row.locator("summary", has_text="Revoke").click()
+    expect(row.get_by_text(f"Revoke the invitation of {address}? Its link stops working")).to_be_visible()
+    expect(confirm).to_be_visible()
+    if script:  # axe-core is a script itself
+        page.wait_for_load_state("load")
+        found = page.evaluate(TOO_WIDE) + axe_violations(page)
+        assert not found, pformat(found, width=120)
+    page.reload()  # asking changed nothing
+    expect(row).to_be_visible()
+    row.locator("summary", has_text="Revoke").click()
+    confirm.click()
+    expect(page.get_by_text(f"The invitation of {address} is revoked")).to_be_visible()
+    expect(page.locator("table.invitations tr", has_text=address)).to_have_count(0)

@@ -1,11 +1,14 @@
 """Organisations through the web forms: every role against every action, the allowed ones made and
 the others refused with 403 and nothing changed (orgs/roles.py decides the expectation, so the table
 and the test cannot drift apart); another organisation's ids are 404s; the last owner stays; a
-removed member's open session loses the organisation at once; bad input is a 400 with a sentence."""
+removed member's open session loses the organisation at once; bad input is a 400 with a sentence;
+every form that revokes, removes or leaves asks first."""
 
+import re
 import shutil
 import threading
 from dataclasses import dataclass
+from html.parser import HTMLParser
 
 import pytest
 import services
@@ -195,6 +198,37 @@ def test_every_role_sees_every_key_and_the_log_but_only_the_forms_it_may_use(tea
     assert (f'/settings/members/{team.people["fred"].id}/revoke-keys"' in members
             ) == roles.allows(role, roles.MEMBER_REVOKE_KEYS, target_role=None, new_role=None)
     assert 'action="/settings/members/leave"' in members and 'action="/orgs"' in members
+
+
+class DestructiveForms(HTMLParser):
+    """The actions of a page's forms that revoke, remove or leave, each with whether it sits in a
+    <details class="confirm"> (a question, then "Yes, ..."), as the project's confirmations do."""
+
+    DESTRUCTIVE = re.compile(r"/(revoke|remove|leave|revoke-keys)$")
+
+    def __init__(self, html):
+        super().__init__()
+        self.details, self.forms = [], {}
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "details":
+            self.details.append("confirm" in (attrs.get("class") or "").split())
+        elif tag == "form" and self.DESTRUCTIVE.search(attrs.get("action") or ""):
+            self.forms[attrs["action"]] = bool(self.details and self.details[-1])
+
+    def handle_endtag(self, tag):
+        if tag == "details":
+            self.details.pop()
+
+
+def test_every_revocation_removal_and_leaving_on_the_members_tab_asks_first(team, log_in):
+    forms = DestructiveForms(log_in(ACTORS["owner"]).get("/settings/members").text).forms
+    fred = team.people["fred"].id
+    assert {f"/settings/members/invitations/{team.invitation.id}/revoke", f"/settings/members/{fred}/revoke-keys",
+            "/settings/members/leave"} <= set(forms)
+    assert [action for action, asks in forms.items() if not asks] == []
 
 
 @pytest.mark.parametrize("role", ROLES)
