@@ -101,8 +101,7 @@ def common_passwords():
 
 
 def check_new_password(password):
-    """Raise Refused (a ValueError) about the "password" with a sentence when the password may not be
-    used."""
+    """Raise Refused (a ValueError) about the "password" with a sentence when it may not be used."""
     refuse_control_characters(password, "A password", "password")
     if len(password) < MIN_PASSWORD_LENGTH:
         raise Refused(f"A password needs at least {MIN_PASSWORD_LENGTH} characters.", "password")
@@ -217,8 +216,7 @@ def checked_email(email):
 
 
 def create_user(username, email, password, on_created=None):
-    """Create and return a user, or raise ValueError with a sentence saying what is wrong (Refused,
-    naming the field, when one value is; AccountTaken when the username or email is taken).
+    """Create and return a user, or raise Refused (naming the field) or AccountTaken with a sentence;
     on_created(user) runs inside the creation's transaction (the web's sign-up mails a link)."""
     username = username.strip()
     refuse_control_characters(username, "A username", "username")
