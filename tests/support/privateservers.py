@@ -1,6 +1,7 @@
-"""A PostgreSQL cluster and a Redis server of a test's own, on free ports, that the test may stop,
-kill and start again without touching the machine's servers other tests use."""
+"""A PostgreSQL cluster and a Redis server of their own, on free ports: a test's, which it may stop,
+kill and start again without touching the servers other tests use, or (Redis) a test process's."""
 
+import ctypes
 import glob
 import os
 import shutil
@@ -13,6 +14,9 @@ import time
 import services
 from liveserver import free_port
 
+PR_SET_PDEATHSIG = 1
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+
 
 def wait_until_listening(port, seconds=60):
     deadline = time.monotonic() + seconds
@@ -24,6 +28,19 @@ def wait_until_listening(port, seconds=60):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def dying_with(parent):
+    """What a child runs before its program: the kernel kills it when the thread that started it
+    ends, however that ends (a SIGKILL too, which no finalizer or atexit outlives). The tests run in
+    their process's main thread, pytest-xdist's workers' too."""
+
+    def set_in_child():
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # it ended before the line above
+            os._exit(1)
+
+    return set_in_child
 
 
 def postgres_bin():
@@ -85,7 +102,7 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """redis-server on a free port, keeping nothing on disk."""
+    """redis-server on a free port, keeping nothing on disk, ending with the process that started it."""
 
     def __init__(self):
         self.program = shutil.which("redis-server")
@@ -102,7 +119,7 @@ class PrivateRedis:
     def start(self):
         self.process = subprocess.Popen(
             [self.program, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dying_with(os.getpid()))
         wait_until_listening(self.port)
 
     def kill(self):
