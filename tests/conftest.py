@@ -56,6 +56,7 @@ def pytest_runtest_call(item):
 
 
 def pytest_sessionfinish(session):
+    services.stop_redis()
     services.drop_session_database()
 
 

@@ -272,14 +272,11 @@ def test_metrics_start_afresh_with_the_server(tmp_path):
 @pytest.fixture(scope="module")
 def proxied(tmp_path_factory):
     """A server (text logs) whose PostgreSQL and Redis are each behind a TCP proxy."""
-    services.redis_url()
-    database = services.postgres_url()
+    redis_url, database_url = services.redis_url(), services.postgres_url()
     tmp_path = tmp_path_factory.mktemp("readiness")
-    postgres, redis = TcpProxy(services.POSTGRES), TcpProxy(services.REDIS)
-    database_url = database.replace(f"{services.POSTGRES[0]}:{services.POSTGRES[1]}", f"127.0.0.1:{postgres.port}")
-    assert database_url != database
-    env = service_env(tmp_path, DATABASE_URL=database_url,
-                      RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{redis.port}/{services.REDIS_DB}")
+    postgres, redis = TcpProxy(services.POSTGRES), TcpProxy(services.redis_address(redis_url))
+    env = service_env(tmp_path, DATABASE_URL=services.via(database_url, postgres.port),
+                      RATELIMIT_STORAGE_URL=services.via(redis_url, redis.port))
     server = start_procfile(tmp_path, env)
     yield server, postgres, redis
     server.stop()

@@ -138,9 +138,9 @@ def test_one_worker_gives_each_of_many_requests_at_once_its_own_count_on_redis(t
 
 
 def test_requests_waiting_on_a_hung_redis_all_fail_closed_in_time(tmp_path):
-    services.redis_url()
-    proxy = TcpProxy(services.REDIS)
-    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/{services.REDIS_DB}",
+    url = services.redis_url()
+    proxy = TcpProxy(services.redis_address(url))
+    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=services.via(url, proxy.port),
                       WEB_CONCURRENCY="1")
     key = make_key(env)
     server = start_procfile(tmp_path, env)
@@ -159,9 +159,9 @@ def test_requests_waiting_on_a_hung_redis_all_fail_closed_in_time(tmp_path):
 
 
 def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):
-    services.redis_url()
-    proxy = TcpProxy(services.REDIS)
-    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=f"redis://127.0.0.1:{proxy.port}/{services.REDIS_DB}",
+    url = services.redis_url()
+    proxy = TcpProxy(services.redis_address(url))
+    env = service_env(tmp_path, RATELIMIT_STORAGE_URL=services.via(url, proxy.port),
                       PUBLIC_RATE_LIMIT="600/minute")
     key = make_key(env)
     headers = {"X-API-Key": key}
@@ -183,9 +183,8 @@ def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):
 
 
 def test_database_outage_is_503_and_recovers_without_losing_counts(tmp_path):
-    services.postgres_url()
     proxy = TcpProxy(services.POSTGRES)
-    database_url = f"postgresql://postgres@127.0.0.1:{proxy.port}/{services.session_database()}"
+    database_url = services.via(services.postgres_url(), proxy.port)
     env = service_env(tmp_path, DATABASE_URL=database_url)
     key = make_key(env)
     headers = {"X-API-Key": key}

@@ -1,5 +1,6 @@
-"""PostgreSQL and Redis for the tests: the machine's servers, each test run in its own database.
-Where a server is unreachable the tests that need it skip, except under CI=true, where they fail."""
+"""PostgreSQL and Redis for the tests, and nothing else of any server: a database of their own on
+the PostgreSQL server of TEST_DATABASE_URL, and a redis-server of their own or TEST_REDIS_URL's. Where
+one is unavailable the tests that need it skip, except under CI=true, where they fail."""
 
 import contextlib
 import graphlib
@@ -14,13 +15,15 @@ import pytest
 from psycopg import sql
 
 # The PostgreSQL server where each test run makes (and drops) its own database, reached through
-# this URL's database; and the Redis database the tests empty.
+# this URL's database.
 ADMIN_URL = urlsplit(os.environ.get("TEST_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test")
-# Each pytest-xdist worker (gw0, gw1, ...) empties a Redis database of its own: 15, 14, ...
-REDIS_DB = 15 - int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 16
-REDIS_URL = os.environ.get("TEST_REDIS_URL") or f"redis://127.0.0.1:6379/{REDIS_DB}"
 POSTGRES = (ADMIN_URL.hostname or "127.0.0.1", ADMIN_URL.port or 5432)
-REDIS = (urlsplit(REDIS_URL).hostname or "127.0.0.1", urlsplit(REDIS_URL).port or 6379)
+# The Redis given to the tests, if any. Each pytest-xdist worker (gw0, gw1, ...) empties a database
+# of its own there: the URL's for gw0, and counting down for the next (from /15: 15, 14, ...).
+GIVEN_REDIS_URL = os.environ.get("TEST_REDIS_URL")
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+# Else this process's own redis-server, started when a test first needs it (privateservers.PrivateRedis).
+_private_redis = None
 _session_database = f"apitest_{uuid.uuid4().hex[:12]}"
 _created = False
 # The schema of the session database as an app built it, while no test has changed it since: the
@@ -191,10 +194,54 @@ def drop_session_database():
             connection.execute(f"DROP DATABASE IF EXISTS {_session_database} WITH (FORCE)")
 
 
+def redis_database():
+    """Return the URL of this process's Redis database as it is: the worker's database on the Redis of
+    TEST_REDIS_URL, or else database 0 of a redis-server this process starts the first time (stopped
+    by stop_redis, or by the kernel when the process ends first)."""
+    global _private_redis
+    if GIVEN_REDIS_URL:
+        given = urlsplit(GIVEN_REDIS_URL)
+        first = int(given.path.strip("/") or 0)
+        if WORKER > first:
+            workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", WORKER + 1))
+            pytest.fail(f"TEST_REDIS_URL names database {first}, and each pytest-xdist worker takes one, counting "
+                        f"down from it: gw{WORKER} has none. Name database {workers - 1} or higher.")
+        require("Redis", redis_address(GIVEN_REDIS_URL))
+        return given._replace(path=f"/{first - WORKER}").geturl()
+    if _private_redis is None:
+        # Imported here: privateservers imports this module.
+        from privateservers import PrivateRedis
+
+        _private_redis = PrivateRedis()
+    return _private_redis.url
+
+
 def redis_url():
-    """Return the URL of a Redis database emptied for the test."""
+    """Return the URL of this process's Redis database, emptied for the test."""
     import redis
 
-    require("Redis", REDIS)
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    return REDIS_URL
+    url = redis_database()
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+def stop_redis():
+    """Stop this process's own redis-server, if it started one."""
+    global _private_redis
+    if _private_redis is not None:
+        _private_redis.close()
+        _private_redis = None
+
+
+def redis_address(url):
+    """(host, port) of the Redis server a URL names."""
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 6379
+
+
+def via(url, port):
+    """The URL reached through 127.0.0.1:port (a TcpProxy in front of its server): the same user,
+    password and database."""
+    parts = urlsplit(url)
+    credentials, _, _ = parts.netloc.rpartition("@")
+    return parts._replace(netloc=f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}").geturl()

@@ -216,8 +216,7 @@ def test_unknown_secrets_are_not_kept(sqlite_app, lookups):
 
 @pytest.fixture
 def windows():
-    services.redis_url()
-    storage = storage_from_string(services.REDIS_URL, wrap_exceptions=True)
+    storage = storage_from_string(services.redis_url(), wrap_exceptions=True)
     return rediswindows.RedisWindows(storage)
 
 
@@ -239,7 +238,7 @@ def test_a_count_under_another_generation_counts_nothing(windows):
 def test_another_process_s_announcement_reaches_the_next_count(windows):
     windows.hit("w", 60)
     seen = windows.generation
-    other = rediswindows.RedisWindows(storage_from_string(services.REDIS_URL, wrap_exceptions=True))
+    other = rediswindows.RedisWindows(storage_from_string(services.redis_database(), wrap_exceptions=True))
     other.announce_key_change()
     with pytest.raises(rediswindows.KeysChanged):
         windows.hit("w", 60, seen)
@@ -250,7 +249,7 @@ def test_a_generation_lost_with_redis_s_data_comes_back_as_a_new_one(windows):
     # A flushed or restarted Redis must not hand out a generation a process saw before.
     windows.hit("w", 60)
     first = windows.generation
-    redis.Redis.from_url(services.REDIS_URL).flushdb()
+    redis.Redis.from_url(services.redis_database()).flushdb()
     with pytest.raises(rediswindows.KeysChanged):
         windows.hit("w", 60, first)
     assert windows.generation not in ("", first)
@@ -380,7 +379,7 @@ def test_revoking_a_revoked_key_again_announces_again(redis_app):
     assert windows.generation == first
     auth.revoke_key(models.ApiKey.get_by_id(key.id), again=True)
     assert windows.generation != first
-    assert redis.Redis.from_url(services.REDIS_URL).get(windows.generation_key).decode() == windows.generation
+    assert redis.Redis.from_url(services.redis_database()).get(windows.generation_key).decode() == windows.generation
 
 
 def test_an_announcement_is_tried_again_before_it_fails(redis_app, monkeypatch):

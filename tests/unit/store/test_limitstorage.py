@@ -150,11 +150,11 @@ def test_redis_hit_shares_limits_keys_and_sets_the_window_once(redis_storage):
     assert count == 3
     assert abs(second_end - end) < 0.5  # the window keeps its end
     assert abs(redis_storage.get_expiry("shared") - end) <= 1
-    assert redis.Redis.from_url(services.REDIS_URL).ttl(redis_storage.prefixed_key("shared")) in (59, 60)
+    assert redis.Redis.from_url(services.redis_database()).ttl(redis_storage.prefixed_key("shared")) in (59, 60)
 
 
 def test_redis_hit_gives_a_window_without_expiry_one(redis_storage):
-    client = redis.Redis.from_url(services.REDIS_URL)
+    client = redis.Redis.from_url(services.redis_database())
     client.set(redis_storage.prefixed_key("stuck"), 5)
     count, end = limitstorage.window_counter(redis_storage)("stuck", 30)
     assert count == 6 and end > time.time() + 29
@@ -344,7 +344,7 @@ def test_take_back_leaves_a_window_started_since_and_never_goes_below_zero(stora
 
 
 def test_redis_hit_all_gives_a_used_up_window_without_expiry_one(redis_storage):
-    client = redis.Redis.from_url(services.REDIS_URL)
+    client = redis.Redis.from_url(services.redis_database())
     client.set(redis_storage.prefixed_key("stuck"), 2)
     refused, _ = limitstorage.window_admitter(redis_storage)([("stuck", 30, 2)])
     assert refused == 0 and 0 < client.ttl(redis_storage.prefixed_key("stuck")) <= 30
