@@ -183,9 +183,9 @@ def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):
 
 
 def test_database_outage_is_503_and_recovers_without_losing_counts(tmp_path):
+    database_url = services.postgres_url()
     proxy = TcpProxy(services.POSTGRES)
-    database_url = services.via(services.postgres_url(), proxy.port)
-    env = service_env(tmp_path, DATABASE_URL=database_url)
+    env = service_env(tmp_path, DATABASE_URL=services.via(database_url, proxy.port))
     key = make_key(env)
     headers = {"X-API-Key": key}
     server = start_procfile(tmp_path, env)
@@ -209,4 +209,4 @@ def test_database_outage_is_503_and_recovers_without_losing_counts(tmp_path):
         server.stop()
         proxy.close()
     assert set(served) <= {200, 503}
-    assert stored_total(services.postgres_url_of(services.session_database()), key) == served.count(200)
+    assert stored_total(database_url, key) == served.count(200)
