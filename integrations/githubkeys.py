@@ -49,6 +49,8 @@ class GitHubKeys:
         self.read_at = None  # the last read that gave keys
         self.tried_at = None  # the last attempt, whatever its outcome
         self.failed = False  # whether that attempt failed
+        # The deadline of the read under way, on time.monotonic; None while none is.
+        self.reading_until = None
         self.lock = threading.Lock()
 
     def key_for(self, identifier):
@@ -56,13 +58,19 @@ class GitHubKeys:
         when no kept key has it and the keys could not be read."""
         if self.fresh() and identifier in self.keys:
             return self.keys[identifier]
-        # A read ends within READ_SECONDS, so its waiters are let go soon after; the margin is for a
-        # loaded worker, and a waiter let go without the lock answers from what is kept.
-        if not self.lock.acquire(timeout=READ_SECONDS + 1):
+        # A waiter waits for a read under way until that read's deadline at most, then answers from
+        # what is kept: no report waits longer than READ_SECONDS.
+        reading_until = self.reading_until
+        wait = READ_SECONDS if reading_until is None else max(0.0, reading_until - time.monotonic())
+        if not self.lock.acquire(timeout=wait):
             return self.kept_key(identifier, unavailable=True)
         try:
             if not (self.fresh() and identifier in self.keys) and self.may_read():
-                self.refresh()
+                self.reading_until = time.monotonic() + READ_SECONDS
+                try:
+                    self.refresh()
+                finally:
+                    self.reading_until = None
             return self.kept_key(identifier, unavailable=self.failed)
         finally:
             self.lock.release()
