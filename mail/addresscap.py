@@ -1,5 +1,5 @@
 """The cap on mail to an address that is not the confirmed address of the account asking for it (a
-change of address, an invitation, a link to confirm or reset an address nobody has confirmed): one
+change of address, an invitation, a link to confirm an address nobody has confirmed): one
 address gets at most MAILS_PER_HOUR of them an hour, whichever accounts ask, counted in the database
 so that it holds across workers and instances. Accounts are cheap to make; a stranger's mailbox is
 not theirs to fill."""
@@ -67,3 +67,11 @@ def hold(address):
     if isinstance(db.obj, PostgresqlDatabase):
         key = int.from_bytes(hashlib.sha256(address.encode()).digest()[:4], "big", signed=True)
         db.execute_sql("SELECT pg_advisory_xact_lock(%s::integer, %s::integer)", (LOCK_SPACE, key))
+
+
+def hold_in_order(*recipients):
+    """Hold several addresses at once, in one order for every request (a lock held again later in the
+    transaction is held already): two accounts each moving to the other's address, each notice
+    counted at its old address, would otherwise wait for each other."""
+    for address in sorted({compared(recipient) for recipient in recipients}):
+        hold(address)

@@ -2,14 +2,13 @@
 through the link. Their routes are the `web` blueprint's, registered on it when app.py imports this
 module."""
 
-import contextlib
 import time
 
 from flask import flash, redirect, render_template, request, url_for
 
 import ratelimit
 from accounts import emailtokens, recovery
-from mail import addresscap, outbox
+from mail import outbox
 from models import release_connection
 from web import fields, throttles
 from web.pages import bp, too_many_attempts
@@ -52,10 +51,7 @@ def forgot_password():
         address = recovery.checked_address(request.form.get("email", ""))
         # What a mail's header can carry, refused whether or not an account has it.
         outbox.checked_address(address)
-        # Past the cap of an address its account never confirmed, nothing is mailed and the answer
-        # is the same: it never tells whether an account has the address.
-        with contextlib.suppress(addresscap.NoMoreMail):
-            recovery.request_reset(address, mail_reset_link)
+        recovery.request_reset(address, mail_reset_link)
     except ratelimit.RateLimitExceeded as error:
         return too_many_attempts("password_forgot.html", error)
     except ValueError as error:
@@ -68,10 +64,12 @@ def forgot_password():
 
 
 def mail_reset_link(user, token):
-    """Write the mail of a reset link to the outbox, in request_reset's transaction; to an address
-    the account never confirmed it counts in the address's cap (addresscap.NoMoreMail past it)."""
-    addresscap.queue(user, user.email, "password_reset", username=user.username,
-                     link=outbox.link(url_for("web.reset_password", token=token)))
+    """Write the mail of a reset link to the outbox, in request_reset's transaction. It is in no
+    address's cap (the account's own 3 an hour bound it): counted there, the reset of an account
+    whose address is unconfirmed would both tell strangers that an account has the address (other
+    forms say when it is capped) and let them block the owner's only way back in."""
+    outbox.queue(user.email, "password_reset", username=user.username,
+                 link=outbox.link(url_for("web.reset_password", token=token)))
 
 
 @bp.route("/password/reset/<token>", methods=("GET", "POST"))
