@@ -39,6 +39,7 @@ def mail_verify_link(user, token):
 def mail_change_links(user, new_email, token):
     """The link to the new address (addresscap.NoMoreMail past its cap), and the notice to the
     account's address; return whether the notice was written."""
+    addresscap.hold_in_order(new_email, user.email)
     addresscap.queue(user, new_email, "email_change", username=user.username, email=new_email,
                      link=outbox.link(url_for("web.change_email_page", token=token)))
     return notice(user, user.email, "email_change_notice", username=user.username, new_email=new_email)
