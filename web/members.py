@@ -140,7 +140,8 @@ def page_after_switch(path, org_id):
         endpoint = None
     if endpoint == KEY_PAGE and ApiKey.select().where((ApiKey.id == arguments["key_id"])
                                                       & (ApiKey.org == org_id)).exists():
-        return path
+        # Built again: the router matched "////settings/..." too, which a browser reads as a host.
+        return url_for(KEY_PAGE, **arguments)
     return url_for("web.settings_security")
 
 

@@ -50,6 +50,17 @@ def test_the_switch_comes_back_only_to_a_key_page_of_the_organisation_switched_t
         assert (response.status_code, response.location) == (302, "/settings/security"), next_path
 
 
+def test_the_switch_comes_back_to_the_key_page_by_its_own_address_never_another_host(team, log_in):
+    """The router takes "////settings/..." for the key's page too; sent back as given, a browser
+    would read "//settings" as a host."""
+    olive = log_in("olive")
+    path = f"/settings/security/keys/{team.keys['tess'].id}"
+    for next_path in ["/" + path, "///" + path, "/settings//security/keys/" + str(team.keys['tess'].id)]:
+        response = olive.post("/orgs/switch", data={"org": "acme", "next": next_path})
+        assert response.status_code == 302 and response.location in (path, "/settings/security"), next_path
+        assert not response.location.startswith("//")
+
+
 def test_a_strangers_key_is_the_same_404_as_no_key_in_the_services_own_words(team, log_in):
     olive = log_in("olive")  # Acme's owner, not a member of Globex
     olive.get("/settings/security")  # shows the switch's flash, which the next page would
