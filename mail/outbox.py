@@ -60,8 +60,9 @@ def checked_address(recipient):
     """The address as one header carries it: one addr-spec in ASCII (what every SMTP server takes
     without SMTPUTF8), no line break, no display name, no encoded word (which a header parser
     would decode into other addresses or a line break); ValueError with a sentence otherwise."""
+    # An empty label ("example.org.", "example..org") is read as no address at all by the header's parser.
     if (not recipient.isascii() or "=?" in recipient or not ADDRESS.fullmatch(recipient)
-            or len(recipient) > 254):
+            or len(recipient) > 254 or "" in recipient.rpartition("@")[2].split(".")):
         raise ValueError("That address cannot be mailed: use a plain address such as name@example.com, "
                          "in ASCII letters.")
     # The email package (~15 ms) is imported by the first mail, not by every start (serving/warmup.py).

@@ -232,6 +232,8 @@ def test_a_wrong_password_asks_for_nothing_and_counts_as_a_failed_log_in(app, lo
     ("new@example.com,eve@example.com", "does not look like an email address"),
     ("new,eve@example.com", "That address cannot be mailed"),
     ('"eve"@example.com', "That address cannot be mailed"),
+    ("eve@example.com.", "That address cannot be mailed"),
+    ("eve@example..com", "That address cannot be mailed"),
     ("x" * 250 + "@example.com", "does not look like an email address"),
     ("", "does not look like an email address"),
     ("alice@example.com", "That is already your address."),
