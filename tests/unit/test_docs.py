@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from layering import service_files
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "SECURITY.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -105,6 +106,35 @@ def test_the_readme_is_short_and_starts_with_the_two_commands():
 ])
 def test_anchors_are_made_as_github_makes_them(heading, anchor):
     assert slug(heading) == anchor
+
+
+def layout_table():
+    """docs/development.md's layout table: each row's first cell and its second, as written."""
+    text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    table = text.split("| file or folder | owns |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    return [row.strip("|").split(" | ", 1) for row in table.splitlines()]
+
+
+def modules_the_layout_names():
+    """The files the layout table names: a row's own files, and for a folder's row (`web/`) the
+    modules its second cell names bare (`pages.py`), in that folder."""
+    named = set()
+    for first, owns in layout_table():
+        for name in re.findall(r"`([^`]+)`", first):
+            named.add(name)
+            if name.endswith("/"):
+                named.update(name + module for module in re.findall(r"`([\w.]+\.py)`", owns))
+    return named
+
+
+def test_the_layout_table_names_every_module_of_the_service_and_no_other():
+    named = modules_the_layout_names()
+    modules = {str(path.relative_to(ROOT)) for path in service_files() if path.name != "__init__.py"}
+    unnamed = sorted(modules - named)
+    absent = sorted(name for name in named if not (ROOT / name).exists())
+    assert not unnamed and not absent, (
+        "docs/development.md's layout table does not match the tree:\n"
+        f"  modules it does not name: {unnamed}\n  names it gives that are no file or folder: {absent}")
 
 
 def readme_block(containing):
