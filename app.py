@@ -50,7 +50,6 @@ from werkzeug.routing import Rule
 
 import api
 import auth
-import cli
 import models
 import ratelimit
 import settings
@@ -64,15 +63,21 @@ import web.keyforms  # noqa: F401
 import web.members  # noqa: F401
 import web.recovery  # noqa: F401
 from accounts import emailtokens, models as account_models, securitylog, users
+from cli.audit import audit_command
+from cli.db import db_cli
+from cli.keys import keys_cli
+from cli.mail import mail_cli
+from cli.orgs import orgs_cli
+from cli.usage import usage_cli
+from cli.users import users_cli
+from cli.webhooks import webhooks_cli
 from integrations import github
 from keys import keycache
 from mail import models as mail_models, notices, sender as mail_sender
-from mail.commands import mail_cli
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics, services
 from orgs import members as org_members, models as org_models
-from orgs.commands import orgs_cli
 from serving import bodylimit, cors, envelope, fastlane, startup
 from web import keypage, pages, webprotection
 from webhooks import (
@@ -81,7 +86,6 @@ from webhooks import (
     outbox as webhook_outbox,
     pages as webhook_pages,
 )
-from webhooks.commands import webhooks_cli
 
 ROOT = Path(__file__).resolve().parent
 INSTANCE = settings.INSTANCE
@@ -231,14 +235,8 @@ def create_app(overrides=None):
     for database_error in DATABASE_ERRORS:
         app.register_error_handler(database_error, render_database_error)
     app.register_error_handler(Exception, render_unexpected_error)
-    app.cli.add_command(cli.users_cli)
-    app.cli.add_command(cli.keys_cli)
-    app.cli.add_command(cli.db_cli)
-    app.cli.add_command(cli.usage_cli)
-    app.cli.add_command(cli.audit_command)
-    app.cli.add_command(webhooks_cli)
-    app.cli.add_command(mail_cli)
-    app.cli.add_command(orgs_cli)
+    for command in (users_cli, keys_cli, db_cli, usage_cli, audit_command, webhooks_cli, mail_cli, orgs_cli):
+        app.cli.add_command(command)
 
     # Last: the lane serves only while every hook registered by now would do nothing for its requests.
     # Each middleware is called as a bound method, which the interpreter runs in the caller's C

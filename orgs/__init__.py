@@ -1,2 +1,1 @@
-"""Organisations: who may do what (roles.py), members and invitations (members.py, invitations.py),
-and their commands (commands.py)."""
+"""Organisations: who may do what (roles.py), members and invitations (members.py, invitations.py)."""

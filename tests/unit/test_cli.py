@@ -8,7 +8,7 @@ from flask import g
 from liveserver import run_cli, service_env
 
 import auth
-import cli
+import cli.users
 from accounts import recovery, securitylog, users
 from models import ApiKey, Membership, Session, User, db, iso_seconds, personal_organisation
 from orgs import members
@@ -23,7 +23,7 @@ def test_users_create_with_password_stdin(runner):
 
 
 def test_users_create_prompts_for_password_on_a_terminal(runner, monkeypatch):
-    monkeypatch.setattr(cli, "has_terminal", lambda: True)
+    monkeypatch.setattr(cli.users, "has_terminal", lambda: True)
     result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
                            input="s3cret-password\ns3cret-password\n")
     assert result.exit_code == 0, result.output
@@ -31,7 +31,7 @@ def test_users_create_prompts_for_password_on_a_terminal(runner, monkeypatch):
 
 
 def test_users_create_refuses_a_common_password_before_asking_for_it_again(runner, monkeypatch):
-    monkeypatch.setattr(cli, "has_terminal", lambda: True)
+    monkeypatch.setattr(cli.users, "has_terminal", lambda: True)
     result = runner.invoke(args=["users", "create", "bob", "--email", "bob@example.com"],
                            input="password123\ns3cret-password\ns3cret-password\n")
     assert result.exit_code == 0, result.output
@@ -79,7 +79,7 @@ def test_users_set_password_refuses_with_a_sentence_and_changes_nothing(runner, 
 
 
 def test_users_set_password_asks_twice_on_a_terminal(runner, user, monkeypatch):
-    monkeypatch.setattr(cli, "has_terminal", lambda: True)
+    monkeypatch.setattr(cli.users, "has_terminal", lambda: True)
     result = runner.invoke(args=["users", "set-password", "alice"], input="a new passphrase\na new passphrase\n")
     assert result.exit_code == 0, result.output
     assert users.password_matches(User.get_by_id(user.id), "a new passphrase")

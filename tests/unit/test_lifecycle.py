@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import auth
-import cli
+import cli.keys
 from accounts import securitylog, users
 from keys import keycache, lookup
 from models import SCOPES, ApiKey, User, personal_organisation, utcnow
@@ -342,7 +342,7 @@ def test_others_failed_log_ins_cannot_bury_the_log(client, user):
 
 
 def test_keys_scan_reads_long_lines_in_pieces_and_ignores_lookalikes(runner, user, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "SCAN_PIECE", 64)
+    monkeypatch.setattr(cli.keys, "SCAN_PIECE", 64)
     _, valid = auth.issue_key(user, "Found", "production")
     path = tmp_path / "bundle.min.js"
     lookalikes = "sk_live_short; sk_test_" + "A" * 38 + "; "

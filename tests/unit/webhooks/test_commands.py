@@ -1,4 +1,4 @@
-"""webhooks/commands.py: endpoints added, listed, tested and removed from the command line, each
+"""cli/webhooks.py: endpoints added, listed, tested and removed from the command line, each
 refusal a sentence, at most ten an account; in an organisation (--org), an endpoint added there by
 a member whose role allows it and listed for any member; without --org, the user's personal
 organisation."""

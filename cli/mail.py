@@ -4,9 +4,9 @@ import click
 from flask import current_app
 
 import settings
+from cli.commands import CommandGroup
 from mail import outbox, transport
 from mail.models import MailMessage
-from ops.commands import CommandGroup
 
 mail_cli = CommandGroup("mail", help="Check the mail settings.")
 

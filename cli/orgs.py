@@ -6,9 +6,9 @@ import contextlib
 import click
 
 from accounts import organisations, users
+from cli.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
 from mail import outbox
 from models import ROLES, ApiKey, Membership, Organisation, personal_organisation
-from ops.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
 from orgs import invitations, members, roles
 
 orgs_cli = CommandGroup("orgs", help="Manage organisations and their members.")

@@ -7,10 +7,10 @@ import click
 from flask import current_app
 
 from auth import parse_duration
+from cli.commands import CommandGroup, find_user
+from cli.orgs import org_option, organisation_for
 from models import iso_seconds
-from ops.commands import CommandGroup, find_user
 from orgs import roles
-from orgs.commands import org_option, organisation_for
 from webhooks import delivery, endpoints, recovery
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
 

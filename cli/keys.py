@@ -1,80 +1,24 @@
-"""The operator's command line (`flask --app app ...`): users, API keys, usage and the database."""
+"""The `keys` command group: create, list, roll, revoke, limit a key, its credits, and scan files
+for secrets."""
 
 import codecs
-import csv
-import io
-import json
 import re
 import sys
 from pathlib import Path
 
 import click
-from flask import current_app
 from peewee import JOIN
 
 import auth
 import ratelimit
-from accounts import securitylog, users
+from cli.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
+from cli.orgs import org_option, organisation_for
 from keys import leaks
-from metering import analytics, credits, lifecycle
-from models import SCOPES, ApiKey, User, display_time, iso_seconds, personal_organisation
-from ops import logs
-from ops.commands import Command, CommandGroup, find_user, warn_if_servers_may_not_hear
+from metering import credits
+from models import SCOPES, ApiKey, User, display_time, iso_seconds
 from orgs import roles
-from orgs.commands import find_organisation, org_option, organisation_for
 
-users_cli = CommandGroup("users", help="Manage users.")
 keys_cli = CommandGroup("keys", help="Manage API keys.")
-usage_cli = CommandGroup("usage", help="Report API usage.")
-
-
-def has_terminal():
-    return sys.stdin.isatty()
-
-
-@users_cli.command("create")
-@click.argument("username")
-@click.option("--email", required=True, help="The user's email address.")
-@click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
-def create_user_command(username, email, password_stdin):
-    """Create a user."""
-    password = new_password(password_stdin)
-    try:
-        user = users.create_user(username, email, password)
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(f"Created user {user.username} (id {user.id}).")
-
-
-@users_cli.command("set-password")
-@click.argument("username")
-@click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
-def set_password_command(username, password_stdin):
-    """Set a user's password: its sessions end and its reset links stop working."""
-    user = find_user(username)
-    try:
-        users.change_password(user, None, new_password(password_stdin), checked=False)
-    except ValueError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(f"Set the password of {user.username}; its sessions and reset links have ended.")
-
-
-def new_password(from_stdin):
-    if from_stdin:
-        return sys.stdin.readline().rstrip("\r\n")
-    if not has_terminal():
-        raise click.ClickException("No terminal to prompt for a password; use --password-stdin.")
-    # Judged before it is asked again: a refused password is not typed twice for nothing.
-    return click.prompt("Password", hide_input=True, confirmation_prompt=True, value_proc=allowed_password)
-
-
-def allowed_password(password):
-    """The password typed at the prompt, or click's UsageError with the sentence (it asks again)."""
-    try:
-        users.check_new_password(password)
-    except ValueError as error:
-        raise click.UsageError(str(error)) from None
-    return password
 
 
 @keys_cli.command("create")
@@ -314,81 +258,3 @@ def secrets_in(path):
             # A piece cut inside a long line keeps its tail, so a secret across the cut is found.
             carry = text[-200:] if cut else ""
             number += piece.endswith("\n")
-
-
-@click.command("audit", cls=Command)
-@click.argument("username", required=False)
-@click.option("--org", "org_slug", metavar="SLUG", help="Print this organisation's log instead of an account's.")
-def audit_command(username, org_slug):
-    """Print an account's security log (its own events and its personal organisation's) or, with
-    --org, an organisation's, newest first: ISO time, event, client IP, detail (tab-separated); an
-    organisation's lines end with who acted (- for the command line or the service itself)."""
-    if (username is None) == (org_slug is None):
-        raise click.ClickException("Give either USERNAME or --org SLUG.")
-    if org_slug is None:
-        events = securitylog.recent(find_user(username).id, limit=None)
-    else:
-        events = securitylog.recent_in(find_organisation(org_slug).id, limit=None)
-    for event in events:
-        # Rows written before client addresses were checked may hold whatever a client forwarded.
-        fields = [iso_seconds(event.created_at), event.event, logs.escape_controls(event.ip),
-                  logs.escape_controls(event.detail)]
-        if org_slug is not None:
-            fields.append(event.user.username if event.user is not None else "-")
-        click.echo("\t".join(fields))
-
-
-db_cli = CommandGroup("db", help="Manage the database.")
-
-
-@db_cli.command("upgrade")
-def upgrade_command():
-    """Bring the database's schema up to date (start-up does it too)."""
-    before, after = current_app.extensions["schema"]
-    if before == after:
-        click.echo(f"The database is at schema version {after}, the latest.")
-    else:
-        click.echo(f"Upgraded the database from schema version {before} to {after}.")
-
-
-@db_cli.command("prune")
-def prune_command():
-    """Delete usage rows, revoked or expired keys and sessions past their retention, now."""
-    # With the background prune's pauses between batches: running servers' writes get their turn.
-    click.echo(lifecycle.prune(current_app.config, pause=lifecycle.PAUSE_SECONDS).sentence())
-
-
-REPORT_COLUMNS = ["day", "requests", *analytics.OUTCOMES]
-
-
-@usage_cli.command("report")
-@click.argument("username")
-@click.option("--key", "key_id", type=int, help="One key of the user's (by id); all of them by default.")
-@click.option("--days", default=analytics.DAYS, show_default=True, type=click.IntRange(1, 400),
-              help="How many UTC days, today included.")
-@click.option("--format", "output", default="table", show_default=True, type=click.Choice(["table", "json", "csv"]))
-def usage_report_command(username, key_id, days, output):
-    """Print the requests of a user's keys (or one key) per UTC day, oldest first: by outcome
-    (table, csv) or by status and endpoint (json, the `daily` shape of GET /api/v1/usage/history)."""
-    user = find_user(username)
-    key_ids = [key.id for key in ApiKey.select(ApiKey.id).where(ApiKey.org == personal_organisation(user.id))]
-    if key_id is not None:
-        if key_id not in key_ids:
-            raise click.ClickException(f"{username!r} has no API key with id {key_id}.")
-        key_ids = [key_id]
-    periods = analytics.daily(key_ids, days)
-    if output == "json":
-        click.echo(json.dumps(analytics.daily_json(periods), indent=2))
-        return
-    rows = [[period.start.isoformat(), period.requests, *(period.by_outcome()[name] for name in analytics.OUTCOMES)]
-            for period in periods]
-    if output == "csv":
-        text = io.StringIO()
-        csv.writer(text, lineterminator="\n").writerows([REPORT_COLUMNS, *rows])
-        click.echo(text.getvalue(), nl=False)
-        return
-    header = ["day", "requests", *analytics.OUTCOMES.values()]
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    for row in [header, *rows]:
-        click.echo("  ".join(str(cell).rjust(width) if i else str(cell).ljust(width)
-                             for i, (cell, width) in enumerate(zip(row, widths))).rstrip())
