@@ -15,6 +15,8 @@ A kept key is also read again after MAX_AGE seconds, which bounds what a change 
 service (an UPDATE by hand, a CLI run without RATELIMIT_STORAGE_URL) can leave stale."""
 
 import collections
+import contextlib
+import contextvars
 import logging
 import time
 
@@ -195,6 +197,30 @@ def init_app(app):
     app.extensions["keys"] = cache
 
 
+# The announcements asked for inside announced_after_commit(): a list while one is open, else None.
+held = contextvars.ContextVar("held_announcements", default=None)
+
+
 def announce_change():
     """After a key's revocation, roll or deletion is committed: no process serves its old state."""
+    asked = held.get()
+    if asked is not None:
+        asked.append(True)
+        return
     current_app.extensions["keys"].announce_change()
+
+
+@contextlib.contextmanager
+def announced_after_commit():
+    """Enclose a transaction that changes keys through actions that announce each change: they are
+    announced once, after the block (and the transaction) ended without an error. An announcement
+    before the commit would let another process keep the key's old row under the new generation,
+    and one that fails there would undo a change already made."""
+    asked = []
+    token = held.set(asked)
+    try:
+        yield
+    finally:
+        held.reset(token)
+    if asked:
+        announce_change()

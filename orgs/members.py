@@ -10,6 +10,7 @@ from peewee import JOIN, IntegrityError
 
 import auth
 from accounts import organisations, securitylog, users
+from keys import keycache
 from models import OWNER, ROLES, ApiKey, Membership, Organisation, SecurityEvent, Session, User, db, utcnow
 from orgs import roles
 from orgs.models import Invitation
@@ -149,9 +150,10 @@ def change_role(org_id, user_id, role, actor=None):
 
 def remove(org_id, user_id, revoke_keys=False, actor=None):
     """Remove the member, when the actor's role allows it (actor None: the command line), its keys
-    left working (revoke_keys: revoked too) and the invitations it sent revoked; return how many
-    keys were revoked. LastOwner for the last owner, or the personal organisation's own."""
-    with db.atomic():
+    left working (revoke_keys: revoked too, in the same transaction) and the invitations it sent
+    revoked; return how many keys were revoked. LastOwner for the last owner, or the personal
+    organisation's own."""
+    with keycache.announced_after_commit(), db.atomic():
         organisations.lock_organisation(org_id)
         target = member(org_id, user_id)
         require(org_id, actor, roles.MEMBER_REMOVE, target_role=target.role, new_role=None)
@@ -164,7 +166,7 @@ def remove(org_id, user_id, revoke_keys=False, actor=None):
         revoke_invitations_by(org_id, user_id)
         securitylog.record_in(org_id, "member.removed", f"{target.user.username} ({target.role})"
                               + ("; its keys revoked" if revoke_keys else ""))
-    return revoke_keys_of(org_id, user_id) if revoke_keys else 0
+        return revoke_keys_of(org_id, user_id) if revoke_keys else 0
 
 
 def leave(org_id, user):

@@ -12,6 +12,7 @@ from flask import g
 
 import auth
 from accounts import organisations, securitylog, users
+from keys import events as key_events
 from models import OWNER, ApiKey, Membership, Organisation, SecurityEvent, db, personal_organisation
 from orgs import invitations, members
 from orgs.models import Invitation
@@ -172,6 +173,30 @@ def test_removing_with_revoke_keys_revokes_what_the_member_made_there_only(user,
     assert members.remove(acme.id, bob.id, revoke_keys=True) == 1
     assert ApiKey.get_by_id(made.id).revoked_at is not None
     assert auth.authenticate(elsewhere).user_id == bob.id
+
+
+def test_removing_with_revoke_keys_is_one_transaction_announced_once_after_it(app, user, acme, monkeypatch):
+    """A failure between two of the revocations leaves the member, its keys and the log as they
+    were, and announces nothing; without one, the keys' change is announced once, committed."""
+    bob = make_user("bob")
+    join(acme, bob, "developer")
+    made = [auth.issue_key(bob, name, "development", org=acme.id)[0] for name in ("one", "two")]
+    announced = []
+    monkeypatch.setattr(app.extensions["keys"], "announce_change", lambda: announced.append(db.in_transaction()))
+
+    def fail_at_the_second(event, key, **_):
+        if key.id == made[1].id:
+            raise RuntimeError("the database went away")
+
+    with key_events.key_changed.connected_to(fail_at_the_second), pytest.raises(RuntimeError):
+        members.remove(acme.id, bob.id, revoke_keys=True)
+    assert roles_in(acme)["bob"] == "developer"
+    assert ApiKey.active_in(acme.id, created_by=bob.id).count() == 2
+    assert "member.removed" not in [event for event, _, _ in log_of(acme)]
+    assert announced == []
+    assert members.remove(acme.id, bob.id, revoke_keys=True) == 2
+    assert "bob" not in roles_in(acme) and ApiKey.active_in(acme.id, created_by=bob.id).count() == 0
+    assert announced == [False]
 
 
 def test_a_deleted_creators_keys_are_listed_as_a_former_members(user, acme):
