@@ -25,11 +25,17 @@ organisations_deleted = signals.signal("organisations-deleted")
 account_deleted = signals.signal("account-deleted")
 
 
-class SoleOwner(ValueError):
-    """The account is the only owner of an organisation that has other members."""
+class OrganisationError(Exception):
+    """What an organisation's rules refuse, or a change that found the organisation gone. Whoever
+    answers the request says how: web/members.py's REFUSAL_STATUS, orgs/commands.py's sentences."""
 
 
-class OrganisationGone(Exception):
+class SoleOwner(OrganisationError, ValueError):
+    """The account is the only owner of an organisation that has other members; a ValueError as
+    well, whose sentence the password-confirmed forms show as any other refusal's."""
+
+
+class OrganisationGone(OrganisationError):
     """The organisation was deleted since it was read."""
 
 

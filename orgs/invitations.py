@@ -24,11 +24,11 @@ KEPT_AFTER_END = datetime.timedelta(days=30)
 UNKNOWN, USED, VOIDED, EXPIRED = emailtokens.UNKNOWN, emailtokens.USED, emailtokens.VOIDED, emailtokens.EXPIRED
 
 
-class WrongAddress(Exception):
-    """The invitation is for another address than the logged-in account's (HTTP 403)."""
+class WrongAddress(organisations.OrganisationError):
+    """The invitation is for another address than the logged-in account's."""
 
 
-class Unusable(Exception):
+class Unusable(organisations.OrganisationError):
     """The link cannot be used: why is UNKNOWN, USED, VOIDED or EXPIRED; row the invitation, if any."""
 
     def __init__(self, row, why):

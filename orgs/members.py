@@ -26,20 +26,20 @@ MAX_MEMBERSHIPS = 100
 CHANGES_PER_HOUR = 60
 
 
-class LastOwner(Exception):
-    """The change would leave the organisation without an owner (HTTP 409)."""
+class LastOwner(organisations.OrganisationError):
+    """The change would leave the organisation without an owner."""
 
 
-class NotMember(Exception):
-    """The user is not (or no longer) a member of the organisation (HTTP 404)."""
+class NotMember(organisations.OrganisationError):
+    """The user is not (or no longer) a member of the organisation."""
 
 
-class NotAllowed(Exception):
-    """The acting member's role does not allow the change (HTTP 403)."""
+class NotAllowed(organisations.OrganisationError):
+    """The acting member's role does not allow the change."""
 
 
 class PersonalOwner(LastOwner):
-    """The change would take a personal organisation from the user it belongs to (HTTP 409)."""
+    """The change would take a personal organisation from the user it belongs to."""
 
 
 def create(name, owner):

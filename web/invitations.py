@@ -8,10 +8,10 @@ import json
 from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import users
-from mail import addresscap, outbox
+from mail import outbox
 from orgs import invitations, members as org_members
 from orgs.models import Invitation
-from web.members import MEMBERS_TAB, members_tab_error
+from web.members import MEMBERS_TAB, members_tab_error, status_of
 from web.pages import MAX_ID, bp, login_required
 from web.recovery import LINK_REFERRER_POLICY
 
@@ -26,10 +26,8 @@ def invite():
     try:
         invitation, link = invitations.invite(g.org.id, request.form.get("email", ""), request.form.get("role", ""),
                                               g.user)
-    except addresscap.NoMoreMail as refused:
-        return members_tab_error(str(refused), 429)
-    except ValueError as error:
-        return members_tab_error(str(error), 400)
+    except ValueError as refused:  # addresscap.NoMoreMail among them
+        return members_tab_error(str(refused), status_of(refused))
     show_link_once(invitation, link)
     return redirect(url_for(MEMBERS_TAB) + SECTION)
 
@@ -64,10 +62,8 @@ def resend_invitation(invitation_id):
     invitation = pending_invitation(invitation_id)
     try:
         link = invitations.send_again(invitation, actor=g.user)
-    except addresscap.NoMoreMail as refused:
-        return members_tab_error(str(refused), 429)
-    except ValueError as error:
-        return members_tab_error(str(error), 400)
+    except ValueError as refused:  # addresscap.NoMoreMail among them
+        return members_tab_error(str(refused), status_of(refused))
     show_link_once(invitation, link)
     return redirect(url_for(MEMBERS_TAB) + SECTION)
 
@@ -89,13 +85,14 @@ def accept_invitation(token):
         membership = invitations.accept(token, g.user)
     except invitations.Unusable as unusable:
         return unusable_page(unusable.row, unusable.why)
-    except invitations.WrongAddress:
+    except invitations.WrongAddress as refused:
         invitation, _ = invitations.find(token)
-        return render_template("invitation.html", invitation=invitation, wrong_address=True), 403, LINK_REFERRER_POLICY
-    except ValueError as error:  # a cap of the account's (memberships)
-        flash(str(error), "error")
+        return (render_template("invitation.html", invitation=invitation, wrong_address=True), status_of(refused),
+                LINK_REFERRER_POLICY)
+    except ValueError as refused:  # a cap of the account's (memberships)
+        flash(str(refused), "error")
         invitation, _ = invitations.find(token)
-        return render_template("invitation.html", invitation=invitation), 400, LINK_REFERRER_POLICY
+        return render_template("invitation.html", invitation=invitation), status_of(refused), LINK_REFERRER_POLICY
     org = org_members.switch(g.session, g.user, membership.org.slug).org
     flash(f"You joined {org.name} as {membership.role}; it is now the organisation you work in.")
     return redirect(url_for(MEMBERS_TAB))

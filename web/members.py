@@ -9,9 +9,10 @@ import json
 
 from flask import abort, current_app, flash, g, redirect, render_template, request, session, url_for
 from peewee import fn
-from werkzeug.exceptions import Forbidden, HTTPException, NotFound
+from werkzeug.exceptions import HTTPException, default_exceptions
 
 from accounts import organisations, users
+from mail import addresscap
 from models import ROLES, ApiKey, Membership, User
 from orgs import invitations, members as org_members, roles
 from store import slugs
@@ -23,6 +24,10 @@ MEMBERS_TAB = "web.settings_members"
 # switch that a key's page offers to the organisation holding the key comes back to it.
 SWITCH_STAYS_ON = ("web.settings_profile", "web.settings_security", MEMBERS_TAB, "web.playground")
 KEY_PAGE = "keys.key_page"
+# The status of a page that answers a refusal: orgs/ says what it refuses, the pages how. Found
+# along the refusal's classes, so a PersonalOwner answers as a LastOwner, a NoMoreMail as itself.
+REFUSAL_STATUS = {org_members.NotAllowed: 403, org_members.NotMember: 404, org_members.LastOwner: 409,
+                  invitations.WrongAddress: 403, addresscap.NoMoreMail: 429, ValueError: 400}
 
 
 @bp.app_context_processor
@@ -78,6 +83,11 @@ def members_tab_error(sentence, status):
     return render_members_tab(status=status)
 
 
+def status_of(refused):
+    """The status of a page that answers the refusal (REFUSAL_STATUS)."""
+    return next(REFUSAL_STATUS[kind] for kind in type(refused).__mro__ if kind in REFUSAL_STATUS)
+
+
 def refuse_unless_allowed(action, **context):
     """403 unless the member's role allows the action."""
     if not roles.allows(g.membership.role, action, **context):
@@ -87,15 +97,11 @@ def refuse_unless_allowed(action, **context):
 # orgs/ decides again with the organisation's row held (a role changed meanwhile decides): its
 # refusals are the pages' 403 and 404, rendered as any other (an error handler cannot abort()).
 @bp.errorhandler(org_members.NotAllowed)
-def not_allowed(error):
-    """The member's role, read under the organisation's row, does not allow the change."""
-    return current_app.handle_http_exception(Forbidden())
-
-
 @bp.errorhandler(org_members.NotMember)
-def not_member(error):
-    """The member acted on, or the one acting, is not (or no longer) in the current organisation."""
-    return current_app.handle_http_exception(NotFound())
+def refused_page(refused):
+    """The member's role, read under the organisation's row, does not allow the change; or the
+    member acted on, or the one acting, is not (or no longer) in the current organisation."""
+    return current_app.handle_http_exception(default_exceptions[status_of(refused)]())
 
 
 @bp.errorhandler(organisations.OrganisationGone)
@@ -110,8 +116,8 @@ def organisation_gone(error):
 def create_organisation():
     try:
         org = org_members.create(request.form.get("name", ""), g.user)
-    except ValueError as error:
-        return members_tab_error(str(error), 400)
+    except ValueError as refused:
+        return members_tab_error(str(refused), status_of(refused))
     org_members.switch(g.session, g.user, org.slug)
     flash(f"{org.name} is made, with you as its owner; it is now the organisation you work in.")
     return redirect(url_for(MEMBERS_TAB))
@@ -151,10 +157,8 @@ def change_role(user_id):
     role = request.form.get("role", "")
     try:
         target = org_members.change_role(g.org.id, user_id, role, actor=g.user)
-    except org_members.LastOwner as error:
-        return members_tab_error(str(error), 409)
-    except ValueError as error:
-        return members_tab_error(str(error), 400)
+    except (org_members.LastOwner, ValueError) as refused:
+        return members_tab_error(str(refused), status_of(refused))
     flash(f"{target.user.username} is now {role}.")
     return redirect(url_for(MEMBERS_TAB))
 
@@ -169,10 +173,8 @@ def remove_member(user_id):
         refuse_unless_allowed(roles.MEMBER_REVOKE_KEYS, target_role=target.role, new_role=None)
     try:
         revoked = org_members.remove(g.org.id, user_id, revoke_keys=revoke_keys, actor=g.user)
-    except org_members.LastOwner as error:
-        return members_tab_error(str(error), 409)
-    except ValueError as error:
-        return members_tab_error(str(error), 400)
+    except (org_members.LastOwner, ValueError) as refused:
+        return members_tab_error(str(refused), status_of(refused))
     kept = ("; its keys keep working, listed below as created by a former member" if not revoke_keys
             else f"; {revoked} of its keys revoked")
     flash(f"{target.user.username} is no longer a member{kept}.")
@@ -186,8 +188,8 @@ def leave_organisation():
     org = g.org
     try:
         org_members.leave(org.id, g.user)
-    except org_members.LastOwner as error:
-        return members_tab_error(str(error), 409)
+    except org_members.LastOwner as refused:
+        return members_tab_error(str(refused), status_of(refused))
     flash(f"You left {org.name}; the keys you made there keep working for it.")
     return redirect(url_for(MEMBERS_TAB))
 
