@@ -35,13 +35,14 @@ import pytest  # noqa: E402
 import services  # noqa: E402
 from appconfig import APP_SETTINGS, build_schema  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
-from githubscanning import Signer, serving_keys  # noqa: E402
-from liveserver import RUN_MODES, make_key, service_env, serving  # noqa: E402
 from mailserver import mail_server  # noqa: E402
 
 import auth  # noqa: E402
 from accounts import users  # noqa: E402
 from app import close_app, create_app  # noqa: E402
+
+# The live server fixtures: `server`, its `env`, `server_mode`, `run_mode`, `commands`, `live`.
+pytest_plugins = ["serverfixtures"]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -188,26 +189,3 @@ def logged_in(client, user):
     response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
     assert response.status_code == 302
     return client
-
-
-@pytest.fixture(scope="module", params=RUN_MODES)
-def run_mode(request):
-    """Each live-server test that asks for it runs against both run modes: the Procfile's gunicorn,
-    and `python app.py`'s fallback server with gunicorn unimportable (as on Windows)."""
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory, run_mode):
-    """(server, secret): the server in each run mode on a fresh SQLite file, with one production key,
-    and every documented operation served (GitHub's reports, its keys from a loopback server that
-    signs none of the requests made here). Afterwards its log must hold no traceback and no trace of
-    the secret."""
-    tmp_path = tmp_path_factory.mktemp("live")
-    with serving_keys(Signer("f" * 64)) as keys:
-        env = service_env(tmp_path, GITHUB_SECRET_SCANNING="on", GITHUB_SECRET_SCANNING_KEYS_URL=keys.url)
-        secret = make_key(env)
-        with serving(tmp_path, env, run_mode) as server:
-            yield server, secret
-    output = server.output()
-    assert secret not in output and secret[8:] not in output

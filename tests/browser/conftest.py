@@ -1,5 +1,6 @@
 """The browser every module of this folder drives, where the runs save their screenshots, the pages
-opened on each module's own `server`, and the SMTP server of the modules that follow mails."""
+opened on each module's `server` (tests/support/serverfixtures.py), and the SMTP server of the
+modules that follow mails."""
 
 import os
 
@@ -31,6 +32,12 @@ def browser():
         yield browser
         browser.close()
     expect.set_options(timeout=None)
+
+
+@pytest.fixture(scope="module")
+def server(browser, server):
+    """The module's server, started once the browser is there (a missing browser skips first)."""
+    return server
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from pprint import pformat
 
 import pytest
 from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, require, sign_up
-from liveserver import PASSWORD as LIVE_PASSWORD, Browser, service_env, serving
+from liveserver import PASSWORD as LIVE_PASSWORD, Browser
+from serverfixtures import mailing
 
 try:
     from playwright.sync_api import expect
@@ -23,10 +24,8 @@ usernames = (f"{name}{n or ''}" for n in itertools.count() for name in ("ivy", "
 
 
 @pytest.fixture(scope="module")
-def server(browser, smtp, tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("address-pages")
-    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")) as server:
-        yield server
+def server_settings(smtp):
+    return mailing(smtp)
 
 
 def wait_for_mail(smtp, address, subject):

@@ -10,7 +10,7 @@ from pprint import pformat
 
 import pytest
 from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, require
-from liveserver import service_env, serving
+from serverfixtures import mailing
 
 try:
     from playwright.sync_api import expect
@@ -24,10 +24,8 @@ usernames = (f"{name}{n}" for n in itertools.count() for name in ("tara", "ugo")
 
 
 @pytest.fixture(scope="module")
-def server(browser, smtp, tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("fields")
-    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")) as server:
-        yield server
+def server_settings(smtp):
+    return mailing(smtp)
 
 
 def expect_refused(page, field_id, sentence, *also_invalid):

@@ -10,9 +10,8 @@ import time
 
 import pytest
 import requests
-from browsing import AXE, COPY_DEADLINE_MS, CREATE, create_key, expect_clipboard, require, sign_up
+from browsing import AXE, COPY_DEADLINE_MS, CREATE, create_key, expect_clipboard, require, sign_up, strict_page
 from contract import DOCUMENT
-from liveserver import service_env, start_server
 
 try:
     from playwright.sync_api import expect
@@ -23,23 +22,15 @@ WCAG_22_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"]
 
 
 @pytest.fixture(scope="module")
-def server(browser, tmp_path_factory, run_mode):
-    tmp_path = tmp_path_factory.mktemp("browser")
-    server = start_server(tmp_path, service_env(tmp_path), run_mode)
-    yield server
-    server.stop()
+def server_mode(run_mode):
+    return run_mode
 
 
 @pytest.fixture
 def page(browser, server):
-    context = browser.new_context(base_url=server.base, viewport={"width": 1280, "height": 800})
-    context.grant_permissions(["clipboard-read", "clipboard-write"])
-    page = context.new_page()
-    blocked = []
-    page.on("console", lambda message: "Content Security Policy" in message.text and blocked.append(message.text))
-    yield page
-    context.close()
-    assert blocked == []
+    with strict_page(browser, base_url=server.base, viewport={"width": 1280, "height": 800}) as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        yield page
 
 
 def protected_test(server, secret):

@@ -14,7 +14,7 @@ from pprint import pformat
 import pytest
 import requests
 from browsing import DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, painted, sign_up
-from liveserver import service_env, serving
+from serverfixtures import mailing
 
 try:
     from playwright.sync_api import expect
@@ -28,10 +28,8 @@ numbers = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def server(browser, smtp, tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("organisations")
-    with serving(tmp_path, service_env(tmp_path, MAIL_URL=smtp.url, PUBLIC_URL="https://api.example.com")) as server:
-        yield server
+def server_settings(smtp):
+    return mailing(smtp)
 
 
 def invite(page, email, role):

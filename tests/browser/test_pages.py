@@ -13,7 +13,6 @@ import pyotp
 import pytest
 import requests
 from browsing import AXE, DESKTOP, PATH_BROKEN, PATHS, PHONE, TOO_WIDE, axe_violations, create_key, require, sign_up
-from liveserver import service_env, serving
 from webhookreceiver import receiving
 
 try:
@@ -28,12 +27,22 @@ ATTEMPT_DEADLINE_MS = 30_000
 
 
 @pytest.fixture(scope="module")
-def server(browser, tmp_path_factory):
-    """The server, with server.receiver: a webhook receiver the Security tab's endpoints point at."""
-    tmp_path = tmp_path_factory.mktemp("pages")
-    with receiving() as receiver, serving(tmp_path, service_env(tmp_path, WEBHOOK_ALLOW_PRIVATE="1")) as server:
-        server.receiver = receiver
-        yield server
+def receiver():
+    """A webhook receiver the Security tab's endpoints point at, for the module's server."""
+    with receiving() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def server_settings(receiver):
+    return {"WEBHOOK_ALLOW_PRIVATE": "1"}
+
+
+@pytest.fixture(scope="module")
+def server(server, receiver):
+    """The module's server, with server.receiver."""
+    server.receiver = receiver
+    return server
 
 
 @pytest.fixture

@@ -5,10 +5,8 @@ http://localhost, a secure context where the browser does WebAuthn."""
 
 import re
 
-import pyotp
 import pytest
-from browsing import sign_up
-from liveserver import service_env, start_procfile
+from browsing import sign_up, strict_page, turn_on_two_factor
 
 try:
     from playwright.sync_api import expect
@@ -16,25 +14,10 @@ except ImportError:
     pass
 
 
-@pytest.fixture(scope="module")
-def server(browser, tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("passkeys")
-    server = start_procfile(tmp_path, service_env(tmp_path))
-    yield server
-    output = server.output()
-    server.stop()
-    assert "Traceback" not in output
-
-
 @pytest.fixture
 def page(browser, server):
-    context = browser.new_context(base_url=server.base.replace("127.0.0.1", "localhost"))
-    page = context.new_page()
-    blocked = []
-    page.on("console", lambda message: "Content Security Policy" in message.text and blocked.append(message.text))
-    yield page
-    context.close()
-    assert blocked == []
+    with strict_page(browser, base_url=server.base.replace("127.0.0.1", "localhost")) as page:
+        yield page
 
 
 def add_authenticator(page):
@@ -77,12 +60,7 @@ def test_a_passkey_registers_logs_in_alone_serves_as_second_factor_and_is_remove
     assert "user.passkey_login" in security_log(page)
 
     # As the second factor, once TOTP is on.
-    page.goto("/settings/security")
-    page.get_by_role("button", name="Set up an authenticator app").click()
-    secret = page.locator("[data-totp-secret]").get_attribute("data-totp-secret")
-    page.get_by_label("Code from the app").fill(pyotp.TOTP(secret).now())
-    page.get_by_role("button", name="Turn on").click()
-    expect(page.locator(".recovery-code")).to_have_count(10)
+    turn_on_two_factor(page)
     log_out(page, "paula")
     page.goto("/login")
     page.get_by_label("Username").fill("paula")

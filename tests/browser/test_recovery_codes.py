@@ -17,12 +17,12 @@ from browsing import (
     PHONE,
     TOO_WIDE,
     axe_violations,
+    csp_refusals,
     expect_clipboard,
     require,
     sign_up,
     turn_on_two_factor,
 )
-from liveserver import service_env, serving
 
 try:
     from playwright.sync_api import expect
@@ -40,12 +40,10 @@ shown = []
 
 
 @pytest.fixture(scope="module")
-def server(browser, tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("recovery-codes")
-    with serving(tmp_path, service_env(tmp_path)) as server:
-        yield server
-        output = server.output()
-    assert shown and not any(code in output for code in shown)
+def server_log_check():
+    def no_code_logged(output):
+        assert shown and not any(code in output for code in shown)
+    return no_code_logged
 
 
 def codes_page(open_page, viewport, **options):
@@ -53,8 +51,7 @@ def codes_page(open_page, viewport, **options):
     in page.blocked."""
     page = open_page(viewport, bypass_csp=False, accept_downloads=True, **options)
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
-    page.blocked = []
-    page.on("console", lambda message: "Content Security Policy" in message.text and page.blocked.append(message.text))
+    page.blocked = csp_refusals(page)
     return page
 
 

@@ -8,7 +8,6 @@ from pprint import pformat
 
 import pytest
 from browsing import DESKTOP, PATH_BROKEN, PATHS, PHONE, TOO_WIDE, axe_violations, painted
-from liveserver import service_env, serving
 
 try:
     from playwright.sync_api import expect
@@ -29,13 +28,6 @@ UNFOLDED = """element => {
 }"""
 FOLD_ALL = "() => { for (const fold of document.querySelectorAll('details')) fold.open = false; scrollTo(0, 0); }"
 OPEN_ALL = "() => { for (const fold of document.querySelectorAll('details')) fold.open = true; }"
-
-
-@pytest.fixture(scope="module")
-def server(browser, tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("reference")
-    with serving(tmp_path, service_env(tmp_path)) as server:
-        yield server
 
 
 def contents(page):

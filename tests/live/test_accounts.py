@@ -41,9 +41,8 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(env, tmp_path_factory, run_mode):
-    with serving(tmp_path_factory.mktemp("accounts-log"), env, run_mode) as server:
-        yield server
+def server_mode(run_mode):
+    return run_mode
 
 
 def cookie_payload(value):

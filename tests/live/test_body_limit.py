@@ -8,15 +8,17 @@ import socket
 import time
 
 import pytest
-from liveserver import service_env, serving
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, run_mode):
+def server_settings():
     """Two gunicorn workers, or `python app.py`'s one-process fallback."""
-    tmp_path = tmp_path_factory.mktemp("bodies")
-    with serving(tmp_path, service_env(tmp_path, WEB_CONCURRENCY="2"), run_mode) as server:
-        yield server
+    return {"WEB_CONCURRENCY": "2"}
+
+
+@pytest.fixture(scope="module")
+def server_mode(run_mode):
+    return run_mode
 
 
 def connect(server):

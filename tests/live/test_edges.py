@@ -10,17 +10,21 @@ import re
 import pytest
 import requests
 import services
-from liveserver import SECRET_PATTERN, Browser, service_env, serving
+from liveserver import SECRET_PATTERN, Browser, service_env
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def server(request, tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp(f"hardening-{request.param}")
+def env(request, tmp_path_factory):
     extra = {"RATELIMIT_STORAGE_URL": services.redis_url()} if request.param == "postgresql" else {}
-    env = service_env(tmp_path, request.param, WEB_CONCURRENCY="2", PUBLIC_RATE_LIMIT="5/minute", **extra)
-    with serving(tmp_path, env) as server:
-        server.shared_limits = request.param == "postgresql"
-        yield server
+    return service_env(tmp_path_factory.mktemp(f"hardening-{request.param}"), request.param, WEB_CONCURRENCY="2",
+                       PUBLIC_RATE_LIMIT="5/minute", **extra)
+
+
+@pytest.fixture(scope="module")
+def server(server, env):
+    """The module's server; server.shared_limits: whether its workers count in one Redis."""
+    server.shared_limits = "RATELIMIT_STORAGE_URL" in env
+    return server
 
 
 def new_key(browser, name="key"):

@@ -11,8 +11,9 @@ import time
 
 import pytest
 import requests
-from liveserver import PASSWORD, Browser, service_env, serving, start_procfile, usernames
+from liveserver import PASSWORD, Browser, service_env, start_procfile, usernames
 from mailserver import mail_server
+from serverfixtures import mailing
 
 LINK = re.compile(r"https?://[^/\s]+(/email/(?:verify|change)/([A-Za-z0-9_-]{43}))")
 # Every token a mail carried: none may be in the server's log.
@@ -28,18 +29,22 @@ def smtp():
 @pytest.fixture(scope="module", params=[("sqlite", "text"), ("postgresql", "json")], ids=["sqlite", "postgresql"])
 def env(request, tmp_path_factory, smtp):
     database, log_format = request.param
-    return service_env(tmp_path_factory.mktemp("address"), database, TRUSTED_PROXIES="1", MAIL_URL=smtp.url,
-                       PUBLIC_URL="https://api.example.com", LOG_FORMAT=log_format)
+    return service_env(tmp_path_factory.mktemp("address"), database,
+                       **mailing(smtp, TRUSTED_PROXIES="1", LOG_FORMAT=log_format))
 
 
 @pytest.fixture(scope="module")
-def server(env, tmp_path_factory, run_mode):
-    with serving(tmp_path_factory.mktemp("address-log"), env, run_mode) as server:
-        yield server
-        output = server.output()
-    assert tokens and not any(token in output for token in tokens)
-    logged = re.findall(r"/email/(?:verify|change)/(\S*)", output)
-    assert logged and all(rest.startswith("[redacted]") for rest in logged)
+def server_mode(run_mode):
+    return run_mode
+
+
+@pytest.fixture(scope="module")
+def server_log_check():
+    def no_token_logged(output):
+        assert tokens and not any(token in output for token in tokens)
+        logged = re.findall(r"/email/(?:verify|change)/(\S*)", output)
+        assert logged and all(rest.startswith("[redacted]") for rest in logged)
+    return no_token_logged
 
 
 def link_of(mail):

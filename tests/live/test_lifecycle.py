@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import pytest
 import requests
 import websocket
-from liveserver import cli, cli_session, service_env, serving, stored_total, wait_for
+from liveserver import cli, service_env, serving, stored_total, wait_for
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -22,16 +22,8 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def commands(env):
-    """The command line on env's database, in one process for the module."""
-    with cli_session(env) as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def server(env, tmp_path_factory, run_mode):
-    with serving(tmp_path_factory.mktemp("lifecycle-log"), env, run_mode) as server:
-        yield server
+def server_mode(run_mode):
+    return run_mode
 
 
 def create(commands, *options):

@@ -20,7 +20,6 @@ import requests
 from liveserver import (
     Server,
     cli,
-    cli_session,
     free_port,
     make_key,
     service_env,
@@ -39,17 +38,8 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def commands(env):
-    """The command line on env's database, in one process for the module."""
-    with cli_session(env) as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, env, run_mode):
-    server = start_server(tmp_path_factory.mktemp("server-log"), env, run_mode)
-    yield server
-    server.stop()
+def server_mode(run_mode):
+    return run_mode
 
 
 def test_procfile_runs_gunicorn_with_the_gevent_worker_of_serving_worker(tmp_path, env):

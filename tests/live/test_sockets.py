@@ -24,17 +24,8 @@ def env(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(env, tmp_path_factory, run_mode):
-    server = start_server(tmp_path_factory.mktemp("sockets-log"), env, run_mode)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def commands(env):
-    """The command line on env's database, in one process for the module."""
-    with cli_session(env) as session:
-        yield session
+def server_mode(run_mode):
+    return run_mode
 
 
 @pytest.fixture(scope="module")

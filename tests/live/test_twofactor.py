@@ -7,24 +7,26 @@ import re
 
 import pytest
 import services
-from liveserver import PASSWORD, Browser, service_env, serving
+from liveserver import PASSWORD, Browser, service_env
 from twofactorsteps import code_at
 
 secrets_seen = []
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def server(request, tmp_path_factory):
+def env(request, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("twofactor")
     if request.param == "sqlite":
-        env = service_env(tmp_path, TRUSTED_PROXIES="1", WEB_CONCURRENCY="1")
-    else:
-        env = service_env(tmp_path, "postgresql", TRUSTED_PROXIES="1", WEB_CONCURRENCY="2",
-                          RATELIMIT_STORAGE_URL=services.redis_url())
-    with serving(tmp_path, env) as server:
-        yield server
-    output = server.output()
-    assert not any(secret in output for secret in secrets_seen)
+        return service_env(tmp_path, TRUSTED_PROXIES="1", WEB_CONCURRENCY="1")
+    return service_env(tmp_path, "postgresql", TRUSTED_PROXIES="1", WEB_CONCURRENCY="2",
+                       RATELIMIT_STORAGE_URL=services.redis_url())
+
+
+@pytest.fixture(scope="module")
+def server_log_check():
+    def no_secret_logged(output):
+        assert not any(secret in output for secret in secrets_seen)
+    return no_secret_logged
 
 
 def start_setup(browser):

@@ -1,8 +1,9 @@
 """Debian's Chromium through Playwright: where it and axe-core are, the two sizes pages are looked at,
 axe-core's findings, what is wider than the phone and paths that wrap elsewhere than at a slash, a
-user's first steps on the pages (sign up, create a key, turn two-factor log-in on), and what a copy
-put on the clipboard."""
+user's first steps on the pages (sign up, create a key, turn two-factor log-in on), what a copy
+put on the clipboard, and what the Content Security Policy refused."""
 
+import contextlib
 import re
 import time
 
@@ -45,6 +46,26 @@ def sign_up(page, username):
     page.get_by_label("Password").fill("a long password")
     page.get_by_role("button", name="Create account").click()
     expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
+
+
+def csp_refusals(page):
+    """The list that the page's console messages refusing something under the Content Security
+    Policy are added to, as they come."""
+    refused = []
+    page.on("console", lambda message: "Content Security Policy" in message.text and refused.append(message.text))
+    return refused
+
+
+@contextlib.contextmanager
+def strict_page(browser, **options):
+    """A page of a fresh context (Playwright's options), the CSP enforced; once closed, nothing was
+    refused under it."""
+    context = browser.new_context(**options)
+    page = context.new_page()
+    refused = csp_refusals(page)
+    yield page
+    context.close()
+    assert refused == []
 
 
 def turn_on_two_factor(page):
