@@ -76,7 +76,7 @@ from keys import keycache
 from mail import models as mail_models, notices, sender as mail_sender
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
-from ops import health, logs, metrics, services
+from ops import clientaddress, health, logs, metrics, services
 from orgs import members as org_members, models as org_models
 from serving import bodylimit, cors, envelope, fastlane, startup
 from web import keypage, pages, webprotection
@@ -262,7 +262,7 @@ class CheckedClientAddress:
     def __call__(self, environ, start_response):
         original = environ.get("werkzeug.proxy_fix.orig", {}).get("REMOTE_ADDR")
         if environ.get("REMOTE_ADDR") != original:
-            address = ratelimit.parse_address(environ.get("REMOTE_ADDR"))
+            address = clientaddress.parse_address(environ.get("REMOTE_ADDR"))
             environ["REMOTE_ADDR"] = str(address) if address is not None else original
         return self.wsgi_app(environ, start_response)
 

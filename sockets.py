@@ -22,7 +22,7 @@ import models
 import ratelimit
 from keys import lookup
 from metering import usage
-from ops import metrics, note as request_note, services
+from ops import clientaddress, metrics, note as request_note, services
 from ws import outbox as outbox_module, slots, wsserver
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def admit_socket():
         raise BadRequest("A WebSocket handshake needs a Sec-WebSocket-Key header.")
     if request.endpoint == "sockets.echo":
         ratelimit.limit_client_ip()
-        g.echo_slot = current_app.extensions["echo_slots"].take(ratelimit.client_identity(request.remote_addr))
+        g.echo_slot = current_app.extensions["echo_slots"].take(clientaddress.client_identity(request.remote_addr))
     elif request.endpoint == "sockets.time_stream":
         secret = request.args.get("api_key")
         # The request lives as long as its socket: no parsed query string (~0.5 KiB) kept past this read.

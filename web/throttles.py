@@ -4,7 +4,8 @@ guesses, counted in the rate-limit storage per client IP, username or account.""
 from flask import current_app, request
 from limits import RateLimitItemPerHour, RateLimitItemPerMinute
 
-from ratelimit import RateLimitExceeded, client_identity
+from ops.clientaddress import client_identity
+from ratelimit import RateLimitExceeded
 
 # Failed password checks are limited per client IP and per (username,
 # IP), so others' failures never refuse the owner; past LOGIN_SLOWDOWN_AFTER failures for a

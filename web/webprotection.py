@@ -11,6 +11,7 @@ from limits import RateLimitItemPerMinute
 import ratelimit
 from accounts import twofactor, users
 from models import utcnow
+from ops import clientaddress
 from web import pages, passkeys, throttles
 
 bp = Blueprint("protection", __name__)
@@ -246,7 +247,7 @@ def second_factor():
 
 def count_ceremony():
     """Count a WebAuthn ceremony started from this client address (each stores a challenge)."""
-    address = ratelimit.client_identity(request.remote_addr)
+    address = clientaddress.client_identity(request.remote_addr)
     current_app.extensions["ratelimit"].hit(CEREMONIES_PER_IP, f"webauthn-ip:{address}", "webauthn")
 
 

@@ -13,10 +13,9 @@ from limits import RateLimitItemPerHour
 from webforms import page
 
 import auth
-import ratelimit
 from accounts import securitylog, users
 from models import ApiKey, SecurityEvent, User
-from ops import logs
+from ops import clientaddress, logs
 from web import throttles
 
 
@@ -197,7 +196,7 @@ def test_keys_scan_finds_a_secret_after_any_escape(runner, user, tmp_path, befor
     ("::ffff:192.0.2.7", "192.0.2.7"),
 ])
 def test_per_ip_limits_name_an_ipv6_client_by_its_64(address, identity):
-    assert ratelimit.client_identity(address) == identity
+    assert clientaddress.client_identity(address) == identity
 
 
 def test_addresses_of_one_ipv6_64_share_the_public_allowance(client):
@@ -275,11 +274,11 @@ def test_a_forwarded_client_address_is_kept_only_when_it_is_an_address(database_
     ("[2001:db8:1:2::9]:4711", "2001:db8:1:2::/64"),
     ("2002:c000:0204::1", "192.0.2.4"),
     ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "192.0.2.45"),
-    ("garbage", ratelimit.UNPARSABLE_ADDRESS),
-    ("other garbage", ratelimit.UNPARSABLE_ADDRESS),
+    ("garbage", clientaddress.UNPARSABLE_ADDRESS),
+    ("other garbage", clientaddress.UNPARSABLE_ADDRESS),
 ])
 def test_per_ip_limits_read_ports_brackets_and_tunnels(address, identity):
-    assert ratelimit.client_identity(address) == identity
+    assert clientaddress.client_identity(address) == identity
 
 
 def test_keys_scan_reads_utf16_files_and_keys_glued_to_what_follows(runner, user, tmp_path):
