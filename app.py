@@ -15,7 +15,6 @@ if __name__ == "__main__":
 
     startup.prepare()
 
-import functools
 import gc
 
 # Importing and building the app makes tens of thousands of tracked objects that live as long as
@@ -38,15 +37,12 @@ import os
 import secrets
 import sys
 import tempfile
-from json import JSONEncoder
 from pathlib import Path
 
 import click
-from flask import Flask, json, render_template, request
-from flask.json.provider import DefaultJSONProvider
+from flask import json, render_template, request
 from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnavailable
 from werkzeug.middleware.proxy_fix import ProxyFix
-from werkzeug.routing import Rule
 
 import api
 import auth
@@ -76,9 +72,11 @@ from keys import keycache
 from mail import models as mail_models, notices, sender as mail_sender
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
-from ops import clientaddress, health, logs, metrics, services
+from ops import health, logs, metrics, services
 from orgs import members as org_members, models as org_models
 from serving import bodylimit, cors, envelope, fastlane, startup
+from serving.flaskapp import Service
+from serving.forwarded import CheckedClientAddress
 from web import keypage, pages, webprotection
 from webhooks import (
     delivery as webhook_delivery,
@@ -129,68 +127,6 @@ def make_instance_folder():
     # the user's alone by its access list.
     if os.name != "nt" and INSTANCE.stat().st_mode & 0o077:
         INSTANCE.chmod(0o700)
-
-
-class CompactJson(DefaultJSONProvider):
-    """Flask's JSON responses, keys in the order the views give them, written by one encoder made
-    once: json.dumps with Flask's arguments makes a new encoder for every response."""
-
-    sort_keys = False
-
-    def __init__(self, app):
-        super().__init__(app)
-        self.encoder = JSONEncoder(default=self.default, ensure_ascii=self.ensure_ascii, separators=(",", ":"))
-
-    def response(self, *args, **kwargs):
-        # A view's dict or list comes as the one argument; other forms and debug's indented
-        # output go Flask's way.
-        if len(args) != 1 or kwargs or self._app.debug or self.compact is False:
-            return super().response(*args, **kwargs)
-        return self._app.response_class(self.encoder.encode(args[0]) + "\n", mimetype=self.mimetype)
-
-
-class LazyBuilderRule(Rule):
-    """A URL rule that compiles its URL builders when it first builds a URL (url_for), not when it
-    is added. werkzeug compiles two for each rule as the app is made: with the defaults,
-    create_app took 19.2 ms with them and 7.6 without (68 rules), paid at every worker's boot and
-    every CLI command, for the few rules a process builds URLs with."""
-
-    def _compile_builder(self, append_unknown=True):
-        compile_builder = functools.partial(super()._compile_builder, append_unknown)
-        compiled = None
-
-        # The rule positional-only: a URL value may be called "rule" too (werkzeug names it ".self").
-        def build(rule, /, *args, **kwargs):
-            nonlocal compiled
-            if compiled is None:
-                compiled = compile_builder()
-            return compiled(rule, *args, **kwargs)
-
-        return build
-
-
-class Service(Flask):
-    json_provider_class = CompactJson
-    url_rule_class = LazyBuilderRule
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.synced_functions = {}
-
-    def ensure_sync(self, func):
-        """Flask asks of every hook and view, on every request, whether it is a coroutine function
-        (inspect's check, six times a keyed request); the answer never changes, so it is kept."""
-        synced = self.synced_functions.get(func)
-        if synced is None:
-            synced = self.synced_functions[func] = super().ensure_sync(func)
-        return synced
-
-    def make_default_options_response(self):
-        """OPTIONS: 204 with Allow and no body (Flask's own is a 200 with an empty HTML body)."""
-        response = super().make_default_options_response()
-        response.status_code = 204
-        del response.headers["Content-Type"]
-        return response
 
 
 def create_app(overrides=None):
@@ -248,23 +184,6 @@ def create_app(overrides=None):
         app.wsgi_app = ProxyFix(CheckedClientAddress(app.wsgi_app).__call__, x_for=proxies, x_proto=proxies).__call__
     app.wsgi_app = envelope.Envelope(app).__call__
     return app
-
-
-class CheckedClientAddress:
-    """WSGI middleware, inside ProxyFix: the client address a proxy forwarded is whatever the client
-    wrote when it reached the server directly. Keep it only when it is an IP address (written
-    plainly, without a port or brackets); else the peer's address stands. The per-IP limits, the
-    logs and the security log then only ever see addresses."""
-
-    def __init__(self, wsgi_app):
-        self.wsgi_app = wsgi_app
-
-    def __call__(self, environ, start_response):
-        original = environ.get("werkzeug.proxy_fix.orig", {}).get("REMOTE_ADDR")
-        if environ.get("REMOTE_ADDR") != original:
-            address = clientaddress.parse_address(environ.get("REMOTE_ADDR"))
-            environ["REMOTE_ADDR"] = str(address) if address is not None else original
-        return self.wsgi_app(environ, start_response)
 
 
 def close_app(app):
