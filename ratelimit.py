@@ -79,6 +79,14 @@ def limit_items(text):
     return tuple(limit_item(rate) for rate in settings.rates(text, "A key's limit"))
 
 
+def storage_unavailable(error):
+    """Log the limit storage's failure (a StorageError) and return the LimitStorageUnavailable (HTTP 503)
+    that refuses the request. Each storage call's except clause raises it: wrapping the methods in a
+    decorator would add a call frame to every counted request."""
+    log.error("Rate-limit storage unavailable: %s", error.storage_error)
+    return LimitStorageUnavailable()
+
+
 class Limiter:
     """Fixed windows that start with their first request, kept in a limits storage."""
 
@@ -146,8 +154,7 @@ class Limiter:
         try:
             refused, counts = self.admit_all(plan.storage_windows, generation)
         except StorageError as error:
-            log.error("Rate-limit storage unavailable: %s", error.storage_error)
-            raise LimitStorageUnavailable() from None
+            raise storage_unavailable(error) from None
         states = [RateLimitState(window.policy, window.item.amount, max(0, window.item.amount - count), reset,
                                  window.item.get_expiry(), plan.policies)
                   for window, (count, reset) in zip(plan.windows, counts)]
@@ -180,8 +187,7 @@ class Limiter:
                 states.append(RateLimitState(window.policy, window.item.amount, max(0, window.item.amount - count),
                                              reset, window.item.get_expiry(), plan.policies))
         except StorageError as error:
-            log.error("Rate-limit storage unavailable: %s", error.storage_error)
-            raise LimitStorageUnavailable() from None
+            raise storage_unavailable(error) from None
         return min(states, key=lambda state: state.remaining)
 
     def count_with_credit(self, key, plan, note, generation):
@@ -220,7 +226,7 @@ class Limiter:
         try:
             self.take_back([(window.key, state.reset, state.window / 2) for window, state in zip(plan.windows, states)])
         except StorageError as error:
-            log.error("Rate-limit storage unavailable: %s", error.storage_error)
+            storage_unavailable(error)  # the request's own failure stands; the place stays counted
 
     def hit(self, item, identity, policy, note=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
@@ -238,8 +244,7 @@ class Limiter:
             else:
                 count, reset = self.windows.hit(window_key, expiry, generation)
         except StorageError as error:
-            log.error("Rate-limit storage unavailable: %s", error.storage_error)
-            raise LimitStorageUnavailable() from None
+            raise storage_unavailable(error) from None
         state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, expiry)
         if note is not None:
             note.rate_limit = state
@@ -265,8 +270,7 @@ class Limiter:
             if self.storage.get(window_key) > 0:
                 self.storage.incr(window_key, item.get_expiry(), amount=-1)
         except StorageError as error:
-            log.error("Rate-limit storage unavailable: %s", error.storage_error)
-            raise LimitStorageUnavailable() from None
+            raise storage_unavailable(error) from None
 
     def used_up(self, item, identity):
         """Return the seconds until identity's window for item ends when its allowance is used up,
@@ -277,8 +281,7 @@ class Limiter:
                 return 0
             return max(1, seconds_until(self.storage.get_expiry(window_key)))
         except StorageError as error:
-            log.error("Rate-limit storage unavailable: %s", error.storage_error)
-            raise LimitStorageUnavailable() from None
+            raise storage_unavailable(error) from None
 
 
 def init_app(app, watcher):
