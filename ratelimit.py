@@ -39,8 +39,9 @@ LimitPlan = collections.namedtuple("LimitPlan", "limiter windows storage_windows
 LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
 for the storage's hit_all: storage_windows); simple: one window and no credits, counted in one storage call (hit_window);
 marks: for each window, the requests left at which it reaches a usage.threshold (metering/thresholds.py),
-or None for the account's window."""
-ACCOUNT_POLICY = "account"
+or None for the organisation's window."""
+# "account": the organisation's window as the RateLimit headers name it.
+ORGANISATION_POLICY = "account"
 OVERRIDE_POLICY = "key"
 
 
@@ -50,8 +51,8 @@ class RateLimitExceeded(TooManyRequests):
     error_code = "rate_limit_exceeded"
 
 
-class AccountRateLimitExceeded(RateLimitExceeded):
-    """The allowance that all keys of the account share is used up (HTTP 429, with Retry-After)."""
+class OrganisationRateLimitExceeded(RateLimitExceeded):
+    """The allowance that all keys of the organisation share is used up (HTTP 429, with Retry-After)."""
 
     error_code = "account_rate_limit_exceeded"
 
@@ -90,7 +91,7 @@ def storage_unavailable(error):
 class Limiter:
     """Fixed windows that start with their first request, kept in a limits storage."""
 
-    def __init__(self, storage, tiers, public_rate, account_rate=None, watcher=None):
+    def __init__(self, storage, tiers, public_rate, organisation_rate=None, watcher=None):
         self.storage = storage
         # What becomes of a key's usage and credit thresholds (metering/thresholds.py's Watcher).
         self.watcher = watcher or thresholds.Watcher()
@@ -101,11 +102,11 @@ class Limiter:
         self.take_back = window_taker(storage, self.windows)
         self.tiers = tiers
         self.public_rate = public_rate
-        self.account_rate = account_rate
+        self.organisation_rate = organisation_rate
 
     def count_request(self, key, note, generation=None):
-        """Count a request (its note) against every window of the key and its account, and
-        spend one of its credits; raise RateLimitExceeded (AccountRateLimitExceeded) when a window is
+        """Count a request (its note) against every window of the key and its organisation, and
+        spend one of its credits; raise RateLimitExceeded (OrganisationRateLimitExceeded) when a window is
         used up, credits.CreditsExhausted when no credit is left, counting nothing then, or
         KeysChanged when the key generation it was read under is not the current one."""
         plan = key.limit_plan
@@ -125,7 +126,7 @@ class Limiter:
 
     def plan_for(self, key):
         """Make (once for each key it counts: limits' key_for costs ~9,000 instructions) and keep
-        on the key the LimitPlan of its windows: its own, or its tier's, and its account's."""
+        on the key the LimitPlan of its windows: its own, or its tier's, and its organisation's."""
         if key.rate_limits:
             items, name = limit_items(key.rate_limits), OVERRIDE_POLICY
         else:
@@ -135,14 +136,15 @@ class Limiter:
                 raise InternalServerError("This API key's rate limit tier is not configured on the server.")
         windows = [Window(item, item.key_for(f"key:{key.id}"),
                           name if len(items) == 1 else f"{name}-{item.GRANULARITY.name}") for item in items]
-        if self.account_rate is not None:
-            item = self.account_rate
-            windows.append(Window(item, item.key_for(f"org:{key.org_id}"), ACCOUNT_POLICY))
+        if self.organisation_rate is not None:
+            item = self.organisation_rate
+            windows.append(Window(item, item.key_for(f"org:{key.org_id}"), ORGANISATION_POLICY))
         storage_windows = [(window.key, window.item.get_expiry(), window.item.amount) for window in windows]
         policies = ", ".join(f'"{window.policy}";q={window.item.amount};w={window.item.get_expiry()}'
                              for window in windows)
         simple = len(windows) == 1 and not key.has_credits
-        marks = [None if window.policy == ACCOUNT_POLICY else thresholds.marks(window.item.amount) for window in windows]
+        marks = [None if window.policy == ORGANISATION_POLICY else thresholds.marks(window.item.amount)
+                 for window in windows]
         key.limit_plan = LimitPlan(self, windows, storage_windows, simple, policies, marks)
         return key.limit_plan
 
@@ -165,9 +167,9 @@ class Limiter:
             return state, states
         state = note.rate_limit = states[refused]
         metrics.rate_limited(state.policy)
-        refusal = AccountRateLimitExceeded if state.policy == ACCOUNT_POLICY else RateLimitExceeded
+        refusal = OrganisationRateLimitExceeded if state.policy == ORGANISATION_POLICY else RateLimitExceeded
         retry_after = max(1, seconds_until(state.reset))
-        whose = "account's" if refusal is AccountRateLimitExceeded else f"{state.policy!r}"
+        whose = "account's" if refusal is OrganisationRateLimitExceeded else f"{state.policy!r}"
         raise refusal(f"The {whose} allowance of {state.limit} requests is used up; retry in {retry_after} seconds.",
                       retry_after=retry_after)
 
@@ -290,10 +292,10 @@ def init_app(app, watcher):
     tiers = parse_tiers(app.config["RATE_LIMIT_TIERS"])
     public = settings.public_rate(app.config["PUBLIC_RATE_LIMIT"])
     public_rate = None if public is None else limit_item(public)
-    account = settings.account_rate(app.config["ACCOUNT_RATE_LIMIT"])
+    organisation = settings.account_rate(app.config["ACCOUNT_RATE_LIMIT"])
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
     limiter = app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate,
-                                                    None if account is None else limit_item(account), watcher)
+                                                    None if organisation is None else limit_item(organisation), watcher)
     # No start: the memory storage schedules its own sweeps (store/limitstorage.py); only its close is ours.
     services.register(app, "ratelimit", limiter)
     warn_about_unknown_tiers(tiers)

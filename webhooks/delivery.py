@@ -90,18 +90,19 @@ def first_due(database, due, limit, sending, kept, now):
     for less than RECENT_SECONDS go first, then the longest due. The last kept of the limit go
     only to first turns: organisations with nothing under way, one message each. PostgreSQL refuses FOR
     UPDATE beside a window function, so there the rows the windows picked are locked by id."""
-    account = WebhookEndpoint.org
+    organisation = WebhookEndpoint.org
     where = due
     if sending and limit <= kept:
         # Only first turns may have a slot: the organisations with something under way are not ranked.
-        where &= account.not_in(list(sending))
+        where &= organisation.not_in(list(sending))
     place = fn.ROW_NUMBER().over(partition_by=[WebhookMessage.endpoint],
                                  order_by=[WebhookMessage.next_attempt_at, WebhookMessage.id])
-    firsts = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.next_attempt_at, account.alias("account"),
-                                    place.alias("place")).join(WebhookEndpoint).where(where).alias("firsts"))
-    turn = fn.ROW_NUMBER().over(partition_by=[firsts.c.account], order_by=[firsts.c.next_attempt_at, firsts.c.id])
+    firsts = (WebhookMessage.select(WebhookMessage.id, WebhookMessage.next_attempt_at,
+                                    organisation.alias("organisation"), place.alias("place"))
+              .join(WebhookEndpoint).where(where).alias("firsts"))
+    turn = fn.ROW_NUMBER().over(partition_by=[firsts.c.organisation], order_by=[firsts.c.next_attempt_at, firsts.c.id])
     if sending:
-        turn += Case(firsts.c.account, list(sending.items()), 0)
+        turn += Case(firsts.c.organisation, list(sending.items()), 0)
     older = Case(None, [(firsts.c.next_attempt_at > now - datetime.timedelta(seconds=RECENT_SECONDS), 0)], 1)
     ranked = (WebhookMessage.select(firsts.c.id, turn.alias("turn")).from_(firsts).where(firsts.c.place == 1)
               .order_by(SQL("turn"), older, firsts.c.next_attempt_at, firsts.c.id).limit(limit))
