@@ -16,6 +16,7 @@ from metering import analytics, credits, usage
 from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
 from openapi import VERSION
 from ops import note as request_note
+from orgs import keyactions
 from ratelimit import ip_rate_limited
 from serving.fastlane import without_flask
 
@@ -111,9 +112,9 @@ def revoke_leaked_key():
     for _ in range(REVOKE_ATTEMPTS):
         key = auth.authenticate(secret)
         if key.opened_by_previous_secret():
-            if auth.revoke_previous_secret(key):
+            if keyactions.revoke_previous_secret(key):
                 return {"revoked": True, "api_key_name": key.name, "secret": "previous"}
-        elif auth.revoke_key(key, leaked=True):
+        elif keyactions.revoke_key(key, leaked=True):
             return {"revoked": True, "api_key_name": key.name, "secret": "current"}
     # Each lost race was a real change (the 30 rolls an hour bound them): rare enough to ask again.
     raise ServiceUnavailable("The key changed while it was being revoked; try again.")

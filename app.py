@@ -45,7 +45,6 @@ from werkzeug.exceptions import HTTPException, InternalServerError, ServiceUnava
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 import api
-import auth
 import models
 import ratelimit
 import settings
@@ -73,7 +72,7 @@ from mail import models as mail_models, notices, sender as mail_sender
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
 from ops import health, logs, metrics, services
-from orgs import members as org_members, models as org_models
+from orgs import keyactions, members as org_members, models as org_models
 from serving import bodylimit, cors, envelope, fastlane, startup
 from serving.flaskapp import Service
 from serving.forwarded import CheckedClientAddress
@@ -257,7 +256,7 @@ def seed_demo(base_url):
             print(f"To make a new demo key: {DEMO_KEY_COMMAND}", flush=True)
         return
     user = users.create_user("demo", "demo@example.com", secrets.token_urlsafe(24))
-    _, secret = auth.issue_key(user, "Demo key", "development")
+    _, secret = keyactions.issue_key(user, "Demo key", "development")
     print(
         "Created user 'demo' with a Development API key. It is shown only this once:\n\n"
         f"    {secret}\n\nTry it:\n\n"

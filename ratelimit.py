@@ -7,7 +7,7 @@ import logging
 import math
 import time
 
-from flask import current_app, request
+from flask import request
 from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, TooManyRequests
@@ -306,11 +306,6 @@ def warn_about_unknown_tiers(tiers):
         used = {key.rate_limit_tier for key in ApiKey.select(ApiKey.rate_limit_tier).distinct()}
     for tier in sorted(used - tiers.keys()):
         log.warning("API keys with tier %r will be refused: RATE_LIMIT_TIERS does not define it.", tier)
-
-
-def tier_names():
-    """Return the names of the configured tiers."""
-    return current_app.extensions["ratelimit"].tiers.keys()
 
 
 def limit_client_ip():

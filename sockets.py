@@ -20,7 +20,7 @@ from wsproto.utilities import LocalProtocolError
 import auth
 import models
 import ratelimit
-from keys import lookup
+from keys import keyformat, lookup
 from metering import usage
 from ops import clientaddress, metrics, note as request_note, services
 from ws import outbox as outbox_module, slots, wsserver
@@ -113,7 +113,7 @@ def admit_socket():
         del request.args
         key = auth.admit(secret, "time:stream", request_note.of(request.environ), "the api_key query parameter",
                          hold=take_socket_slot)
-        g.socket_secret_hash = auth.hash_key(secret.strip())
+        g.socket_secret_hash = keyformat.hash_key(secret.strip())
         g.api_key = key
         usage.record_handshake(key)
 

@@ -38,7 +38,10 @@ MEASURE = """
 import os, sys, time
 sys.path.insert(0, os.getcwd())
 os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench", RATE_LIMIT_TIERS="free=1000000000/hour")
-import auth
+try:
+    from orgs import keyactions
+except ImportError:  # a checkout from before orgs/keyactions.py
+    import auth as keyactions
 from app import create_app
 try:
     from accounts import users
@@ -52,7 +55,7 @@ except ImportError:
     pass  # a checkout from before ops/services.py: its first request starts the flusher
 with app.app_context():
     user = users.create_user("bench", "bench@example.com", "bench password")
-    _, secret = auth.issue_key(user, "bench", "development")
+    _, secret = keyactions.issue_key(user, "bench", "development")
 client = app.test_client()
 headers = {"X-API-Key": secret}
 for _ in range(500):
@@ -79,7 +82,10 @@ if sys.argv[3]:
     from bare import app
     environ = EnvironBuilder(path="/bare").get_environ()
 else:
-    import auth
+    try:
+        from orgs import keyactions
+    except ImportError:  # a checkout from before orgs/keyactions.py
+        import auth as keyactions
     from metering import lifecycle
     try:
         from accounts import users
@@ -95,7 +101,7 @@ else:
         pass  # a checkout from before ops/services.py: its first request starts the flusher
     with app.app_context():
         user = users.create_user("bench", "bench@example.com", "bench password")
-        _, secret = auth.issue_key(user, "bench", "development")
+        _, secret = keyactions.issue_key(user, "bench", "development")
     environ = EnvironBuilder(path="/api/v1/protected/test", headers={"X-API-Key": secret}).get_environ()
 
 def request(_):
@@ -131,7 +137,10 @@ SEED = """
 import os, sys
 sys.path.insert(0, os.getcwd())
 os.environ.update(DATABASE_URL="sqlite:///" + sys.argv[1], SECRET_KEY="bench")
-import auth
+try:
+    from orgs import keyactions
+except ImportError:  # a checkout from before orgs/keyactions.py
+    import auth as keyactions
 from app import create_app
 try:
     from accounts import users
@@ -140,7 +149,7 @@ except ImportError:  # a checkout from before the accounts/ room
 app = create_app()
 with app.app_context():
     user = users.create_user("bench", "bench@example.com", "bench password")
-    print(auth.issue_key(user, "bench", "development")[1])
+    print(keyactions.issue_key(user, "bench", "development")[1])
 app.extensions["usage"].close()
 """
 

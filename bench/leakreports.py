@@ -26,10 +26,10 @@ MEASURE = """
 import json, sys, time
 sys.path[:0] = [sys.argv[2], sys.argv[2] + "/tests/support"]
 from githubscanning import Signer, report, serving_keys
-import auth
 from accounts import users
 from app import create_app
 from models import User, utcnow
+from orgs import keyactions
 from webhooks import endpoints
 signer = Signer("a" * 64)
 with serving_keys(signer) as keys:
@@ -42,7 +42,7 @@ with serving_keys(signer) as keys:
         User.update(email_verified_at=utcnow()).execute()
         for n in range(10):
             endpoints.add_endpoint(owner, f"http://127.0.0.1:9/hook{n}")
-        secrets = [auth.issue_key(owner, f"key {n}", "production")[1] for n in range(1000)]
+        secrets = [keyactions.issue_key(owner, f"key {n}", "production")[1] for n in range(1000)]
     body = report(*secrets)
     client = app.test_client()
     started = time.perf_counter()

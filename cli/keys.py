@@ -9,14 +9,13 @@ from pathlib import Path
 import click
 from peewee import JOIN
 
-import auth
 import ratelimit
 from cli.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
 from cli.orgs import org_option, organisation_for
-from keys import leaks
+from keys import keyformat, leaks
 from metering import credits
 from models import SCOPES, ApiKey, User, display_time, iso_seconds
-from orgs import roles
+from orgs import keyactions, roles
 
 keys_cli = CommandGroup("keys", help="Manage API keys.")
 
@@ -24,7 +23,7 @@ keys_cli = CommandGroup("keys", help="Manage API keys.")
 @keys_cli.command("create")
 @click.argument("username")
 @click.option("--name", required=True, help="A name for the key.")
-@click.option("--type", "key_type", required=True, type=click.Choice(sorted(auth.KEY_PREFIXES)))
+@click.option("--type", "key_type", required=True, type=click.Choice(sorted(keyformat.KEY_PREFIXES)))
 @click.option("--tier", default="free", show_default=True, help="A tier of RATE_LIMIT_TIERS.")
 @click.option("--expires-in", default="never", show_default=True, metavar="DURATION",
               help="30d, 24h, 90m, 45s or never.")
@@ -44,10 +43,11 @@ def create_key_command(username, name, key_type, tier, expires_in, scopes, allow
     try:
         if not scopes.strip(","):
             raise ValueError("Name at least one scope.")
-        key, secret = auth.issue_key(user, name, key_type, tier, expires_in=auth.parse_duration(expires_in),
-                                     scopes=scopes.split(","), allow_ips=allow_ips,
-                                     credits_given=None if credit_count is None else credits.parse_credits(credit_count),
-                                     refill=credits.parse_refill(refill), org=org.id)
+        key, secret = keyactions.issue_key(
+            user, name, key_type, tier, expires_in=keyactions.parse_duration(expires_in),
+            scopes=scopes.split(","), allow_ips=allow_ips,
+            credits_given=None if credit_count is None else credits.parse_credits(credit_count),
+            refill=credits.parse_refill(refill), org=org.id)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     where = f" in {org.slug}" if org_slug is not None else ""
@@ -98,9 +98,9 @@ def roll_key_command(key_id, grace, end_previous):
         state = "revoked" if key.revoked_at else "expired"
         raise click.ClickException(f"Key {key_id} is {state}; it cannot be rolled.")
     try:
-        seconds = auth.parse_duration(grace, allow_never=False)
-        secret = auth.roll_key(key, seconds, end_previous=end_previous)
-    except auth.GraceRunning as error:
+        seconds = keyactions.parse_duration(grace, allow_never=False)
+        secret = keyactions.roll_key(key, seconds, end_previous=end_previous)
+    except keyactions.GraceRunning as error:
         raise click.ClickException(f"{error} Add --end-previous to confirm.") from None
     except ValueError as error:
         raise click.ClickException(str(error)) from None
@@ -126,7 +126,7 @@ def revoke_key_command(key_id):
     """Revoke a key; it fails from the next request on."""
     key = find_key(key_id)
     already = key.revoked_at is not None
-    auth.revoke_key(key, again=True)
+    keyactions.revoke_key(key, again=True)
     click.echo(f"Key {key_id} was already revoked." if already else f"Revoked key {key_id} ({key.name!r}).")
     warn_if_servers_may_not_hear()
 
@@ -144,7 +144,7 @@ def limit_key_command(key_id, rates, back_to_tier):
         limits = None if back_to_tier else ratelimit.parse_limits(rates)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
-    auth.limit_key(key, limits)
+    keyactions.limit_key(key, limits)
     warn_if_servers_may_not_hear()
     whose = f"its own windows, {limits}" if limits else f"its tier's windows ({key.rate_limit_tier})"
     click.echo(f"Key {key_id} ({key.name!r}) now has {whose}.")
@@ -175,8 +175,8 @@ def credits_command(key_id, set_to, add, refill, no_refill):
     try:
         set_to = None if set_to is None else credits.parse_credits(set_to, "--set")
         add = None if add is None else credits.parse_credits(add, "--add")
-        key = auth.grant_credits(key, set_to=set_to, add=add, refill=credits.parse_refill(refill),
-                                 no_refill=no_refill)
+        key = keyactions.grant_credits(key, set_to=set_to, add=add, refill=credits.parse_refill(refill),
+                                       no_refill=no_refill)
     except ValueError as error:
         raise click.ClickException(str(error)) from None
     warn_if_servers_may_not_hear()
@@ -186,7 +186,7 @@ def credits_command(key_id, set_to, add, refill, no_refill):
 # What looks like one of this service's secrets, wherever it stands: escapes (JSON's \n, \u0022,
 # C's \x3d, URL encoding's %3D, an ANSI colour) end in a letter or digit just before a key, so no
 # boundary is asked for before it; the checksum tells a key from a lookalike.
-SECRET_IN_TEXT = re.compile(auth.KEY_PATTERN.pattern)
+SECRET_IN_TEXT = re.compile(keyformat.KEY_PATTERN.pattern)
 # Lines are read in pieces of at most this many characters, so a file without line breaks (a
 # binary, a minified bundle) is not read into memory whole.
 SCAN_PIECE = 1 << 20
@@ -202,7 +202,7 @@ def scan_command(paths):
         try:
             for number, secret in secrets_in(path):
                 valid = checksummed(secret)
-                click.echo(f"{path}:{number}: {secret[:auth.DISPLAY_PREFIX_LENGTH]}... "
+                click.echo(f"{path}:{number}: {secret[:keyformat.DISPLAY_PREFIX_LENGTH]}... "
                            f"checksum {'ok' if valid else 'bad'}")
                 found |= valid
         except OSError as error:
@@ -225,13 +225,13 @@ def files_under(paths):
 
 
 def checksummed(secret):
-    return len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
+    return len(secret) == keyformat.CHECKSUMMED_LENGTH and not keyformat.checksum_fails(secret)
 
 
 def found_secret(text):
     """A secret-like run of characters as reported: a valid key followed by letters or digits (an
     escape such as %0A, or text glued to it) is that key."""
-    head = text[:auth.CHECKSUMMED_LENGTH]
+    head = text[:keyformat.CHECKSUMMED_LENGTH]
     return head if checksummed(head) else text
 
 

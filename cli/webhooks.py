@@ -6,11 +6,11 @@ import datetime
 import click
 from flask import current_app
 
-from auth import parse_duration
 from cli.commands import CommandGroup, find_user
 from cli.orgs import org_option, organisation_for
 from models import iso_seconds
 from orgs import roles
+from orgs.keyactions import parse_duration
 from webhooks import delivery, endpoints, recovery
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
 

@@ -10,12 +10,13 @@ import time
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import BadRequest, ServiceUnavailable, Unauthorized
 
-import auth
 import ratelimit
 from accounts import securitylog
 from integrations.githubkeys import READ_AGAIN_AFTER, GitHubKeys, KeysUnavailable, signature_holds
+from keys import keyformat
 from keys.lookup import find_active_key
 from models import ApiKey, db
+from orgs import keyactions
 from serving import bodylimit
 from store.writelock import write_transaction
 
@@ -82,7 +83,7 @@ def github_secret_scanning():
     log.info("GitHub reported %d tokens: %d of this service's secrets, %d revoked now.", len(entries),
              sum(label != FALSE_POSITIVE for label in labels.values()),
              sum(label == "revoked" for label in labels.values()))
-    return [{"token_hash": auth.hash_key(token), "token_type": token_type,
+    return [{"token_hash": keyformat.hash_key(token), "token_type": token_type,
              "label": FALSE_POSITIVE if labels[token] == FALSE_POSITIVE else TRUE_POSITIVE}
             for token, token_type, _, _ in entries]
 
@@ -155,9 +156,9 @@ def judge(token, url):
     """What the token is here: "revoked" when this report revoked it (or ended its rolled-out secret),
     "issued" for another secret this service issued (revoked, expired, rolled out), else
     FALSE_POSITIVE. A revocation is made as POST /api/v1/keys/revoke makes it."""
-    if not auth.well_formed(token):
+    if not keyformat.well_formed(token):
         return FALSE_POSITIVE  # not this service's form, or its checksum fails: no lookup
-    token_hash = auth.hash_key(token)
+    token_hash = keyformat.hash_key(token)
     # A roll or revocation between the lookup and the change makes the secret something else: look again.
     for _ in range(REVOKE_ATTEMPTS):
         key = find_active_key(token_hash)
@@ -165,9 +166,9 @@ def judge(token, url):
             return "issued" if issued(token_hash) else FALSE_POSITIVE
         if key.opened_by_previous_secret():
             # Its holder was to lose access at the end of the grace, not to end the owner's new secret.
-            if auth.revoke_previous_secret(key):
+            if keyactions.revoke_previous_secret(key):
                 return "revoked"
-        elif auth.revoke_key(key, leaked=True, report={"source": "github", "url": url}):
+        elif keyactions.revoke_key(key, leaked=True, report={"source": "github", "url": url}):
             return "revoked"
     raise ServiceUnavailable("A reported key changed while it was being revoked; send the report again.")
 

@@ -1,1 +1,1 @@
-"""What a keyed request needs in memory: the key cache and parsed IP allow-lists."""
+"""API keys: the secret's format and hash, look-ups, the key cache, IP allow-lists, the key_changed signal."""

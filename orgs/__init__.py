@@ -1,1 +1,2 @@
-"""Organisations: who may do what (roles.py), members and invitations (members.py, invitations.py)."""
+"""Organisations: who may do what (roles.py), members and invitations (members.py, invitations.py),
+and their keys' actions (keyactions.py)."""

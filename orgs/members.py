@@ -8,11 +8,10 @@ import datetime
 
 from peewee import JOIN, IntegrityError
 
-import auth
 from accounts import organisations, securitylog, users
 from keys import keycache
 from models import OWNER, ROLES, ApiKey, Membership, Organisation, SecurityEvent, Session, User, db, utcnow
-from orgs import roles
+from orgs import keyactions, roles
 from orgs.models import Invitation
 from store import slugs
 
@@ -194,7 +193,7 @@ def revoke_keys_of(org_id, user_id, actor=None):
             require(org_id, actor, roles.MEMBER_REVOKE_KEYS, target_role=target and target.role, new_role=None)
     revoked = 0
     for key in ApiKey.active_in(org_id, created_by=user_id):
-        revoked += auth.revoke_key(key)
+        revoked += keyactions.revoke_key(key)
     return revoked
 
 

@@ -37,9 +37,9 @@ from appconfig import APP_SETTINGS, build_schema  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
 from mailserver import mail_server  # noqa: E402
 
-import auth  # noqa: E402
 from accounts import users  # noqa: E402
 from app import close_app, create_app  # noqa: E402
+from orgs import keyactions  # noqa: E402
 
 # The live server fixtures: `server`, its `env`, `server_mode`, `run_mode`, `commands`, `live`.
 pytest_plugins = ["serverfixtures"]
@@ -172,14 +172,14 @@ def user(app):
 @pytest.fixture
 def api_key(user):
     """The secret of an active development key of tier free (3/minute in tests)."""
-    _, secret = auth.issue_key(user, "Alice dev", "development")
+    _, secret = keyactions.issue_key(user, "Alice dev", "development")
     return secret
 
 
 @pytest.fixture
 def pro_key(user):
     """The secret of an active production key of tier pro (100/minute in tests)."""
-    _, secret = auth.issue_key(user, "Alice live", "production", "pro")
+    _, secret = keyactions.issue_key(user, "Alice live", "production", "pro")
     return secret
 
 

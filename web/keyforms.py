@@ -5,12 +5,11 @@ import json
 
 from flask import abort, flash, g, redirect, request, session, url_for
 
-import auth
 import ratelimit
 from accounts import users
 from metering import credits
 from models import ApiKey
-from orgs import roles
+from orgs import keyactions, roles
 from web import throttles
 from web.pages import MAX_ID, bp, login_required, render_security_tab
 
@@ -27,11 +26,11 @@ def create_key():
         if "scopes_shown" in form and not scopes:
             raise ValueError("Choose at least one scope.")
         given = form.get("credits", "").strip()
-        key, secret = auth.issue_key(g.user, form.get("name", ""), form.get("type", ""), org=g.org.id,
-                                     expires_in=auth.parse_duration(form.get("expires_in") or "never"), scopes=scopes,
-                                     allow_ips=form.get("allow_ips"),
-                                     credits_given=credits.parse_credits(given) if given else None,
-                                     refill=credits.parse_refill(form.get("refill")))
+        key, secret = keyactions.issue_key(g.user, form.get("name", ""), form.get("type", ""), org=g.org.id,
+                                           expires_in=keyactions.parse_duration(form.get("expires_in") or "never"),
+                                           scopes=scopes, allow_ips=form.get("allow_ips"),
+                                           credits_given=credits.parse_credits(given) if given else None,
+                                           refill=credits.parse_refill(form.get("refill")))
     except ratelimit.RateLimitExceeded as error:
         minutes = -(-error.retry_after // 60)
         flash(f"Too many keys created in the last hour; try again in {minutes} minutes.", "error")
@@ -53,16 +52,17 @@ def roll_key(key_id):
     form = request.form
     try:
         throttles.count_key_roll(g.user)
-        grace = auth.parse_duration(form.get("grace", "24h"), allow_never=False)
-        secret = auth.roll_key(key, grace, end_previous=form.get("end_previous") == "1", current=form.get("current"))
+        grace = keyactions.parse_duration(form.get("grace", "24h"), allow_never=False)
+        secret = keyactions.roll_key(key, grace, end_previous=form.get("end_previous") == "1",
+                                     current=form.get("current"))
     except ratelimit.RateLimitExceeded as error:
         minutes = -(-error.retry_after // 60)
         flash(f"Too many keys rolled in the last hour; try again in {minutes} minutes.", "error")
         return render_security_tab(status=429)
-    except auth.GraceRunning as error:
+    except keyactions.GraceRunning as error:
         flash(f"{error} Tick “End the previous secret now” to confirm.", "error")
         return render_security_tab(status=409)
-    except auth.RollConflict as error:
+    except keyactions.RollConflict as error:
         flash(str(error), "error")
         return render_security_tab(status=409)
     except ValueError as error:
@@ -88,6 +88,6 @@ def org_key(key_id, action):
 @login_required
 def revoke_key(key_id):
     key = org_key(key_id, roles.KEY_CHANGE)
-    auth.revoke_key(key)
+    keyactions.revoke_key(key)
     flash(f"Revoked {key.name!r}: requests with it now fail.")
     return redirect(url_for("web.settings_security"))

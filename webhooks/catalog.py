@@ -7,8 +7,9 @@ import json
 import re
 
 import openapi
-from auth import DISPLAY_PREFIX_LENGTH, KEY_PREFIXES, MAX_KEY_NAME_LENGTH
+from keys.keyformat import DISPLAY_PREFIX_LENGTH, KEY_PREFIXES
 from models import SCOPES
+from orgs.keyactions import MAX_KEY_NAME_LENGTH
 from store.slugs import MAX_SLUG_LENGTH
 
 SECONDS = {"type": "string", "format": "date-time", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",

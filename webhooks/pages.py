@@ -9,8 +9,8 @@ import json
 from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import users
-from auth import parse_duration
 from orgs import roles
+from orgs.keyactions import parse_duration
 from web import pages
 from web.pages import MAX_ID, login_required, render_security_tab
 from webhooks import endpoints, outbox, recovery

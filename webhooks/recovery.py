@@ -5,8 +5,8 @@ Either keeps each message's webhook-id and body, so a receiver that has seen it 
 import datetime
 import re
 
-from auth import parse_duration
 from models import db, iso_seconds, utcnow
+from orgs.keyactions import parse_duration
 from store.writelock import write_transaction
 from webhooks import endpoints
 from webhooks.models import FAILED, PENDING, WebhookEndpoint, WebhookMessage, WebhookResend

@@ -27,13 +27,14 @@ MAKE_KEYS = """
 import sys
 from app import app
 import auth
+from orgs import keyactions
 from accounts import users
 from models import User, utcnow
 with app.app_context():
     user = users.create_user("carol", "carol@example.com", "a long password")
     User.update(email_verified_at=utcnow()).where(User.id == user.id).execute()
     for n in range(int(sys.argv[1])):
-        print(auth.issue_key(user, f"key {n}", "production")[1])
+        print(keyactions.issue_key(user, f"key {n}", "production")[1])
 """
 
 

@@ -11,9 +11,9 @@ import websocket
 from liveserver import cli_session, make_key, service_env, start_procfile, stored_total, wait_for
 from tcpproxy import TcpProxy
 
-import auth
 from accounts import users
 from models import Membership, Organisation
+from orgs import keyactions
 
 
 def get_all(urls, headers):
@@ -85,8 +85,8 @@ def test_an_organisation_s_allowance_is_exact_across_its_members_keys_workers_an
         acme = Organisation.create(name="Acme", slug="acme")
         Membership.create(org=acme, user=alice, role="owner")
         Membership.create(org=acme, user=bob, role="developer")
-        members = [auth.issue_key(member, f"{member.username}'s", "production", org=acme.id)[1] for member in (alice, bob)]
-        _, other = auth.issue_key(carol, "Own", "production")
+        members = [keyactions.issue_key(member, f"{member.username}'s", "production", org=acme.id)[1] for member in (alice, bob)]
+        _, other = keyactions.issue_key(carol, "Own", "production")
     servers = [start_procfile(tmp_path, env) for _ in range(2)]
     try:
         with concurrent.futures.ThreadPoolExecutor(50) as pool:

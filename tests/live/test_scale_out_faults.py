@@ -22,12 +22,13 @@ TIMEOUT = 5
 
 MAKE_KEYS = """
 import auth
+from orgs import keyactions
 from app import app
 from accounts import users
 with app.app_context():
     user = users.create_user("carol", "carol@example.com", "a long password 42")
     for index in range({count}):
-        print(auth.issue_key(user, f"key {{index}}", "production")[1])
+        print(keyactions.issue_key(user, f"key {{index}}", "production")[1])
 """
 
 

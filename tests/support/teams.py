@@ -9,10 +9,9 @@ import types
 import psycopg
 import services
 
-import auth
 from accounts import users
 from models import ApiKey, Membership, Organisation, SecurityEvent, db, utcnow
-from orgs import invitations, members as org_members
+from orgs import invitations, keyactions, members as org_members
 from orgs.models import Invitation
 from webhooks import endpoints
 from webhooks.models import WebhookEndpoint, WebhookMessage, WebhookResend
@@ -36,9 +35,9 @@ def make_team(app):
     for name, role in [*((name, role) for role, name in ACTORS.items() if role != "owner"), *OTHERS.items()]:
         Membership.create(org=acme.id, user=people[name].id, role=role)
     Membership.create(org=globex.id, user=people["gus"].id, role="developer")
-    keys = {name: auth.issue_key(people[name], f"{name}'s key", "development", org=acme.id)[0]
+    keys = {name: keyactions.issue_key(people[name], f"{name}'s key", "development", org=acme.id)[0]
             for name in [*ACTORS.values(), *OTHERS]}
-    keys["gina"] = auth.issue_key(people["gina"], "gina's key", "development", org=globex.id)[0]
+    keys["gina"] = keyactions.issue_key(people["gina"], "gina's key", "development", org=globex.id)[0]
     org_members.remove(acme.id, people["fred"].id)
     endpoint, _ = endpoints.add_endpoint(people["olive"], "http://127.0.0.1:9/acme", org=acme.id)
     globex_endpoint, _ = endpoints.add_endpoint(people["gina"], "http://127.0.0.1:9/globex", org=globex.id)

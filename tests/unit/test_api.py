@@ -8,10 +8,11 @@ import pytest
 from contract import assert_error
 from flask.json.provider import DefaultJSONProvider
 
-import auth
 from api import VERSION
+from keys import keyformat
 from models import ApiKey
 from ops import note as request_note
+from orgs import keyactions
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 SECOND_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
@@ -69,9 +70,9 @@ def test_protected_test_reports_production_type(client, pro_key):
 
 
 def test_user_me(client, user, api_key):
-    auth.issue_key(user, "second", "production")
-    revoked, _ = auth.issue_key(user, "gone", "production")
-    auth.revoke_key(revoked)
+    keyactions.issue_key(user, "second", "production")
+    revoked, _ = keyactions.issue_key(user, "gone", "production")
+    keyactions.revoke_key(revoked)
     response = client.get("/api/v1/user/me", headers={"X-API-Key": api_key})
     assert response.status_code == 200
     body = response.get_json()
@@ -111,7 +112,7 @@ def test_total_requests_survive_a_flush_and_exclude_rejections(app, client, api_
     assert_error(client.get("/api/v1/protected/test", headers={"X-API-Key": api_key[:-1] + "_"}), 401,
                  "invalid_api_key")
     app.extensions["usage"].flush()
-    stored = ApiKey.get(ApiKey.key_hash == auth.hash_key(api_key))
+    stored = ApiKey.get(ApiKey.key_hash == keyformat.hash_key(api_key))
     assert stored.total_requests == 3
     assert stored.last_used_at is not None
 
@@ -152,7 +153,7 @@ def test_key_in_query_string_counts_as_missing(client, api_key):
 def test_revoked_key_fails_on_the_next_request(client, api_key):
     headers = {"X-API-Key": api_key}
     assert client.get("/api/v1/protected/test", headers=headers).status_code == 200
-    auth.revoke_key(ApiKey.get(ApiKey.key_hash == auth.hash_key(api_key)))
+    keyactions.revoke_key(ApiKey.get(ApiKey.key_hash == keyformat.hash_key(api_key)))
     assert_error(client.get("/api/v1/protected/test", headers=headers), 401, "invalid_api_key")
 
 
@@ -170,7 +171,7 @@ def test_rate_limit_exceeded(client, api_key):
 
 
 def test_limits_are_per_key(client, user, api_key):
-    _, other = auth.issue_key(user, "other", "development")
+    _, other = keyactions.issue_key(user, "other", "development")
     for _ in range(3):
         client.get("/api/v1/protected/test", headers={"X-API-Key": api_key})
     assert_error(client.get("/api/v1/protected/test", headers={"X-API-Key": api_key}), 429, "rate_limit_exceeded")
@@ -212,7 +213,7 @@ def test_forwarded_for_is_honoured_with_one_trusted_proxy(tmp_path, make_app):
 
 
 def test_unknown_tier_is_a_clear_error_not_a_pass(app, client, user):
-    key, secret = auth.issue_key(user, "k", "development", "pro")
+    key, secret = keyactions.issue_key(user, "k", "development", "pro")
     ApiKey.update(rate_limit_tier="platinum").where(ApiKey.id == key.id).execute()
     response = client.get("/api/v1/protected/test", headers={"X-API-Key": secret})
     body = assert_error(response, 500, "internal_error")

@@ -10,8 +10,9 @@ from liveserver import run_cli, service_env
 import auth
 import cli.users
 from accounts import recovery, securitylog, users
+from keys import keyformat
 from models import ApiKey, Membership, Session, User, db, iso_seconds, personal_organisation
-from orgs import members
+from orgs import keyactions, members
 
 
 def test_users_create_with_password_stdin(runner):
@@ -114,8 +115,8 @@ def test_keys_create_errors(runner, user, args, message):
 
 
 def test_keys_list_never_shows_secrets(runner, user, api_key, pro_key):
-    revoked = ApiKey.get(ApiKey.key_hash == auth.hash_key(pro_key))
-    auth.revoke_key(revoked)
+    revoked = ApiKey.get(ApiKey.key_hash == keyformat.hash_key(pro_key))
+    keyactions.revoke_key(revoked)
     result = runner.invoke(args=["keys", "list", "alice"])
     assert result.exit_code == 0
     lines = result.stdout.strip().splitlines()
@@ -219,9 +220,9 @@ def test_keys_create_with_org_asks_the_members_role(runner, acme, username, slug
 
 def test_keys_list_with_org_lists_every_key_there_with_its_creator(runner, user, acme):
     bob = users.find_user("bob")
-    mine, _ = auth.issue_key(user, "alice's", "development", org=acme.id)
-    bobs, _ = auth.issue_key(bob, "bob's", "production", "pro", org=acme.id)
-    auth.issue_key(user, "personal", "development")
+    mine, _ = keyactions.issue_key(user, "alice's", "development", org=acme.id)
+    bobs, _ = keyactions.issue_key(bob, "bob's", "production", "pro", org=acme.id)
+    keyactions.issue_key(user, "personal", "development")
     users.delete_account(bob, "correct horse battery")
     every_scope = "test:read,user:read,usage:read,time:stream"
     result = runner.invoke(args=["keys", "list", "carol", "--org", "acme"])
@@ -238,11 +239,11 @@ def test_keys_list_ends_a_key_revoked_as_leaked_with_who_reported_it_where_and_w
     keys = {}
     for name, report in [("by GitHub", {"source": "github", "url": url}), ("by GitHub, nowhere said",
                          {"source": "github", "url": ""}), ("by its holder", None), ("plain", "not leaked")]:
-        key, secret = auth.issue_key(user, name, "development", org=acme.id)
+        key, secret = keyactions.issue_key(user, name, "development", org=acme.id)
         if report == "not leaked":
-            auth.revoke_key(key)
+            keyactions.revoke_key(key)
         else:
-            auth.revoke_key(auth.authenticate(secret), leaked=True, report=report)
+            keyactions.revoke_key(auth.authenticate(secret), leaked=True, report=report)
         keys[name] = ApiKey.get_by_id(key.id)
     when = {name: iso_seconds(key.revoked_at) for name, key in keys.items()}
     result = runner.invoke(args=["keys", "list", "alice", "--org", "acme"])
@@ -279,7 +280,7 @@ def test_audit_with_org_prints_the_organisations_log_with_who_acted(app, runner,
 
 
 def test_audit_of_a_user_keeps_its_lines(runner, user, acme):
-    auth.issue_key(user, "personal", "development")
+    keyactions.issue_key(user, "personal", "development")
     result = runner.invoke(args=["audit", "alice"])
     assert [line.split("\t")[1:] for line in result.stdout.splitlines()][0][0] == "key.created"
     assert all(len(line.split("\t")) == 4 for line in result.stdout.splitlines())

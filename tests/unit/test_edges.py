@@ -14,8 +14,10 @@ from webforms import page
 
 import auth
 from accounts import securitylog, users
+from keys import keycache
 from models import ApiKey, SecurityEvent, User
 from ops import clientaddress, logs
+from orgs import keyactions
 from web import throttles
 
 
@@ -29,7 +31,7 @@ def roll(client, key, **form):
 
 
 def test_the_31st_roll_in_an_hour_is_refused_with_a_sentence(logged_in, user):
-    key, _ = auth.issue_key(user, "Rolled often", "production")
+    key, _ = keyactions.issue_key(user, "Rolled often", "production")
     for _ in range(30):
         assert roll(logged_in, key).status_code == 302
     refused = roll(logged_in, key)
@@ -39,14 +41,14 @@ def test_the_31st_roll_in_an_hour_is_refused_with_a_sentence(logged_in, user):
 
 def test_refused_rolls_count_too(logged_in, user, monkeypatch):
     monkeypatch.setattr(throttles, "KEY_ROLLS_PER_ACCOUNT", RateLimitItemPerHour(2))
-    key, _ = auth.issue_key(user, "Stale", "production")
+    key, _ = keyactions.issue_key(user, "Stale", "production")
     assert roll(logged_in, key, current="sk_live_XXXX").status_code == 409
     assert roll(logged_in, key, current="sk_live_YYYY").status_code == 409
     assert roll(logged_in, key).status_code == 429
 
 
 def test_a_roll_from_a_page_showing_another_secret_is_refused(logged_in, user):
-    key, secret = auth.issue_key(user, "Twice", "production")
+    key, secret = keyactions.issue_key(user, "Twice", "production")
     assert roll(logged_in, key, current=secret[:12]).status_code == 302
     again = roll(logged_in, key, current=secret[:12])  # the same page, submitted again
     assert again.status_code == 409
@@ -56,24 +58,24 @@ def test_a_roll_from_a_page_showing_another_secret_is_refused(logged_in, user):
 
 
 def test_the_roll_form_carries_the_current_prefix(logged_in, user):
-    key, secret = auth.issue_key(user, "Shown", "production")
+    key, secret = keyactions.issue_key(user, "Shown", "production")
     html = page(logged_in.get("/settings/security"))
     assert f'<input type="hidden" name="current" value="{secret[:12]}">' in html
 
 
 def test_a_roll_that_lost_a_race_is_a_conflict_not_a_500(user):
-    key, _ = auth.issue_key(user, "Raced", "production")
+    key, _ = keyactions.issue_key(user, "Raced", "production")
     read_by_both = ApiKey.get_by_id(key.id)
-    auth.roll_key(read_by_both, 0)
-    with pytest.raises(auth.RollConflict, match="rolled or revoked meanwhile"):
-        auth.roll_key(read_by_both, 0)
-    auth.revoke_key(ApiKey.get_by_id(key.id))
-    with pytest.raises(auth.RollConflict, match="rolled or revoked meanwhile"):
-        auth.roll_key(ApiKey.get_by_id(key.id), 0)
+    keyactions.roll_key(read_by_both, 0)
+    with pytest.raises(keyactions.RollConflict, match="rolled or revoked meanwhile"):
+        keyactions.roll_key(read_by_both, 0)
+    keyactions.revoke_key(ApiKey.get_by_id(key.id))
+    with pytest.raises(keyactions.RollConflict, match="rolled or revoked meanwhile"):
+        keyactions.roll_key(ApiKey.get_by_id(key.id), 0)
 
 
 def test_a_roll_during_a_grace_period_needs_confirming(app, client, logged_in, user):
-    key, first = auth.issue_key(user, "Graced", "production", tier="pro")
+    key, first = keyactions.issue_key(user, "Graced", "production", tier="pro")
     assert roll(logged_in, key, grace="7d").status_code == 302
     second_prefix = ApiKey.get_by_id(key.id).display_prefix
     refused = roll(logged_in, key, current=second_prefix)
@@ -88,7 +90,7 @@ def test_a_roll_during_a_grace_period_needs_confirming(app, client, logged_in, u
 
 
 def test_the_cli_refuses_a_roll_during_a_grace_period_unless_told_to_end_it(runner, user):
-    key, first = auth.issue_key(user, "CLI graced", "production")
+    key, first = keyactions.issue_key(user, "CLI graced", "production")
     assert runner.invoke(args=["keys", "roll", str(key.id), "--grace", "7d"]).exit_code == 0
     refused = runner.invoke(args=["keys", "roll", str(key.id)])
     assert refused.exit_code == 1
@@ -102,8 +104,8 @@ def test_the_cli_refuses_a_roll_during_a_grace_period_unless_told_to_end_it(runn
 
 
 def test_a_rolled_out_secret_revokes_only_itself(client, user):
-    key, old = auth.issue_key(user, "Handed over", "production", tier="pro")
-    new = auth.roll_key(ApiKey.get_by_id(key.id), 3600)
+    key, old = keyactions.issue_key(user, "Handed over", "production", tier="pro")
+    new = keyactions.roll_key(ApiKey.get_by_id(key.id), 3600)
     response = client.post("/api/v1/keys/revoke", headers={"X-API-Key": old})
     assert response.status_code == 200
     assert response.json == {"revoked": True, "api_key_name": "Handed over", "secret": "previous"}
@@ -119,9 +121,9 @@ def test_a_rolled_out_secret_revokes_only_itself(client, user):
 
 def test_the_security_log_keeps_its_newest_events_at_every_write(user, monkeypatch):
     monkeypatch.setattr(securitylog, "KEPT", 5)
-    key, _ = auth.issue_key(user, "Busy", "production")
+    key, _ = keyactions.issue_key(user, "Busy", "production")
     for _ in range(8):
-        auth.roll_key(ApiKey.get_by_id(key.id), 0)
+        keyactions.roll_key(ApiKey.get_by_id(key.id), 0)
         assert SecurityEvent.select().where(SecurityEvent.org == key.org_id).count() <= 5
     events = securitylog.recent_in(key.org_id, limit=None)
     assert [event.event for event in events] == ["key.rolled"] * 5
@@ -181,7 +183,7 @@ def test_log_messages_escape_control_characters_in_what_they_quote():
 @pytest.mark.parametrize("before", ["\\n", "\\t", "\\r", '\\"', "\\u0022", "%3D", "%20", "_", "=", "'", "\\x3d", "\\047",
                                     "%253D", "=3D", "\x1b[32m", "mask_"])
 def test_keys_scan_finds_a_secret_after_any_escape(runner, user, tmp_path, before):
-    _, secret = auth.issue_key(user, "Escaped", "production")
+    _, secret = keyactions.issue_key(user, "Escaped", "production")
     path = tmp_path / "config.json"
     path.write_text(f'{{"env": "KEY{before}{secret}"}}\n')
     result = runner.invoke(args=["keys", "scan", str(path)])
@@ -208,27 +210,27 @@ def test_addresses_of_one_ipv6_64_share_the_public_allowance(client):
 
 
 def test_an_account_keeps_its_newest_inactive_keys_and_every_active_one(user, monkeypatch):
-    monkeypatch.setattr(auth, "MAX_INACTIVE_KEYS_KEPT", 3)
-    active, _ = auth.issue_key(user, "Kept", "production")
+    monkeypatch.setattr(keyactions, "MAX_INACTIVE_KEYS_KEPT", 3)
+    active, _ = keyactions.issue_key(user, "Kept", "production")
     revoked = []
     for n in range(5):
-        key, _ = auth.issue_key(user, f"Gone {n}", "production")
-        auth.revoke_key(key)
+        key, _ = keyactions.issue_key(user, f"Gone {n}", "production")
+        keyactions.revoke_key(key)
         revoked.append(key.id)
-    auth.issue_key(user, "Newest", "production")
+    keyactions.issue_key(user, "Newest", "production")
     remaining = {key.id for key in ApiKey.select().where(ApiKey.user == user.id)}
     assert active.id in remaining and revoked[-3:] == [key_id for key_id in revoked if key_id in remaining]
     assert len(remaining) == 5
 
 
 def test_revoking_with_a_secret_that_a_roll_made_previous_meanwhile_ends_only_that_secret(client, user, monkeypatch):
-    key, old = auth.issue_key(user, "Raced revoke", "production", tier="pro")
+    key, old = keyactions.issue_key(user, "Raced revoke", "production", tier="pro")
     authenticate, rolled = auth.authenticate, []
 
     def authenticate_then_roll(secret, *args):
         found = authenticate(secret, *args)
         if not rolled:  # the owner rolls between the lookup and the revocation
-            rolled.append(auth.roll_key(ApiKey.get_by_id(key.id), 3600))
+            rolled.append(keyactions.roll_key(ApiKey.get_by_id(key.id), 3600))
         return found
 
     monkeypatch.setattr(auth, "authenticate", authenticate_then_roll)
@@ -238,18 +240,18 @@ def test_revoking_with_a_secret_that_a_roll_made_previous_meanwhile_ends_only_th
 
 
 def test_revoking_a_revoked_key_again_in_the_web_application_announces_nothing(logged_in, user, monkeypatch):
-    key, _ = auth.issue_key(user, "Twice revoked", "production")
+    key, _ = keyactions.issue_key(user, "Twice revoked", "production")
     announced = []
-    monkeypatch.setattr(auth.keycache, "announce_change", lambda: announced.append(1))
+    monkeypatch.setattr(keycache, "announce_change", lambda: announced.append(1))
     assert logged_in.post(f"/settings/security/keys/{key.id}/revoke").status_code == 302
     assert logged_in.post(f"/settings/security/keys/{key.id}/revoke").status_code == 302
     assert announced == [1]
 
 
 def test_the_cli_announces_a_revocation_again(runner, user, monkeypatch):
-    key, _ = auth.issue_key(user, "CLI twice", "production")
+    key, _ = keyactions.issue_key(user, "CLI twice", "production")
     announced = []
-    monkeypatch.setattr(auth.keycache, "announce_change", lambda: announced.append(1))
+    monkeypatch.setattr(keycache, "announce_change", lambda: announced.append(1))
     runner.invoke(args=["keys", "revoke", str(key.id)])
     assert "already revoked" in runner.invoke(args=["keys", "revoke", str(key.id)]).output
     assert announced == [1, 1]
@@ -282,7 +284,7 @@ def test_per_ip_limits_read_ports_brackets_and_tunnels(address, identity):
 
 
 def test_keys_scan_reads_utf16_files_and_keys_glued_to_what_follows(runner, user, tmp_path):
-    _, secret = auth.issue_key(user, "PowerShell", "production")
+    _, secret = keyactions.issue_key(user, "PowerShell", "production")
     exported = tmp_path / "env.txt"
     exported.write_text(f"API_KEY={secret}\r\n", encoding="utf-16")  # with its byte order mark
     glued = tmp_path / "glued.txt"

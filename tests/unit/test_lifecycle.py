@@ -11,8 +11,9 @@ import pytest
 import auth
 import cli.keys
 from accounts import securitylog, users
-from keys import keycache, lookup
+from keys import keycache, keyformat, lookup
 from models import SCOPES, ApiKey, User, personal_organisation, utcnow
+from orgs import keyactions
 
 BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
@@ -30,19 +31,19 @@ def get(client, path, secret):
 
 @pytest.mark.parametrize("key_type", ["production", "development"])
 def test_new_secrets_end_with_the_crc32_of_the_rest_in_base62(key_type):
-    secret = auth.generate_secret(key_type)
+    secret = keyformat.generate_secret(key_type)
     head, tail = secret[:-6], secret[-6:]
-    assert len(head) == len(auth.KEY_PREFIXES[key_type]) + 32
+    assert len(head) == len(keyformat.KEY_PREFIXES[key_type]) + 32
     assert base62_value(tail) == zlib.crc32(head.encode())
 
 
 def test_a_checksum_of_a_small_crc_is_padded_with_zeros():
-    assert auth.checksum("") == "000000"  # CRC32 of nothing is 0
-    assert len(auth.checksum("sk_live_x")) == 6
+    assert keyformat.checksum("") == "000000"  # CRC32 of nothing is 0
+    assert len(keyformat.checksum("sk_live_x")) == 6
 
 
 def test_a_bad_checksum_is_refused_without_a_lookup(client, api_key, monkeypatch):
-    assert len(api_key) == auth.CHECKSUMMED_LENGTH
+    assert len(api_key) == keyformat.CHECKSUMMED_LENGTH
     looked_up = []
     monkeypatch.setattr(keycache, "find_active_key", lambda key_hash: looked_up.append(key_hash))
     broken = api_key[:-1] + ("A" if api_key[-1] != "A" else "B")
@@ -54,13 +55,13 @@ def test_a_bad_checksum_is_refused_without_a_lookup(client, api_key, monkeypatch
 def test_keys_issued_before_checksums_keep_working(client, user):
     legacy = "sk_live_" + "L" * 40
     ApiKey.create(org=personal_organisation(user.id), user=user, name="Legacy", key_type="production", display_prefix=legacy[:12],
-                  key_hash=auth.hash_key(legacy))
+                  key_hash=keyformat.hash_key(legacy))
     assert get(client, "/api/v1/protected/test", legacy).json["api_key_name"] == "Legacy"
 
 
 def test_an_expired_key_fails_like_any_invalid_key_and_is_not_counted(client, user):
-    key, secret = auth.issue_key(user, "Short", "development", expires_in=3600)
-    _, other = auth.issue_key(user, "Long", "development")
+    key, secret = keyactions.issue_key(user, "Short", "development", expires_in=3600)
+    _, other = keyactions.issue_key(user, "Long", "development")
     assert get(client, "/api/v1/protected/test", secret).status_code == 200
     assert get(client, "/api/v1/user/me", other).json["api_key_count"] == 2
     ApiKey.update(expires_at=utcnow() - datetime.timedelta(seconds=1)).where(ApiKey.id == key.id).execute()
@@ -69,27 +70,27 @@ def test_an_expired_key_fails_like_any_invalid_key_and_is_not_counted(client, us
     assert response.json["error"] == {"code": "invalid_api_key",
                                       "message": "The API key is malformed, unknown or revoked."}
     assert get(client, "/api/v1/user/me", other).json["api_key_count"] == 1
-    assert lookup.secret_is_active(auth.hash_key(secret)) is False
+    assert lookup.secret_is_active(keyformat.hash_key(secret)) is False
 
 
 @pytest.mark.parametrize("text, seconds", [("30d", 2592000), ("24h", 86400), ("90m", 5400), ("2s", 2),
                                            ("never", None), ("0", 0)])
 def test_durations(text, seconds):
-    assert auth.parse_duration(text) == seconds
+    assert keyactions.parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["30", "1w", "-1d", "d", "soon", "9999999d"])
 def test_bad_durations_get_a_sentence(text):
     with pytest.raises(ValueError, match="A duration is a number and a unit s, m, h or d"):
-        auth.parse_duration(text)
+        keyactions.parse_duration(text)
 
 
 @pytest.mark.parametrize("scope, path", [("test:read", "/api/v1/protected/test"), ("user:read", "/api/v1/user/me"),
                                          ("usage:read", "/api/v1/usage/stats")])
 def test_a_key_without_the_scope_gets_403_and_is_not_counted(app, client, user, scope, path):
     others = [name for name in SCOPES if name != scope]
-    key, restricted = auth.issue_key(user, "Restricted", "development", scopes=others)
-    _, allowed = auth.issue_key(user, "Allowed", "development", scopes=[scope])
+    key, restricted = keyactions.issue_key(user, "Restricted", "development", scopes=others)
+    _, allowed = keyactions.issue_key(user, "Allowed", "development", scopes=[scope])
     response = get(client, path, restricted)
     assert response.status_code == 403
     assert response.json["error"] == {
@@ -103,19 +104,19 @@ def test_a_key_without_the_scope_gets_403_and_is_not_counted(app, client, user, 
 
 
 def test_scopes_are_stored_only_when_restricted(user):
-    full, _ = auth.issue_key(user, "Full", "development")
+    full, _ = keyactions.issue_key(user, "Full", "development")
     assert full.scopes is None and ApiKey.get_by_id(full.id).scope_list() == list(SCOPES)
-    some, _ = auth.issue_key(user, "Some", "development", scopes=["usage:read", "test:read"])
+    some, _ = keyactions.issue_key(user, "Some", "development", scopes=["usage:read", "test:read"])
     assert ApiKey.get_by_id(some.id).scope_list() == ["test:read", "usage:read"]
     with pytest.raises(ValueError, match="Unknown scope 'admin'"):
-        auth.issue_key(user, "Bad", "development", scopes=["admin"])
+        keyactions.issue_key(user, "Bad", "development", scopes=["admin"])
 
 
 def test_a_roll_keeps_one_allowance_and_one_usage_for_both_secrets(app, client, user):
-    key, old = auth.issue_key(user, "Rolled", "development")  # tier free: 3 a minute in tests
+    key, old = keyactions.issue_key(user, "Rolled", "development")  # tier free: 3 a minute in tests
     assert get(client, "/api/v1/protected/test", old).status_code == 200
-    new = auth.roll_key(ApiKey.get_by_id(key.id), 3600)
-    assert new != old and len(new) == auth.CHECKSUMMED_LENGTH
+    new = keyactions.roll_key(ApiKey.get_by_id(key.id), 3600)
+    assert new != old and len(new) == keyformat.CHECKSUMMED_LENGTH
     assert get(client, "/api/v1/protected/test", old).status_code == 200
     assert get(client, "/api/v1/protected/test", new).status_code == 200
     assert get(client, "/api/v1/protected/test", new).status_code == 429
@@ -127,26 +128,26 @@ def test_a_roll_keeps_one_allowance_and_one_usage_for_both_secrets(app, client, 
 
 
 def test_the_previous_secret_ends_with_its_grace_period_or_at_once(client, user):
-    key, old = auth.issue_key(user, "Rolled", "production", tier="pro")
-    new = auth.roll_key(ApiKey.get_by_id(key.id), 60)
+    key, old = keyactions.issue_key(user, "Rolled", "production", tier="pro")
+    new = keyactions.roll_key(ApiKey.get_by_id(key.id), 60)
     assert get(client, "/api/v1/protected/test", old).status_code == 200
     ApiKey.update(previous_expires_at=utcnow() - datetime.timedelta(seconds=1)).where(ApiKey.id == key.id).execute()
     assert get(client, "/api/v1/protected/test", old).status_code == 401
-    newest = auth.roll_key(ApiKey.get_by_id(key.id), 0)
+    newest = keyactions.roll_key(ApiKey.get_by_id(key.id), 0)
     assert get(client, "/api/v1/protected/test", new).status_code == 401
     assert get(client, "/api/v1/protected/test", newest).status_code == 200
 
 
 def test_revoking_a_rolled_key_ends_both_secrets(client, user):
-    key, old = auth.issue_key(user, "Rolled", "production", tier="pro")
-    new = auth.roll_key(ApiKey.get_by_id(key.id), 3600)
-    auth.revoke_key(ApiKey.get_by_id(key.id))
+    key, old = keyactions.issue_key(user, "Rolled", "production", tier="pro")
+    new = keyactions.roll_key(ApiKey.get_by_id(key.id), 3600)
+    keyactions.revoke_key(ApiKey.get_by_id(key.id))
     assert get(client, "/api/v1/protected/test", old).status_code == 401
     assert get(client, "/api/v1/protected/test", new).status_code == 401
 
 
 def test_whoever_holds_a_secret_can_revoke_it(client, user):
-    _, secret = auth.issue_key(user, "Leaked", "production")
+    _, secret = keyactions.issue_key(user, "Leaked", "production")
     response = client.post("/api/v1/keys/revoke", headers={"X-API-Key": secret})
     assert response.status_code == 200
     assert response.json == {"revoked": True, "api_key_name": "Leaked", "secret": "current"}
@@ -187,8 +188,8 @@ def test_the_cli_refuses_bad_expiry_and_scopes_with_a_sentence(runner, user, arg
 
 
 def test_rolling_a_revoked_key_is_refused(runner, user):
-    key, _ = auth.issue_key(user, "Gone", "development")
-    auth.revoke_key(key)
+    key, _ = keyactions.issue_key(user, "Gone", "development")
+    keyactions.revoke_key(key)
     result = runner.invoke(args=["keys", "roll", str(key.id)])
     assert result.exit_code == 1 and f"Key {key.id} is revoked; it cannot be rolled." in result.output
 
@@ -221,7 +222,7 @@ def test_the_web_form_refuses_no_scope_at_all(logged_in):
 
 
 def test_rolling_in_the_web_application_shows_the_new_secret_once_and_the_previous_deadline(logged_in, user):
-    key, old = auth.issue_key(user, "Web rolled", "production", tier="pro")
+    key, old = keyactions.issue_key(user, "Web rolled", "production", tier="pro")
     response = logged_in.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "1h"})
     assert response.status_code == 302
     page = security_tab(logged_in)
@@ -236,14 +237,14 @@ def test_rolling_in_the_web_application_shows_the_new_secret_once_and_the_previo
 
 @pytest.mark.parametrize("grace", ["forever", "never", ""])
 def test_a_bad_grace_gets_a_sentence(logged_in, user, grace):
-    key, _ = auth.issue_key(user, "Web rolled", "production")
+    key, _ = keyactions.issue_key(user, "Web rolled", "production")
     response = logged_in.post(f"/settings/security/keys/{key.id}/roll", data={"grace": grace})
     assert response.status_code == 400 and "A duration is a number and a unit" in response.get_data(as_text=True)
 
 
 def test_another_users_key_cannot_be_rolled(logged_in):
     other = users.create_user("mallory", "m@example.com", "a long enough password")
-    key, _ = auth.issue_key(other, "Theirs", "production")
+    key, _ = keyactions.issue_key(other, "Theirs", "production")
     assert logged_in.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "0"}).status_code == 404
 
 
@@ -259,7 +260,7 @@ def test_every_security_event_is_logged_without_secrets(app, client, runner):
     client.post(f"/settings/security/keys/{key.id}/roll", data={"grace": "0"})
     rolled = re.search(r'id="new-secret"[^>]*>(sk_live_[A-Za-z0-9]+)<', security_tab(client))[1]
     client.post(f"/settings/security/keys/{key.id}/revoke")
-    _, leaked = auth.issue_key(User.get(User.username == "erin"), "Leaked", "development")
+    _, leaked = keyactions.issue_key(User.get(User.username == "erin"), "Leaked", "development")
     client.post("/api/v1/keys/revoke", headers={"X-API-Key": leaked})
     client.post("/settings/profile/password", data={"current_password": password, "new_password": "a newer passphrase"})
     client.post("/settings/security/sessions/revoke")
@@ -279,7 +280,7 @@ def test_every_security_event_is_logged_without_secrets(app, client, runner):
 
 def test_the_security_tab_shows_the_newest_50_events(logged_in, user):
     for n in range(55):
-        auth.revoke_key(auth.issue_key(user, f"k{n}", "development")[0])
+        keyactions.revoke_key(keyactions.issue_key(user, f"k{n}", "development")[0])
     page = security_tab(logged_in)
     log = page.split('id="log-heading"', 1)[1]
     assert log.count("<tr><td") == 50
@@ -289,7 +290,7 @@ def test_the_security_tab_shows_the_newest_50_events(logged_in, user):
 def test_keys_scan_reports_secrets_without_printing_them(runner, user, tmp_path):
     tmp_path = tmp_path / "project"
     tmp_path.mkdir()
-    _, valid = auth.issue_key(user, "Found", "production")
+    _, valid = keyactions.issue_key(user, "Found", "production")
     broken = valid[:-1] + ("A" if valid[-1] != "A" else "B")
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "settings.py").write_text(f'API_KEY = "{valid}"\n# and a typo: {broken}\n')
@@ -311,20 +312,20 @@ def test_keys_scan_reports_secrets_without_printing_them(runner, user, tmp_path)
 
 
 def test_revoking_twice_at_once_records_one_event(user):
-    key, _ = auth.issue_key(user, "Twice", "production")
+    key, _ = keyactions.issue_key(user, "Twice", "production")
     stale = ApiKey.get_by_id(key.id)
-    auth.revoke_key(ApiKey.get_by_id(key.id))
-    auth.revoke_key(stale)
+    keyactions.revoke_key(ApiKey.get_by_id(key.id))
+    keyactions.revoke_key(stale)
     events = [event.event for event in securitylog.recent(user.id)]
     assert events.count("key.revoked") == 1
 
 
 def test_a_roll_from_a_stale_read_is_refused(user):
-    key, _ = auth.issue_key(user, "Stale", "production")
+    key, _ = keyactions.issue_key(user, "Stale", "production")
     stale = ApiKey.get_by_id(key.id)
-    auth.roll_key(ApiKey.get_by_id(key.id), 3600)
+    keyactions.roll_key(ApiKey.get_by_id(key.id), 3600)
     with pytest.raises(ValueError, match="The key was rolled or revoked meanwhile"):
-        auth.roll_key(stale, 3600)
+        keyactions.roll_key(stale, 3600)
 
 
 def test_a_long_client_address_is_cut_to_fit_the_log(app, user):
@@ -343,7 +344,7 @@ def test_others_failed_log_ins_cannot_bury_the_log(client, user):
 
 def test_keys_scan_reads_long_lines_in_pieces_and_ignores_lookalikes(runner, user, tmp_path, monkeypatch):
     monkeypatch.setattr(cli.keys, "SCAN_PIECE", 64)
-    _, valid = auth.issue_key(user, "Found", "production")
+    _, valid = keyactions.issue_key(user, "Found", "production")
     path = tmp_path / "bundle.min.js"
     lookalikes = "sk_live_short; sk_test_" + "A" * 38 + "; "
     path.write_text("first line\n" + "x = 1; " * 30 + f'k="{valid}"; ' + "y = 2; " * 30 + lookalikes + "\n")

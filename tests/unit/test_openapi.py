@@ -9,13 +9,12 @@ from contract import DOCUMENT, assert_conforms, assert_error
 from limits.errors import StorageError
 from openapi_core.validation.response.exceptions import ResponseValidationError
 
-import auth
 import models
 import openapi
 from accounts import users
 from api import VERSION
 from models import ApiKey, Membership
-from orgs import members
+from orgs import keyactions, members
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats", "/api/v1/usage/history"]
 PUBLIC = ["/api/v1/demo/year", "/api/v1/status", "/api/v1/openapi.json"]
@@ -97,7 +96,7 @@ def test_user_me_of_a_key_whose_creator_was_deleted_conforms(client, user, api_k
     bob = users.create_user("bob", "bob@example.com", "correct horse battery")
     acme = members.create("Acme", user)
     Membership.create(org=acme.id, user=bob.id, role="developer")
-    _, secret = auth.issue_key(bob, "bob's", "development", org=acme.id)
+    _, secret = keyactions.issue_key(bob, "bob's", "development", org=acme.id)
     users.delete_account(bob, "correct horse battery")
     assert assert_conforms(client.get("/api/v1/user/me", headers={"X-API-Key": secret})) == {
         "user_id": None, "username": None, "email": None, "created_at": None, "api_key_count": 0}
@@ -121,8 +120,8 @@ def test_protected_success_conforms(client, pro_key, path):
 @pytest.mark.parametrize("value", [None, "", "nonsense", "sk_live_" + "A" * 40, "revoked"])
 def test_unauthorized_conforms(client, user, path, value):
     if value == "revoked":
-        key, value = auth.issue_key(user, "gone", "development")
-        auth.revoke_key(key)
+        key, value = keyactions.issue_key(user, "gone", "development")
+        keyactions.revoke_key(key)
     response = client.get(path, headers={} if value is None else {"X-API-Key": value})
     assert_error(response, 401, "missing_api_key" if not value else "invalid_api_key")
 
@@ -131,7 +130,7 @@ def test_unauthorized_conforms(client, user, path, value):
 @pytest.mark.parametrize("refusal", ["insufficient_scope", "ip_not_allowed"])
 def test_forbidden_conforms(client, user, path, refusal):
     restriction = {"scopes": ["time:stream"]} if refusal == "insufficient_scope" else {"allow_ips": "203.0.113.7"}
-    _, secret = auth.issue_key(user, "restricted", "development", **restriction)
+    _, secret = keyactions.issue_key(user, "restricted", "development", **restriction)
     response = client.get(path, headers={"X-API-Key": secret}, environ_base={"REMOTE_ADDR": "198.51.100.1"})
     assert (response.status_code, response.get_json()["error"]["code"]) == (403, refusal)
     assert_conforms(response)
@@ -154,7 +153,7 @@ def test_ip_rate_limited_conforms(client, path):
 
 
 def test_internal_error_conforms(client, user):
-    key, secret = auth.issue_key(user, "k", "development")
+    key, secret = keyactions.issue_key(user, "k", "development")
     ApiKey.update(rate_limit_tier="platinum").where(ApiKey.id == key.id).execute()
     response = client.get("/api/v1/protected/test", headers={"X-API-Key": secret})
     assert_error(response, 500, "internal_error")

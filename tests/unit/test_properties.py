@@ -16,6 +16,7 @@ import auth
 import models
 import ratelimit
 import sockets
+from keys import keyformat
 from settings import TIER_NAME_PATTERN, rate
 
 # The app fixture is only read from in these tests, so sharing it across examples is safe.
@@ -37,19 +38,19 @@ def test_authenticate_raises_only_api_key_errors(app, secret):
 
 
 @uses_app
-@given(st.from_regex(auth.KEY_PATTERN, fullmatch=True))
+@given(st.from_regex(keyformat.KEY_PATTERN, fullmatch=True))
 def test_well_formed_unknown_keys_are_invalid(app, secret):
     with pytest.raises(auth.ApiKeyError) as raised:
         auth.authenticate(secret)
     assert raised.value.error_code == "invalid_api_key"
 
 
-@given(st.sampled_from(sorted(auth.KEY_PREFIXES)))
+@given(st.sampled_from(sorted(keyformat.KEY_PREFIXES)))
 def test_issued_secrets_match_the_key_pattern(key_type):
-    secret = auth.generate_secret(key_type)
-    assert auth.KEY_PATTERN.fullmatch(secret)
-    assert secret.startswith(auth.KEY_PREFIXES[key_type])
-    assert len(secret) == auth.CHECKSUMMED_LENGTH and not auth.checksum_fails(secret)
+    secret = keyformat.generate_secret(key_type)
+    assert keyformat.KEY_PATTERN.fullmatch(secret)
+    assert secret.startswith(keyformat.KEY_PREFIXES[key_type])
+    assert len(secret) == keyformat.CHECKSUMMED_LENGTH and not keyformat.checksum_fails(secret)
 
 
 @uses_app

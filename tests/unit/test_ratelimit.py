@@ -78,9 +78,9 @@ ENDPOINT = "/api/v1/protected/test"
 
 
 def key_id(secret):
-    import auth
+    from keys import keyformat
 
-    return ApiKey.get(ApiKey.key_hash == auth.hash_key(secret)).id
+    return ApiKey.get(ApiKey.key_hash == keyformat.hash_key(secret)).id
 
 
 def test_usage_counter_flushes_in_one_go(app, user, pro_key):
@@ -164,9 +164,9 @@ def test_usage_counter_keeps_counts_when_the_write_fails(app, user, pro_key, mon
 
 
 def five_keys(user):
-    import auth
+    from orgs import keyactions
 
-    return [auth.issue_key(user, f"Key {index}", "production", "pro")[0].id for index in range(5)]
+    return [keyactions.issue_key(user, f"Key {index}", "production", "pro")[0].id for index in range(5)]
 
 
 def test_a_flush_writes_its_keys_in_slices_and_yields_between(app, user, monkeypatch):

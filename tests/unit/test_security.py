@@ -9,19 +9,19 @@ import time
 
 import pytest
 
-import auth
 from app import instance_secret_key
+from keys import keyformat
 from models import ApiKey, User
 
 
 def test_key_secrets_carry_over_190_bits_from_a_csprng():
-    assert auth.RANDOM_LENGTH * math.log2(len(auth.KEY_ALPHABET)) > 190
+    assert keyformat.RANDOM_LENGTH * math.log2(len(keyformat.KEY_ALPHABET)) > 190
 
 
 def test_the_database_holds_no_secret_a_reader_could_use(user, api_key):
     row = ApiKey.select().dicts().get()
     assert api_key not in map(str, row.values())
-    assert row["key_hash"] == auth.hash_key(api_key)
+    assert row["key_hash"] == keyformat.hash_key(api_key)
     assert len(api_key) - len(row["display_prefix"]) >= 32
     stored = User.get_by_id(user.id).password_hash
     assert stored.startswith("scrypt:") and "correct horse battery" not in stored

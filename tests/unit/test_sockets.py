@@ -9,10 +9,11 @@ import services
 from wsproto.frame_protocol import Opcode
 from wsservers import Client, open_server, socket_pair
 
-import auth
 import sockets
 from accounts import users
+from keys import keyformat
 from models import ApiKey, utcnow
+from orgs import keyactions
 from store.rediswindows import RedisWindows
 from ws import slots, wsserver
 
@@ -40,7 +41,7 @@ def test_missing_key_message_names_the_query_parameter(client):
 
 
 def test_revoked_key_is_refused(client, api_key):
-    auth.revoke_key(ApiKey.get(ApiKey.key_hash == auth.hash_key(api_key)))
+    keyactions.revoke_key(ApiKey.get(ApiKey.key_hash == keyformat.hash_key(api_key)))
     response = client.get(f"/api/v1/ws/time?api_key={api_key}", headers=UPGRADE)
     assert (response.status_code, error_code(response)) == (401, "invalid_api_key")
 
@@ -58,10 +59,10 @@ def test_a_kept_key_revoked_elsewhere_is_refused_as_revoked_even_with_its_socket
     client = app.test_client()
     with app.app_context():
         user = users.create_user("lee", "lee@example.com", "correct horse battery")
-        key, secret = auth.issue_key(user, "k", "production")
+        key, secret = keyactions.issue_key(user, "k", "production")
         assert client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code == 200
         slot = app.extensions["socket_slots"].take(key.id)
-        # Revoked by another process: the row changes and the generation moves, as auth.revoke_key does there.
+        # Revoked by another process: the row changes and the generation moves, as keyactions.revoke_key does there.
         ApiKey.update(revoked_at=utcnow()).where(ApiKey.id == key.id).execute()
         RedisWindows(app.extensions["ratelimit"].storage).announce_key_change()
         response = client.get(f"/api/v1/ws/time?api_key={secret}", headers=UPGRADE)

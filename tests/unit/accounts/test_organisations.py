@@ -3,9 +3,9 @@ deletion the keys it made elsewhere kept working, the organisations it alone bel
 
 import pytest
 
-import auth
 from accounts import organisations, securitylog, users
 from models import ApiKey, Membership, Organisation, SecurityEvent, User
+from orgs import keyactions
 from webhooks import endpoints
 from webhooks.models import WebhookEndpoint
 
@@ -34,8 +34,8 @@ def test_every_account_gets_a_personal_organisation_named_after_it(app):
 def test_a_deleted_account_s_keys_in_a_team_keep_working_and_its_own_organisation_goes(app, client, user):
     bob = users.create_user("bob", "bob@example.com", PASSWORD)
     acme = team(user, (bob, "developer"))
-    _, team_secret = auth.issue_key(bob, "CI", "production", org=acme.id)
-    _, own_secret = auth.issue_key(bob, "Mine", "production")
+    _, team_secret = keyactions.issue_key(bob, "CI", "production", org=acme.id)
+    _, own_secret = keyactions.issue_key(bob, "Mine", "production")
     app.config["WEBHOOK_ALLOW_PRIVATE"] = True
     own_endpoint, _ = endpoints.add_endpoint(bob, "http://127.0.0.1:9/hook")
     users.delete_account(bob, PASSWORD)

@@ -23,6 +23,7 @@ import auth
 from accounts import users
 from models import ApiKey, Session, User, db
 from ops import logs
+from orgs import keyactions
 from store.connections import protect_sqlite_files
 from web import throttles
 
@@ -81,12 +82,12 @@ def test_key_creation_in_the_web_application_is_throttled_per_account(logged_in,
 
 def test_the_key_cap_follows_max_keys_per_user(app, user):
     app.config["MAX_KEYS_PER_USER"] = 2
-    first, _ = auth.issue_key(user, "one", "development")
-    auth.issue_key(user, "two", "development")
-    with pytest.raises(auth.KeyCapReached, match="An organisation may hold 2 active keys"):
-        auth.issue_key(user, "three", "development")
-    auth.revoke_key(first)
-    auth.issue_key(user, "three", "development")
+    first, _ = keyactions.issue_key(user, "one", "development")
+    keyactions.issue_key(user, "two", "development")
+    with pytest.raises(keyactions.KeyCapReached, match="An organisation may hold 2 active keys"):
+        keyactions.issue_key(user, "three", "development")
+    keyactions.revoke_key(first)
+    keyactions.issue_key(user, "three", "development")
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "many", "2.5"])
@@ -96,9 +97,9 @@ def test_max_keys_per_user_must_be_a_positive_whole_number(value):
 
 
 def test_usage_of_a_key_deleted_with_its_account_does_not_hold_up_the_others(app, user):
-    _, kept = auth.issue_key(user, "kept", "development")
+    _, kept = keyactions.issue_key(user, "kept", "development")
     other = users.create_user("bob", "bob@example.com", "another long password")
-    _, gone = auth.issue_key(other, "gone", "development")
+    _, gone = keyactions.issue_key(other, "gone", "development")
     usage = app.extensions["usage"]
     kept_key, gone_key = auth.authenticate(kept), auth.authenticate(gone)
     usage.add(kept_key.id, "/api/v1/protected/test", 200, True)
@@ -193,7 +194,7 @@ def test_a_log_in_checked_against_the_old_password_starts_no_session(user):
 @pytest.mark.parametrize("name", ["evil\u202etxt.exe", "zero\u200bwidth", "line\u2028break", "bom\ufeff"])
 def test_invisible_formatting_characters_are_refused_in_names(user, name):
     with pytest.raises(ValueError, match="invisible formatting characters"):
-        auth.issue_key(user, name, "development")
+        keyactions.issue_key(user, name, "development")
 
 
 def test_a_stale_request_cannot_clear_a_newer_pending_secret(user):

@@ -14,13 +14,13 @@ from contract import assert_conforms, assert_error
 from githubscanning import PATH, Signer, report, serving_keys
 from webhookreceiver import catalog_errors
 
-import auth
 from accounts import securitylog, users
 from integrations import github, githubkeys
+from keys import keyformat
 from mail import outbox
 from mail.models import MailMessage
 from models import ApiKey, Membership, SecurityEvent, User, personal_organisation, utcnow
-from orgs import members
+from orgs import keyactions, members
 from webhooks import endpoints
 from webhooks.models import WebhookMessage
 
@@ -78,12 +78,12 @@ def leaked_events():
 
 
 def test_a_signed_report_revokes_the_key_logs_sends_the_event_and_mails_the_owner(client, signer, bob):
-    key, secret = auth.issue_key(bob, "Payments server", "production")
+    key, secret = keyactions.issue_key(bob, "Payments server", "production")
     url = "https://github.com/octo/repo/blob/0123abc/settings.py"
     response = send(client, signer, report(secret, url=url))
     assert response.status_code == 200
-    assert assert_conforms(response) == [{"token_hash": auth.hash_key(secret), "token_type": "api_key_demo_service_key",
-                                          "label": "true_positive"}]
+    assert assert_conforms(response) == [{"token_hash": keyformat.hash_key(secret),
+                                          "token_type": "api_key_demo_service_key", "label": "true_positive"}]
     assert ApiKey.get_by_id(key.id).revoked_at is not None
     assert client.get("/api/v1/status", headers={"X-API-Key": secret}).get_json()["authenticated"] is False
     [logged] = SecurityEvent.select().where(SecurityEvent.event == "key.revoked_as_leaked")
@@ -101,7 +101,7 @@ def test_a_signed_report_revokes_the_key_logs_sends_the_event_and_mails_the_owne
 
 
 def test_the_api_revocation_keeps_its_event_data_as_before(client, bob):
-    _, secret = auth.issue_key(bob, "Found by a person", "production")
+    _, secret = keyactions.issue_key(bob, "Found by a person", "production")
     assert client.post("/api/v1/keys/revoke", headers={"X-API-Key": secret}).status_code == 200
     [event] = leaked_events()
     assert set(event["data"]) == {"key_id", "key_name", "key_prefix", "revoked_at", "org", "actor"}
@@ -109,7 +109,7 @@ def test_the_api_revocation_keeps_its_event_data_as_before(client, bob):
 
 
 def test_a_replayed_report_changes_nothing_further(client, signer, bob):
-    _, secret = auth.issue_key(bob, "Payments server", "production")
+    _, secret = keyactions.issue_key(bob, "Payments server", "production")
     body = report(secret)
     headers = signer.headers(body)
     first = client.post(PATH, data=body, headers=headers)
@@ -138,7 +138,7 @@ def forged(signer, body):
 @pytest.mark.parametrize("forgery", list(forged(Signer("x"), b"content")))
 def test_a_forged_report_is_refused_and_changes_nothing(client, signer, bob, forgery, caplog):
     caplog.set_level(logging.DEBUG)
-    _, secret = auth.issue_key(bob, "Payments server", "production")
+    _, secret = keyactions.issue_key(bob, "Payments server", "production")
     body = report(secret)
     before = state()
     response = client.post(PATH, data=body, headers=forged(signer, body)[forgery])
@@ -173,7 +173,7 @@ def test_github_adds_a_key_and_its_reports_verify_a_minute_later(scanning, clien
 
 
 def test_unreadable_keys_are_a_503_to_try_again_unless_a_kept_key_verifies(scanning, client, signer, keys, bob):
-    _, secret = auth.issue_key(bob, "Payments server", "production")
+    _, secret = keyactions.issue_key(bob, "Payments server", "production")
     keys.answer = lambda handler: (500, b"{}")
     before = state()
     response = send(client, signer, report(secret))
@@ -232,7 +232,7 @@ def test_a_signed_body_that_is_no_report_is_a_400_naming_no_value(client, signer
 
 
 def test_absent_or_null_url_and_source_are_taken_as_empty(client, signer, bob):
-    _, secret = auth.issue_key(bob, "Payments server", "production")
+    _, secret = keyactions.issue_key(bob, "Payments server", "production")
     body = json.dumps([{"token": secret, "type": "t", "url": None}]).encode()
     assert send(client, signer, body).get_json()[0]["label"] == "true_positive"
     [event] = leaked_events()
@@ -242,7 +242,7 @@ def test_absent_or_null_url_and_source_are_taken_as_empty(client, signer, bob):
 
 
 def test_a_long_url_is_cut_to_a_links_length_in_the_event_the_log_and_the_mail(client, signer, bob):
-    _, secret = auth.issue_key(bob, "Payments server", "production")
+    _, secret = keyactions.issue_key(bob, "Payments server", "production")
     url = "https://github.com/octo/repo/blob/main/" + "a" * 100_000
     assert send(client, signer, report(secret, url=url)).status_code == 200
     [event] = leaked_events()
@@ -252,7 +252,7 @@ def test_a_long_url_is_cut_to_a_links_length_in_the_event_the_log_and_the_mail(c
 
 
 def test_a_url_s_control_characters_never_reach_the_event_or_the_mail(client, signer, bob):
-    _, secret = auth.issue_key(bob, "Payments server", "production")
+    _, secret = keyactions.issue_key(bob, "Payments server", "production")
     assert send(client, signer, report(secret, url="https://github.com/a\r\nBcc: x@example.com\x00")).status_code == 200
     [event] = leaked_events()
     assert event["data"]["url"] == "https://github.com/aBcc: x@example.com"
@@ -260,19 +260,19 @@ def test_a_url_s_control_characters_never_reach_the_event_or_the_mail(client, si
 
 
 def test_labels_tell_this_services_secrets_from_others(client, signer, bob):
-    _, active = auth.issue_key(bob, "active", "production")
-    revoked_key, revoked = auth.issue_key(bob, "revoked", "development")
-    auth.revoke_key(revoked_key)
-    expired_key, expired = auth.issue_key(bob, "expired", "production")
+    _, active = keyactions.issue_key(bob, "active", "production")
+    revoked_key, revoked = keyactions.issue_key(bob, "revoked", "development")
+    keyactions.revoke_key(revoked_key)
+    expired_key, expired = keyactions.issue_key(bob, "expired", "production")
     ApiKey.update(expires_at=utcnow() - datetime.timedelta(minutes=1)).where(ApiKey.id == expired_key.id).execute()
     stripe_like = "sk_live_51H" + "Ab3" * 30  # another provider's key: our prefix, not our form
     checksum_fails = active[:-6] + ("000000" if not active.endswith("000000") else "111111")
-    unknown = auth.generate_secret("production")  # our form, never issued
+    unknown = keyformat.generate_secret("production")  # our form, never issued
     tokens = [active, revoked, expired, stripe_like, checksum_fails, unknown, "", "ghp_" + "a" * 36, active]
     before_revoked = ApiKey.get_by_id(revoked_key.id).revoked_at
     response = send(client, signer, report(*tokens))
     assert [(entry["token_hash"], entry["label"]) for entry in assert_conforms(response)] == [
-        (auth.hash_key(token), label) for token, label in zip(tokens, [
+        (keyformat.hash_key(token), label) for token, label in zip(tokens, [
             "true_positive", "true_positive", "true_positive", "false_positive", "false_positive", "false_positive",
             "false_positive", "false_positive", "true_positive"])]
     # The duplicate revoked once; the revoked and expired keys are as they were.
@@ -282,8 +282,8 @@ def test_labels_tell_this_services_secrets_from_others(client, signer, bob):
 
 
 def test_a_rolled_out_secret_ends_alone_as_posting_it_to_keys_revoke_would(client, signer, bob):
-    key, old = auth.issue_key(bob, "rolled", "production")
-    new = auth.roll_key(key, 3600)
+    key, old = keyactions.issue_key(bob, "rolled", "production")
+    new = keyactions.roll_key(key, 3600)
     response = send(client, signer, report(old))
     assert response.get_json()[0]["label"] == "true_positive"
     assert client.get("/api/v1/status", headers={"X-API-Key": old}).get_json()["authenticated"] is False
@@ -297,8 +297,8 @@ def test_a_rolled_out_secret_ends_alone_as_posting_it_to_keys_revoke_would(clien
 
 
 def test_a_rolled_out_secret_past_its_grace_is_still_known_and_changes_nothing(client, signer, bob):
-    key, old = auth.issue_key(bob, "rolled", "production")
-    auth.roll_key(key, 3600)
+    key, old = keyactions.issue_key(bob, "rolled", "production")
+    keyactions.roll_key(key, 3600)
     ApiKey.update(previous_expires_at=utcnow() - datetime.timedelta(seconds=1)).where(ApiKey.id == key.id).execute()
     before = state()
     assert send(client, signer, report(old)).get_json()[0]["label"] == "true_positive"
@@ -310,7 +310,7 @@ def test_a_key_of_another_organisation_is_revoked_there_and_its_creator_told(cli
     acme = members.create("Acme", carol)
     Membership.create(org=acme.id, user=bob.id, role="developer")
     endpoints.add_endpoint(carol, "http://127.0.0.1:9/acme", org=acme.id)
-    key, secret = auth.issue_key(bob, "Acme's", "production", org=acme.id)
+    key, secret = keyactions.issue_key(bob, "Acme's", "production", org=acme.id)
     assert send(client, signer, report(secret)).get_json()[0]["label"] == "true_positive"
     [event] = leaked_events()
     assert event["data"]["org"] == "acme" and event["data"]["key_id"] == key.id
@@ -351,7 +351,7 @@ def test_reports_are_limited_per_client_ip(client, signer, bob):
 
 def test_no_token_reaches_the_log_or_an_answer(client, signer, bob, caplog):
     caplog.set_level(logging.DEBUG)
-    _, secret = auth.issue_key(bob, "Payments server", "production")
+    _, secret = keyactions.issue_key(bob, "Payments server", "production")
     tokens = [secret, "sk_live_" + "S" * 40]
     answers = [send(client, signer, report(*tokens)),
                send(client, signer, b'[{"token": "' + tokens[1].encode() + b'", "type": 5}]'),
@@ -372,7 +372,7 @@ def test_a_report_trims_each_organisations_log_once_at_its_end(client, signer, b
     """Eight keys revoked by one report in a log that keeps five: the newest five events are kept,
     and the trim's index walk ran once for the organisation, not once per key."""
     monkeypatch.setattr(securitylog, "KEPT", 5)
-    secrets = [auth.issue_key(bob, f"key {n}", "development")[1] for n in range(8)]
+    secrets = [keyactions.issue_key(bob, f"key {n}", "development")[1] for n in range(8)]
     trims = []
     forget = securitylog.forget_beyond_kept
     monkeypatch.setattr(securitylog, "forget_beyond_kept", lambda whose: trims.append(whose) or forget(whose))

@@ -9,8 +9,9 @@ from flask import current_app
 
 import auth
 from accounts import securitylog
-from keys import allowips, keycache
+from keys import allowips, keycache, keyformat
 from models import ApiKey
+from orgs import keyactions
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
@@ -86,7 +87,7 @@ def get(client, path, secret, address):
 
 @pytest.mark.parametrize("path", ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats"])
 def test_a_key_used_from_another_address_gets_403_and_is_not_counted(app, client, user, path):
-    key, secret = auth.issue_key(user, "Office", "production", "pro", allow_ips=f"{ALLOWED}\n2001:db8::/64")
+    key, secret = keyactions.issue_key(user, "Office", "production", "pro", allow_ips=f"{ALLOWED}\n2001:db8::/64")
     refused = get(client, path, secret, OTHER)
     assert refused.status_code == 403
     assert refused.json["error"] == {
@@ -104,7 +105,7 @@ def test_a_key_used_from_another_address_gets_403_and_is_not_counted(app, client
 
 
 def test_refusals_do_not_use_up_the_allowance(app, client, user):
-    key, secret = auth.issue_key(user, "Office", "development", allow_ips=ALLOWED)  # tier free: 3 a minute
+    key, secret = keyactions.issue_key(user, "Office", "development", allow_ips=ALLOWED)  # tier free: 3 a minute
     for _ in range(10):
         assert get(client, "/api/v1/protected/test", secret, OTHER).status_code == 403
     response = get(client, "/api/v1/protected/test", secret, ALLOWED)
@@ -114,14 +115,14 @@ def test_refusals_do_not_use_up_the_allowance(app, client, user):
 
 
 def test_the_scope_is_checked_first_and_neither_refusal_is_counted(app, client, user):
-    key, secret = auth.issue_key(user, "Narrow", "development", scopes=["user:read"], allow_ips=ALLOWED)
+    key, secret = keyactions.issue_key(user, "Narrow", "development", scopes=["user:read"], allow_ips=ALLOWED)
     assert get(client, "/api/v1/protected/test", secret, OTHER).json["error"]["code"] == "insufficient_scope"
     assert get(client, "/api/v1/user/me", secret, OTHER).json["error"]["code"] == "ip_not_allowed"
     assert app.extensions["usage"].total(key.id) == 0
 
 
 def test_x_forwarded_for_is_not_believed_without_trusted_proxies(app, client, user):
-    _, secret = auth.issue_key(user, "Office", "development", allow_ips=ALLOWED)
+    _, secret = keyactions.issue_key(user, "Office", "development", allow_ips=ALLOWED)
     forwarded = {"X-API-Key": secret, "X-Forwarded-For": ALLOWED}
     # Without TRUSTED_PROXIES, X-Forwarded-For is whatever the client wrote, and is ignored.
     response = client.get("/api/v1/protected/test", headers=forwarded, environ_base={"REMOTE_ADDR": OTHER})
@@ -129,15 +130,15 @@ def test_x_forwarded_for_is_not_believed_without_trusted_proxies(app, client, us
 
 
 def test_a_key_without_an_allow_list_works_from_anywhere(client, user):
-    key, secret = auth.issue_key(user, "Anywhere", "development", allow_ips="  ")
+    key, secret = keyactions.issue_key(user, "Anywhere", "development", allow_ips="  ")
     assert ApiKey.get_by_id(key.id).allow_ips is None
-    assert current_app.extensions["keys"].find(auth.hash_key(secret))[0].allowed_networks is None
+    assert current_app.extensions["keys"].find(keyformat.hash_key(secret))[0].allowed_networks is None
     for address in (ALLOWED, OTHER, "2001:db8::1"):
         assert get(client, "/api/v1/protected/test", secret, address).status_code == 200
 
 
 def test_the_networks_are_parsed_once_per_cached_key(app, client, user, monkeypatch):
-    _, secret = auth.issue_key(user, "Office", "production", "pro", allow_ips=f"{ALLOWED},2001:db8::/64")
+    _, secret = keyactions.issue_key(user, "Office", "production", "pro", allow_ips=f"{ALLOWED},2001:db8::/64")
     parsed, parse = [], allowips.networks
     monkeypatch.setattr(allowips, "networks", lambda stored: parsed.append(stored) or parse(stored))
     for _ in range(5):
@@ -149,7 +150,7 @@ def test_the_networks_are_parsed_once_per_cached_key(app, client, user, monkeypa
 
 
 def test_the_time_socket_handshake_is_refused_from_another_address(app, client, user):
-    key, secret = auth.issue_key(user, "Clock", "development", allow_ips=ALLOWED)
+    key, secret = keyactions.issue_key(user, "Clock", "development", allow_ips=ALLOWED)
     response = client.get(f"/api/v1/ws/time?api_key={secret}", headers=UPGRADE, environ_base={"REMOTE_ADDR": OTHER})
     assert response.status_code == 403
     assert response.json["error"]["code"] == "ip_not_allowed"
@@ -203,8 +204,8 @@ def test_the_web_form_refuses_malformed_entries_and_keeps_what_was_typed(logged_
 
 
 def test_the_security_log_records_the_allow_list(user):
-    office, _ = auth.issue_key(user, "Office", "development", allow_ips="203.0.113.7, 2001:db8::/64")
-    anywhere, _ = auth.issue_key(user, "Anywhere", "development")
+    office, _ = keyactions.issue_key(user, "Office", "development", allow_ips="203.0.113.7, 2001:db8::/64")
+    anywhere, _ = keyactions.issue_key(user, "Anywhere", "development")
     details = [event.detail for event in securitylog.recent(user.id) if event.event == "key.created"]
     assert details == [f"Anywhere (id {anywhere.id}, {anywhere.display_prefix}...; from any address)",
                        f"Office (id {office.id}, {office.display_prefix}...; from 203.0.113.7/32, 2001:db8::/64)"]
@@ -212,7 +213,7 @@ def test_the_security_log_records_the_allow_list(user):
 
 def test_whoever_holds_the_secret_can_still_revoke_it_from_anywhere(client, user):
     """A finder outside the list can kill a leaked key; status says only what the 403 says too."""
-    _, secret = auth.issue_key(user, "Office", "production", allow_ips=ALLOWED)
+    _, secret = keyactions.issue_key(user, "Office", "production", allow_ips=ALLOWED)
     assert get(client, "/api/v1/status", secret, OTHER).json["authenticated"] is True
     revoked = client.post("/api/v1/keys/revoke", headers={"X-API-Key": secret}, environ_base={"REMOTE_ADDR": OTHER})
     assert revoked.status_code == 200 and revoked.json["revoked"] is True

@@ -4,11 +4,11 @@ log and webhooks' outbox are its subscribers."""
 import pytest
 from peewee import OperationalError
 
-import auth
 from accounts import securitylog
 from keys import events
 from mail import notices
 from models import ApiKey, SecurityEvent, db, personal_organisation
+from orgs import keyactions
 from webhooks import outbox
 
 
@@ -25,15 +25,15 @@ def sent():
 
 
 def test_each_key_action_sends_one_signal_inside_its_transaction(app, user, sent):
-    key, _ = auth.issue_key(user, "Laptop", "production")
-    auth.roll_key(key, grace=60)
+    key, _ = keyactions.issue_key(user, "Laptop", "production")
+    keyactions.roll_key(key, grace=60)
     key = ApiKey.get_by_id(key.id)
-    auth.limit_key(key, "5/second")
-    auth.grant_credits(key, set_to=10)
+    keyactions.limit_key(key, "5/second")
+    keyactions.grant_credits(key, set_to=10)
     key = ApiKey.get_by_id(key.id)
     key.presented_hash = key.previous_key_hash
-    auth.revoke_previous_secret(key)
-    auth.revoke_key(key)
+    keyactions.revoke_previous_secret(key)
+    keyactions.revoke_key(key)
     org = personal_organisation(user.id).id
     assert [(event, org_id, in_transaction) for event, org_id, _, _, in_transaction in sent] == [
         ("key.created", org, True), ("key.rolled", org, True), ("key.limit_changed", org, True),
@@ -54,7 +54,7 @@ def test_a_subscriber_that_fails_rolls_the_change_back(app, user, monkeypatch):
 
     monkeypatch.setattr(outbox, "emit", refuse)
     with pytest.raises(OperationalError):
-        auth.issue_key(user, "Laptop", "production")
+        keyactions.issue_key(user, "Laptop", "production")
     assert ApiKey.select().count() == 0
     assert not SecurityEvent.select().where(SecurityEvent.event.startswith("key.")).exists()
 

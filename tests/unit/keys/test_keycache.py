@@ -16,12 +16,12 @@ from limits import RateLimitItemPerHour
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
-import auth
 import models
 import ratelimit
 from accounts import users
 from app import close_app, create_app
-from keys import keycache
+from keys import keycache, keyformat
+from orgs import keyactions
 from store import rediswindows
 
 
@@ -45,8 +45,8 @@ def find(key_hash):
 
 
 def new_key(user, **options):
-    key, secret = auth.issue_key(user, "cached", "production", **options)
-    return key, auth.hash_key(secret)
+    key, secret = keyactions.issue_key(user, "cached", "production", **options)
+    return key, keyformat.hash_key(secret)
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_a_key_deleted_with_its_organisation_by_another_connection_is_gone(sqlit
 def test_a_revocation_empties_the_cache(sqlite_app, sqlite_user):
     key, key_hash = new_key(sqlite_user)
     assert find(key_hash)[0] is not None
-    auth.revoke_key(key)
+    keyactions.revoke_key(key)
     assert sqlite_app.extensions["keys"].entries == {}
     assert find(key_hash) == (None, None)
 
@@ -177,14 +177,14 @@ def test_a_kept_key_expires_on_time_without_a_change(sqlite_app, sqlite_user, lo
 
 def test_a_rolled_out_secret_is_kept_until_its_grace_period_ends(sqlite_app, sqlite_user):
     key, old_hash = new_key(sqlite_user)
-    new_secret = auth.roll_key(key, grace=3)  # as above: 3 s for the finds on a loaded machine
+    new_secret = keyactions.roll_key(key, grace=3)  # as above: 3 s for the finds on a loaded machine
     assert find(old_hash)[0].id == key.id
-    assert find(auth.hash_key(new_secret))[0].id == key.id
+    assert find(keyformat.hash_key(new_secret))[0].id == key.id
     entry = sqlite_app.extensions["keys"].entries[old_hash]
     assert entry.usable_until - time.time() <= 3
     time.sleep(max(0.0, entry.usable_until - time.time()) + 0.05)
     assert find(old_hash) == (None, None)
-    assert find(auth.hash_key(new_secret))[0].id == key.id
+    assert find(keyformat.hash_key(new_secret))[0].id == key.id
 
 
 def test_a_kept_key_is_read_again_after_the_maximum_age(sqlite_app, sqlite_user, lookups, monkeypatch):
@@ -208,7 +208,7 @@ def test_the_cache_holds_at_most_its_size_and_lets_the_oldest_go(sqlite_app, sql
 
 def test_unknown_secrets_are_not_kept(sqlite_app, lookups):
     for number in range(5):
-        assert find(auth.hash_key(f"sk_live_{number}")) == (None, None)
+        assert find(keyformat.hash_key(f"sk_live_{number}")) == (None, None)
     assert sqlite_app.extensions["keys"].entries == {}
 
 
@@ -277,7 +277,7 @@ def redis_app():
 
 def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):
     user = users.create_user("lee", "lee@example.com", "correct horse battery")
-    key, secret = auth.issue_key(user, "cached", "production")
+    key, secret = keyactions.issue_key(user, "cached", "production")
     client = redis_app.test_client()
     headers = {"X-API-Key": secret}
     assert client.get("/api/v1/protected/test", headers=headers).status_code == 200
@@ -296,12 +296,12 @@ def test_a_stale_key_is_read_again_before_it_is_counted(redis_app, lookups):
 
 def test_an_announcement_that_cannot_reach_redis_is_a_sentence(redis_app, monkeypatch):
     user = users.create_user("lee", "lee@example.com", "correct horse battery")
-    key, _ = auth.issue_key(user, "cached", "production")
+    key, _ = keyactions.issue_key(user, "cached", "production")
     windows = redis_app.extensions["ratelimit"].windows
     monkeypatch.setattr(windows.storage, "get_connection",
                         lambda: redis.Redis.from_url("redis://127.0.0.1:1", socket_connect_timeout=1))
     with pytest.raises(keycache.ChangeNotAnnounced):
-        auth.revoke_key(key)
+        keyactions.revoke_key(key)
     assert models.ApiKey.get_by_id(key.id).revoked_at is not None
 
 
@@ -357,7 +357,7 @@ def test_a_failed_shared_read_is_tried_again_by_each_waiter(slow_reads):
 def test_a_revoked_key_kept_in_the_cache_is_a_401_not_a_403(redis_app):
     # The key lacks user:read; once revoked elsewhere it must be refused as revoked, not as short of a scope.
     user = users.create_user("lee", "lee@example.com", "correct horse battery")
-    key, secret = auth.issue_key(user, "narrow", "production", scopes=["test:read"])
+    key, secret = keyactions.issue_key(user, "narrow", "production", scopes=["test:read"])
     client = redis_app.test_client()
     for _ in range(2):
         assert client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code == 200
@@ -371,13 +371,13 @@ def test_a_revoked_key_kept_in_the_cache_is_a_401_not_a_403(redis_app):
 
 def test_revoking_a_revoked_key_again_announces_again(redis_app):
     user = users.create_user("lee", "lee@example.com", "correct horse battery")
-    key, _ = auth.issue_key(user, "twice", "production")
+    key, _ = keyactions.issue_key(user, "twice", "production")
     windows = redis_app.extensions["ratelimit"].windows
-    auth.revoke_key(key)
+    keyactions.revoke_key(key)
     first = windows.generation
-    auth.revoke_key(models.ApiKey.get_by_id(key.id))
+    keyactions.revoke_key(models.ApiKey.get_by_id(key.id))
     assert windows.generation == first
-    auth.revoke_key(models.ApiKey.get_by_id(key.id), again=True)
+    keyactions.revoke_key(models.ApiKey.get_by_id(key.id), again=True)
     assert windows.generation != first
     assert redis.Redis.from_url(services.redis_database()).get(windows.generation_key).decode() == windows.generation
 
@@ -397,7 +397,7 @@ def test_an_announcement_is_tried_again_before_it_fails(redis_app, monkeypatch):
 
 
 def test_the_cli_says_when_servers_that_use_redis_may_not_hear_of_a_change(app, runner, api_key):
-    key_id = models.ApiKey.get(models.ApiKey.key_hash == auth.hash_key(api_key)).id
+    key_id = models.ApiKey.get(models.ApiKey.key_hash == keyformat.hash_key(api_key)).id
     result = runner.invoke(args=["keys", "revoke", str(key_id)])
     assert result.exit_code == 0
     postgres = not app.config["DATABASE_URL"].startswith("sqlite")

@@ -9,6 +9,7 @@ import auth
 from accounts import users
 from keys import leaks
 from models import ApiKey, db
+from orgs import keyactions
 from store import schema
 
 URL = "https://github.com/acme/app/blob/main/.env"
@@ -31,12 +32,12 @@ def test_the_words_that_say_who_reported_a_key_and_where():
 
 
 def revoke(user, name, how):
-    key, secret = auth.issue_key(user, name, "development")
+    key, secret = keyactions.issue_key(user, name, "development")
     if how == "plain":
-        auth.revoke_key(key)
+        keyactions.revoke_key(key)
     elif how is not None:
-        auth.revoke_key(auth.authenticate(secret), leaked=True,
-                        report={"source": "github", "url": URL} if how == "github" else None)
+        keyactions.revoke_key(auth.authenticate(secret), leaked=True,
+                              report={"source": "github", "url": URL} if how == "github" else None)
     return key.id
 
 

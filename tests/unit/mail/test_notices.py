@@ -14,7 +14,7 @@ from accounts.models import Passkey
 from mail import notices, sender
 from mail.models import MailMessage
 from models import ApiKey, Membership, User, db, utcnow
-from orgs import members
+from orgs import keyactions, members
 from webhooks import periodic
 
 
@@ -39,7 +39,7 @@ def mails_sent(app, smtp, count=1):
 
 
 def test_a_key_revoked_as_leaked_is_told_without_its_secret(notice_app, smtp, bob):
-    key, secret = auth.issue_key(bob, "Payments server", "production")
+    key, secret = keyactions.issue_key(bob, "Payments server", "production")
     response = notice_app.test_client().post("/api/v1/keys/revoke", headers={"X-API-Key": secret})
     assert response.status_code == 200
     [mail] = mails_sent(notice_app, smtp)
@@ -50,7 +50,7 @@ def test_a_key_revoked_as_leaked_is_told_without_its_secret(notice_app, smtp, bo
 
 
 def test_a_key_expiring_and_expired_are_each_told_once(notice_app, smtp, bob):
-    key, _ = auth.issue_key(bob, "Nightly job", "development")
+    key, _ = keyactions.issue_key(bob, "Nightly job", "development")
     ApiKey.update(expires_at=utcnow() + datetime.timedelta(days=3)).where(ApiKey.id == key.id).execute()
     periodic.run()
     periodic.run()
@@ -88,7 +88,7 @@ def test_no_notice_is_written_when_the_change_does_not_commit(notice_app, bob):
 
 
 def test_events_without_a_notice_send_no_mail(notice_app, bob):
-    auth.issue_key(bob, "Quiet key", "development")
+    keyactions.issue_key(bob, "Quiet key", "development")
     with db.atomic():
         securitylog.record(bob.id, "user.login")
     assert MailMessage.select().count() == 0
@@ -143,7 +143,7 @@ def test_a_key_notice_goes_to_its_creator_while_a_member_then_to_the_owners(noti
     acme = members.create("Acme", alice)
     Membership.create(org=acme.id, user=bob.id, role="developer")
     Membership.create(org=acme.id, user=carol.id, role="owner")
-    key, secret = auth.issue_key(bob, "Deploy", "development", org=acme.id)
+    key, secret = keyactions.issue_key(bob, "Deploy", "development", org=acme.id)
     assert notices.key_recipients(key) == [bob.id]
     members.remove(acme.id, bob.id)
     assert sorted(notices.key_recipients(key)) == sorted([alice.id, carol.id])
@@ -156,7 +156,7 @@ def test_a_key_whose_creator_was_deleted_is_told_to_the_owners(notice_app, bob):
     alice = users.create_user("alice", "alice@example.com", "correct horse battery")
     acme = members.create("Acme", bob)
     Membership.create(org=acme.id, user=alice.id, role="developer")
-    key, _ = auth.issue_key(alice, "Deploy", "development", org=acme.id)
+    key, _ = keyactions.issue_key(alice, "Deploy", "development", org=acme.id)
     users.delete_account(alice, "correct horse battery")
     assert notices.key_recipients(ApiKey.get_by_id(key.id)) == [bob.id]
 
@@ -172,7 +172,7 @@ def leaky(notice_app, bob):
     for name, role in (("carol", "owner"), ("dave", "owner"), ("erin", "admin")):
         Membership.create(org=acme.id, user=people[name].id, role=role)
     Membership.create(org=acme.id, user=bob.id, role="developer")
-    _, secret = auth.issue_key(bob, "Deploy", "development", org=acme.id)
+    _, secret = keyactions.issue_key(bob, "Deploy", "development", org=acme.id)
     return secret
 
 

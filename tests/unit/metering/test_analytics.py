@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-import auth
 from app import load_config
+from keys import keyformat
 from metering import analytics
 from models import ApiKey, UsageDay, UsageHour, start_of_hour, utcnow
+from orgs import keyactions
 
 PROTECTED = "/api/v1/protected/test"
 ME = "/api/v1/user/me"
@@ -23,14 +24,14 @@ def get(client, path, secret):
 
 
 def key_of(secret):
-    return ApiKey.get(ApiKey.key_hash == auth.hash_key(secret))
+    return ApiKey.get(ApiKey.key_hash == keyformat.hash_key(secret))
 
 
 @pytest.fixture
 def outcomes(app, client, user, api_key, pro_key):
     """Requests of three outcomes on three endpoints, flushed: the free key (3/minute) gets two 200s
     on protected/test, one on user/me, then a 429; a key without user:read gets a 403 and a 200."""
-    _, narrow = auth.issue_key(user, "narrow", "production", "pro", scopes=["test:read", "usage:read"])
+    _, narrow = keyactions.issue_key(user, "narrow", "production", "pro", scopes=["test:read", "usage:read"])
     statuses = [get(client, path, secret).status_code for path, secret in [
         (PROTECTED, api_key), (PROTECTED, api_key), (ME, api_key), (PROTECTED, api_key),
         (ME, narrow), (PROTECTED, narrow)]]
@@ -80,7 +81,7 @@ def test_history_has_every_hour_and_day_with_status_and_endpoint(app, client, ou
 
 
 def test_history_counts_itself_after_the_flush_and_needs_its_scope(app, client, user, pro_key):
-    _, unscoped = auth.issue_key(user, "no usage", "production", "pro", scopes=["test:read"])
+    _, unscoped = keyactions.issue_key(user, "no usage", "production", "pro", scopes=["test:read"])
     refused = get(client, HISTORY, unscoped)
     assert refused.status_code == 403
     assert refused.get_json()["error"] == {"code": "insufficient_scope", "message": (
@@ -135,7 +136,7 @@ def test_usage_report_refuses_another_accounts_key_and_bad_days(app, runner, use
     from accounts import users
 
     bob = users.create_user("bob", "bob@example.com", "another long password")
-    bobs, _ = auth.issue_key(bob, "bob's", "development")
+    bobs, _ = keyactions.issue_key(bob, "bob's", "development")
     result = runner.invoke(args=["usage", "report", "alice", "--key", str(bobs.id)])
     assert result.exit_code == 1 and f"no API key with id {bobs.id}" in result.output
     assert runner.invoke(args=["usage", "report", "alice", "--days", "0"]).exit_code == 2

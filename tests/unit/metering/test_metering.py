@@ -7,11 +7,11 @@ import pytest
 from clock import fake_time
 from peewee import OperationalError
 
-import auth
 from accounts import securitylog, users
 from metering import credits
 from models import ApiKey, SecurityEvent
 from ops.note import Note
+from orgs import keyactions
 
 PROTECTED = "/api/v1/protected/test"
 STATS = "/api/v1/usage/stats"
@@ -39,7 +39,7 @@ def owner(metered):
 
 
 def issue(user, tier="wide", **options):
-    key, secret = auth.issue_key(user, f"key {ApiKey.select().count()}", "development", tier, **options)
+    key, secret = keyactions.issue_key(user, f"key {ApiKey.select().count()}", "development", tier, **options)
     return key, secret
 
 

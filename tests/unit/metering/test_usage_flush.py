@@ -9,9 +9,10 @@ import pytest
 import services
 from liveserver import wait_for
 
-import auth
+from keys import keyformat
 from metering import usage
 from models import ApiKey, UsageHour, User, db
+from orgs import keyactions
 from store.connections import open_database
 from store.statements import Statements
 
@@ -19,7 +20,7 @@ ENDPOINT = "/api/v1/protected/test"
 
 
 def keys_of(user, count):
-    return [auth.issue_key(user, f"Key {index}", "production", "pro")[0].id for index in range(count)]
+    return [keyactions.issue_key(user, f"Key {index}", "production", "pro")[0].id for index in range(count)]
 
 
 def test_a_flush_writes_every_table_in_key_order_whatever_order_requests_came_in(app, user, monkeypatch):
@@ -180,7 +181,7 @@ def test_a_request_that_passed_the_limit_but_failed_on_the_database_is_not_count
         refused = client.get("/api/v1/usage/stats", headers={"X-API-Key": api_key})
     assert refused.status_code == 503
     app.extensions["usage"].flush()
-    key = ApiKey.get(ApiKey.key_hash == auth.hash_key(api_key))
+    key = ApiKey.get(ApiKey.key_hash == keyformat.hash_key(api_key))
     assert key.total_requests == 0
     assert [(row.status, row.requests) for row in UsageHour.select()] == [(503, 1)]
     served = client.get("/api/v1/usage/stats", headers={"X-API-Key": api_key})

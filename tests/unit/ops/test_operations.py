@@ -13,9 +13,9 @@ from peewee import OperationalError
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-import auth
 import models
 from app import load_config
+from keys import keyformat
 from ops import health, logs, metrics
 
 NEW_ID = re.compile(r"[0-9a-f]{32}")
@@ -271,7 +271,7 @@ def test_any_other_request_id_is_replaced(client, header):
 
 
 def test_a_key_sent_as_the_request_id_is_not_kept(client):
-    secret = auth.generate_secret("production")
+    secret = keyformat.generate_secret("production")
     body = secret.removeprefix("sk_live_")
     for header in (secret, body):
         assert client.get("/healthz", headers={"X-Request-ID": header}).headers["X-Request-ID"] != header
@@ -284,7 +284,7 @@ def test_every_response_gets_a_request_id(client):
 
 
 def test_hex_runs_stay_readable_in_the_logs_but_key_bodies_do_not():
-    secret = auth.generate_secret("production")
+    secret = keyformat.generate_secret("production")
     trace = "4bf92f3577b34da6a3ce929d0e0e4736"
     line = logs.redact(f"trace {trace} key {secret.removeprefix('sk_live_')} other {secret}")
     assert trace in line

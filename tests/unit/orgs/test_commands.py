@@ -9,7 +9,7 @@ import auth
 from accounts import emailtokens, securitylog, users
 from mail.models import MailMessage
 from models import ApiKey, Membership, Organisation
-from orgs import invitations, members
+from orgs import invitations, keyactions, members
 from orgs.models import Invitation
 
 
@@ -154,7 +154,7 @@ def test_role_refusals(runner, acme, args, message):
 
 def test_remove_leaves_the_members_keys_working(runner, acme):
     bob = users.find_user("bob")
-    _, secret = auth.issue_key(bob, "bob's", "development", org=acme.id)
+    _, secret = keyactions.issue_key(bob, "bob's", "development", org=acme.id)
     assert succeeded(runner.invoke(args=["orgs", "remove", "acme", "bob"])) == (
         "Removed bob from acme. Keys it created there, still working: 1.\n")
     assert auth.authenticate(secret).user_id == bob.id
@@ -163,7 +163,7 @@ def test_remove_leaves_the_members_keys_working(runner, acme):
 
 def test_remove_with_revoke_keys_revokes_them(runner, acme):
     bob = users.find_user("bob")
-    made = [auth.issue_key(bob, name, "development", org=acme.id)[0] for name in ("one", "two")]
+    made = [keyactions.issue_key(bob, name, "development", org=acme.id)[0] for name in ("one", "two")]
     result = runner.invoke(args=["orgs", "remove", "acme", "bob", "--revoke-keys"])
     assert result.exit_code == 0 and result.stdout == "Removed bob from acme. Keys it created there, now revoked: 2.\n"
     # On PostgreSQL without Redis here, the note that servers keeping keys in memory hear late.

@@ -14,7 +14,7 @@ import auth
 from accounts import organisations, securitylog, users
 from keys import events as key_events
 from models import OWNER, ApiKey, Membership, Organisation, SecurityEvent, db, personal_organisation
-from orgs import invitations, members
+from orgs import invitations, keyactions, members
 from orgs.models import Invitation
 
 
@@ -150,9 +150,9 @@ def test_each_change_is_logged_with_who_acted(app, user, acme):
 def test_a_removed_members_keys_keep_working_and_are_revoked_together(user, acme):
     bob = make_user("bob")
     join(acme, bob, "developer")
-    bobs = [auth.issue_key(bob, name, "development", org=acme.id) for name in ("one", "two")]
-    _, bobs_personal = auth.issue_key(bob, "own", "development")
-    alices_key, alices = auth.issue_key(user, "alice's", "development", org=acme.id)
+    bobs = [keyactions.issue_key(bob, name, "development", org=acme.id) for name in ("one", "two")]
+    _, bobs_personal = keyactions.issue_key(bob, "own", "development")
+    alices_key, alices = keyactions.issue_key(user, "alice's", "development", org=acme.id)
     assert members.remove(acme.id, bob.id) == 0
     for _, secret in bobs:
         assert auth.authenticate(secret).user_id == bob.id
@@ -168,8 +168,8 @@ def test_a_removed_members_keys_keep_working_and_are_revoked_together(user, acme
 def test_removing_with_revoke_keys_revokes_what_the_member_made_there_only(user, acme):
     bob = make_user("bob")
     join(acme, bob, "developer")
-    made, _ = auth.issue_key(bob, "one", "development", org=acme.id)
-    _, elsewhere = auth.issue_key(bob, "own", "development")
+    made, _ = keyactions.issue_key(bob, "one", "development", org=acme.id)
+    _, elsewhere = keyactions.issue_key(bob, "own", "development")
     assert members.remove(acme.id, bob.id, revoke_keys=True) == 1
     assert ApiKey.get_by_id(made.id).revoked_at is not None
     assert auth.authenticate(elsewhere).user_id == bob.id
@@ -202,7 +202,7 @@ def test_removing_with_revoke_keys_is_one_transaction_announced_once_after_it(ap
 def test_a_deleted_creators_keys_are_listed_as_a_former_members(user, acme):
     bob = make_user("bob")
     join(acme, bob, "developer")
-    auth.issue_key(bob, "one", "development", org=acme.id)
+    keyactions.issue_key(bob, "one", "development", org=acme.id)
     users.delete_account(bob, "correct horse battery")
     assert members.former_members_keys(acme.id) == [(None, None, 1)]
 
@@ -324,7 +324,7 @@ def test_an_admin_cannot_flip_roles_fast_enough_to_push_its_deeds_out_of_the_log
 
 def test_revoking_the_keys_of_no_one_revokes_nothing(app, user):
     acme = members.create("Acme", user)
-    auth.issue_key(user, "CI", "production", org=acme.id)
+    keyactions.issue_key(user, "CI", "production", org=acme.id)
     with pytest.raises(ValueError):
         members.revoke_keys_of(acme.id, None)
     assert ApiKey.active_in(acme.id).count() == 1

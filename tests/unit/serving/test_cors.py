@@ -7,9 +7,9 @@ import pytest
 from appconfig import TEST_TIERS
 from corschecks import ALLOWED, PREFLIGHT, assert_preflight_answered, assert_readable_by, cors_headers, names
 
-import auth
 from accounts import users
 from app import close_app, create_app, load_config
+from orgs import keyactions
 from serving import cors
 
 
@@ -62,7 +62,7 @@ def make_app(tmp_path):
         apps.append(app)
         with app.app_context():
             user = users.create_user(f"user{len(apps)}", f"user{len(apps)}@example.com", "correct horse battery")
-            _, key = auth.issue_key(user, "key", "development")
+            _, key = keyactions.issue_key(user, "key", "development")
         return app, app.test_client(), key
 
     yield make

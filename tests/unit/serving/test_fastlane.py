@@ -15,7 +15,9 @@ import api
 import auth
 import models
 from accounts import users
+from keys import keyformat
 from ops import metrics
+from orgs import keyactions
 from serving import fastlane
 
 ALLOWED, OTHER, BUSY_IP = "203.0.113.7", "198.51.100.1", "203.0.113.30"
@@ -50,7 +52,7 @@ def issue(app, name="Alice dev", **options):
     with app.app_context():
         user = models.User.get_or_none(models.User.username == "alice") or users.create_user(
             "alice", "alice@example.com", "correct horse battery")
-        return auth.issue_key(user, name, "development", **options)
+        return keyactions.issue_key(user, name, "development", **options)
 
 
 def through_flask(app, send, monkeypatch):
@@ -130,7 +132,7 @@ def cases(app):
     revoked, revoked_secret = issue(app, "Revoked")
     gold, gold_secret = issue(app, "Gold")
     with app.app_context():
-        auth.revoke_key(revoked)
+        keyactions.revoke_key(revoked)
         models.ApiKey.update(rate_limit_tier="gold").where(models.ApiKey.id == gold.id).execute()
     _, busy = issue(app, "Busy")
     for _ in range(3):  # the free tier's allowance: 3 a minute
@@ -146,7 +148,7 @@ def cases(app):
         ("missing", "/api/v1/protected/test", {}, ALLOWED),
         ("blank", "/api/v1/protected/test", {"X-API-Key": "  "}, ALLOWED),
         ("malformed", "/api/v1/protected/test", {"X-API-Key": "not a key"}, ALLOWED),
-        ("unknown", "/api/v1/protected/test", {"X-API-Key": auth.generate_secret("development")}, ALLOWED),
+        ("unknown", "/api/v1/protected/test", {"X-API-Key": keyformat.generate_secret("development")}, ALLOWED),
         ("revoked", "/api/v1/user/me", {"X-API-Key": revoked_secret}, ALLOWED),
         ("scope", "/api/v1/protected/test", {"X-API-Key": narrow}, ALLOWED),
         ("allow-list", "/api/v1/user/me", {"X-API-Key": office}, OTHER),

@@ -29,6 +29,7 @@ from accounts.models import Passkey, RecoveryCode, TwoFactor
 from mail.models import MailMessage
 from metering import credits
 from models import ApiKey, User, db
+from orgs import keyactions
 from store import connections, schema
 from webhooks import endpoints
 from webhooks.models import WebhookMarker
@@ -227,7 +228,7 @@ def test_no_id_is_given_to_a_second_row(database_url, make_app):
 
 def made_for(user):
     """{table: row} for the user and a row of each table that names it, each its table's newest."""
-    key, _ = auth.issue_key(user, "Key", "development")
+    key, _ = keyactions.issue_key(user, "Key", "development")
     endpoint, _ = endpoints.add_endpoint(user, f"http://127.0.0.1:9/{user.username}")
     rows = [user, key, endpoint, endpoints.send_test(endpoint),
             Passkey.create(user=user.id, name="Laptop", credential_id=f"credential-{user.id}", public_key=b"k"),
@@ -512,7 +513,7 @@ def test_a_fourth_release_database_gives_no_old_id_again(database_url, tmp_path,
     app = release4_app(make_app, url)
     with app.app_context():
         frank = users.create_user("frank", "frank@example.com", "correct horse battery")
-        key, _ = auth.issue_key(frank, "Key", "development")
+        key, _ = keyactions.issue_key(frank, "Key", "development")
         endpoint, _ = endpoints.add_endpoint(frank, "http://127.0.0.1:9/frank")
         message = endpoints.send_test(endpoint)
         assert (frank.id, key.id, endpoint.id, message.id) == (6, 9, 3, 4)
@@ -551,7 +552,7 @@ def test_the_app_fixture_s_database_is_the_one_an_app_builds_and_holds_nothing_o
 
     prepared = schema_of(database_url)
     user = users.create_user("alice", "alice@example.com", "correct horse battery")
-    auth.issue_key(user, "key", "development")
+    keyactions.issue_key(user, "key", "development")
     if database_url.startswith("sqlite"):
         fresh = f"sqlite:///{tmp_path}/fresh.db"
         build_schema(fresh)

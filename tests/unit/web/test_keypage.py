@@ -9,6 +9,7 @@ from webforms import page
 
 import auth
 from models import ApiKey
+from orgs import keyactions
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 GITHUB_URL = "https://github.com/acme/app/blob/main/.env"
@@ -91,8 +92,8 @@ def test_every_web_404_is_the_services_own_page(logged_in):
 
 def leaked(user, **report):
     """A key of the user's revoked as leaked: through POST /api/v1/keys/revoke, or with GitHub's report."""
-    key, secret = auth.issue_key(user, "Leaky", "production")
-    assert auth.revoke_key(auth.authenticate(secret), leaked=True, report=report or None)
+    key, secret = keyactions.issue_key(user, "Leaky", "production")
+    assert keyactions.revoke_key(auth.authenticate(secret), leaked=True, report=report or None)
     return ApiKey.get_by_id(key.id)
 
 
@@ -125,8 +126,8 @@ def test_a_reported_address_that_is_not_https_is_text_not_a_link(logged_in, user
 
 
 def test_a_key_revoked_otherwise_says_only_when(logged_in, user):
-    key, _ = auth.issue_key(user, "Plain", "production")
-    auth.revoke_key(key)
+    key, _ = keyactions.issue_key(user, "Plain", "production")
+    keyactions.revoke_key(key)
     key = ApiKey.get_by_id(key.id)
     assert key.leak_report is None
     assert status(logged_in, key) == f"Revoked {key.revoked_at.strftime('%Y-%m-%d %H:%M')} UTC"

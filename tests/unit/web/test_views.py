@@ -10,9 +10,9 @@ from flask import g
 from limits import RateLimitItemPerMinute
 from webforms import SECRET_PATTERN, create_key, page
 
-import auth
 from accounts import users
 from models import ApiKey, UsageHour, User, personal_organisation, start_of_hour, utcnow
+from orgs import keyactions
 from serving import envelope
 from web import pages, throttles
 
@@ -173,7 +173,7 @@ def test_session_cookie_is_httponly_lax_and_secure_over_https(client, user):
     ("/settings/security/keys/1/revoke", {}),
 ])
 def test_every_form_rejects_a_post_without_a_valid_csrf_token(app, logged_in, path, data):
-    auth.issue_key(User.get(User.username == "alice"), "existing", "development")
+    keyactions.issue_key(User.get(User.username == "alice"), "existing", "development")
     app.config["WTF_CSRF_ENABLED"] = True
     for token in (None, "forged"):
         form = dict(data, csrf_token=token) if token else data
@@ -277,7 +277,7 @@ def test_security_tab_lists_each_key_with_its_details(app, logged_in, api_key):
         logged_in.get("/api/v1/protected/test", headers={"X-API-Key": api_key})
     app.extensions["usage"].flush()
     create_key(logged_in, "Second", "production")
-    auth.revoke_key(ApiKey.get(ApiKey.name == "Second"))
+    keyactions.revoke_key(ApiKey.get(ApiKey.name == "Second"))
     html = page(logged_in.get("/settings/security"))
     dev = ApiKey.get(ApiKey.name == "Alice dev")
     row = html.split(f'id="key-{dev.id}"', 1)[1].split("</tr>", 1)[0]
@@ -327,7 +327,7 @@ def test_revoking_a_key_stops_it_on_the_very_next_request(logged_in):
 
 def test_another_users_key_is_404(logged_in):
     bob = users.create_user("bob", "bob@example.com", "long enough")
-    bobs_key, bobs_secret = auth.issue_key(bob, "Bob's key", "production")
+    bobs_key, bobs_secret = keyactions.issue_key(bob, "Bob's key", "production")
     response = logged_in.post(f"/settings/security/keys/{bobs_key.id}/revoke", headers=HTML)
     assert response.status_code == 404
     assert response.content_type.startswith("text/html")
@@ -373,10 +373,10 @@ def test_the_key_page_belongs_to_its_owner_alone(app, logged_in, user):
     from accounts import users
 
     bob = users.create_user("bob", "bob@example.com", "another long password")
-    bobs, _ = auth.issue_key(bob, "Bob's key", "development")
+    bobs, _ = keyactions.issue_key(bob, "Bob's key", "development")
     assert logged_in.get(f"/settings/security/keys/{bobs.id}").status_code == 404
     assert logged_in.get("/settings/security/keys/999999").status_code == 404
-    mine, _ = auth.issue_key(user, "Mine", "development")
+    mine, _ = keyactions.issue_key(user, "Mine", "development")
     html = page(logged_in.get(f"/settings/security/keys/{mine.id}"))
     assert "<h2>Mine</h2>" in html and html.count("No requests yet.") == 6
     assert 'name="current" value="' + mine.display_prefix in html

@@ -13,9 +13,9 @@ from openapi_core import OpenAPI
 from openapi_spec_validator import validate
 from webhookreceiver import catalog_errors, receiving
 
-import auth
 import openapi
 from models import ApiKey, utcnow
+from orgs import keyactions
 from webhooks import catalog, delivery, endpoints, outbox, periodic
 from webhooks.models import WebhookMessage
 
@@ -99,17 +99,18 @@ def make_every_event(app, client, user, endpoint):
     """Every event of the catalog, each way the service makes it: from the command line (actor
     null), the web application (actor a username), the API, the periodic jobs and the hot path;
     nullable fields null and not."""
-    plain, _ = auth.issue_key(user, "Plain", "development")  # expires_at null
-    auth.roll_key(plain, grace=0)  # previous_valid_until null
-    auth.revoke_key(ApiKey.get_by_id(plain.id))
-    _, leaked = auth.issue_key(user, "Leaky", "production")
+    plain, _ = keyactions.issue_key(user, "Plain", "development")  # expires_at null
+    keyactions.roll_key(plain, grace=0)  # previous_valid_until null
+    keyactions.revoke_key(ApiKey.get_by_id(plain.id))
+    _, leaked = keyactions.issue_key(user, "Leaky", "production")
     assert app.test_client().post("/api/v1/keys/revoke", headers={"X-API-Key": leaked}).status_code == 200
-    soon, _ = auth.issue_key(user, "Soon", "production", expires_in=3 * 86400)
+    soon, _ = keyactions.issue_key(user, "Soon", "production", expires_in=3 * 86400)
     assert periodic.run() == 1
     assert periodic.run(now=utcnow() + datetime.timedelta(days=3, hours=1)) == 1
-    busy, busy_secret = auth.issue_key(user, "Busy", "production")
-    refilled, refilled_secret = auth.issue_key(user, "Refilled", "production", credits_given=10, refill=(10, "day"))
-    metered, metered_secret = auth.issue_key(user, "Metered", "production", credits_given=10)
+    busy, busy_secret = keyactions.issue_key(user, "Busy", "production")
+    refilled, refilled_secret = keyactions.issue_key(user, "Refilled", "production", credits_given=10,
+                                                     refill=(10, "day"))
+    metered, metered_secret = keyactions.issue_key(user, "Metered", "production", credits_given=10)
     ApiKey.update(rate_limits="100/minute").where(ApiKey.id.in_([refilled.id, metered.id])).execute()
     api = app.test_client()
     for secret, count in ((busy_secret, 5), (refilled_secret, 10), (metered_secret, 10)):

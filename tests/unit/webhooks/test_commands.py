@@ -7,10 +7,9 @@ import re
 
 import pytest
 
-import auth
 from accounts import users
 from models import Membership, SecurityEvent, personal_organisation
-from orgs import members
+from orgs import keyactions, members
 from webhooks import endpoints
 from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage
 
@@ -96,7 +95,7 @@ def test_the_cli_subscribes_to_every_event_without_events_and_accepts_webhook_te
     assert runner.invoke(args=["webhooks", "list", "alice"]).output == (
         f"{everything.id}\t{receiver.url}/all\t*\tactive\n{star.id}\t{receiver.url}/star\t*\tactive\n"
         f"{tests_only.id}\t{receiver.url}/tests\twebhook.test\tactive\n")
-    auth.issue_key(user, "Laptop", "production")
+    keyactions.issue_key(user, "Laptop", "production")
     assert sorted(message.endpoint_id for message in WebhookMessage.select()) == [everything.id, star.id]
     tested = runner.invoke(args=["webhooks", "test", str(tests_only.id)])
     assert tested.exit_code == 0 and "Delivered msg_" in tested.output, tested.output

@@ -19,9 +19,9 @@ import time
 
 import pytest
 
-import auth
 from accounts import users
 from models import SecurityEvent, db, utcnow
+from orgs import keyactions
 from webhooks import addresses, delivery, endpoints, failures, outbox
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
@@ -295,7 +295,7 @@ def test_an_endpoint_failing_for_five_days_is_disabled(app, user, hook, receiver
     assert stored.disabled_at is not None and endpoints.state(stored) == "disabled"
     assert WebhookMessage.get_by_id(waiting.id).state == FAILED
     assert SecurityEvent.get(SecurityEvent.event == "webhook.disabled").detail.startswith(endpoint.url)
-    auth.issue_key(user, "Unheard", "production")
+    keyactions.issue_key(user, "Unheard", "production")
     assert WebhookMessage.select().where(WebhookMessage.event == "key.created").count() == 0
 
 

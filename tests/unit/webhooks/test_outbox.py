@@ -8,18 +8,18 @@ import logging
 import pytest
 from peewee import OperationalError
 
-import auth
 from keys import events as key_events
 from models import ApiKey, personal_organisation, utcnow
+from orgs import keyactions
 from webhooks import delivery, endpoints, outbox
 from webhooks.models import WebhookEndpoint, WebhookMessage
 
 
 def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, receiver):
-    key, secret = auth.issue_key(user, "Laptop", "production", expires_in=3600, scopes=["test:read"])
-    new_secret = auth.roll_key(key, grace=60)
-    auth.revoke_key(ApiKey.get_by_id(key.id))
-    leaked, leaked_secret = auth.issue_key(user, "Leaky", "development")
+    key, secret = keyactions.issue_key(user, "Laptop", "production", expires_in=3600, scopes=["test:read"])
+    new_secret = keyactions.roll_key(key, grace=60)
+    keyactions.revoke_key(ApiKey.get_by_id(key.id))
+    leaked, leaked_secret = keyactions.issue_key(user, "Leaky", "development")
     assert client.post("/api/v1/keys/revoke", headers={"X-API-Key": leaked_secret}).status_code == 200
     delivery.deliver_due(app)
     by_type = {sent.payload["type"]: sent for sent in receiver.wait_for(5)
@@ -45,8 +45,8 @@ def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, 
 def test_an_endpoint_gets_only_the_events_it_is_subscribed_to(app, user, receiver):
     endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/revocations", ["key.revoked"])
     receiver.secrets["/revocations"] = secret
-    key, _ = auth.issue_key(user, "Laptop", "production")
-    auth.revoke_key(key)
+    key, _ = keyactions.issue_key(user, "Laptop", "production")
+    keyactions.revoke_key(key)
     delivery.deliver_due(app)
     assert [sent.payload["type"] for sent in receiver.wait_for(1)] == ["key.revoked"]
 
@@ -70,19 +70,19 @@ def test_an_endpoint_of_every_event_gets_the_events_of_later_releases(app, user,
 
 
 def test_a_change_that_rolls_back_leaves_no_message(app, user, hook):
-    with pytest.raises(auth.KeyCapReached):
+    with pytest.raises(keyactions.KeyCapReached):
         app.config["MAX_KEYS_PER_USER"] = 0
-        auth.issue_key(user, "Refused", "production")
+        keyactions.issue_key(user, "Refused", "production")
     assert WebhookMessage.select().count() == 0
 
 
 def test_an_account_without_endpoints_costs_one_query_and_gets_no_message(app, user):
-    auth.issue_key(user, "Laptop", "production")
+    keyactions.issue_key(user, "Laptop", "production")
     assert WebhookMessage.select().count() == 0
 
 
 def test_deferred_events_are_written_once_by_the_usage_flush_with_its_counts(app, user, hook, monkeypatch):
-    key, _ = auth.issue_key(user, "Busy", "production")
+    key, _ = keyactions.issue_key(user, "Busy", "production")
     WebhookMessage.delete().execute()
     counter = app.extensions["usage"]
     counter.interval = 3600  # no flush but this test's
@@ -109,7 +109,7 @@ def test_deferred_events_are_written_once_by_the_usage_flush_with_its_counts(app
 
 @pytest.mark.parametrize("limits", [None, "5/minute+100/hour"])
 def test_usage_threshold_at_80_and_100_percent_once_per_window(app, client, user, hook, receiver, limits):
-    key, secret = auth.issue_key(user, "Busy", "production")
+    key, secret = keyactions.issue_key(user, "Busy", "production")
     ApiKey.update(rate_limits=limits).where(ApiKey.id == key.id).execute()
     statuses = [client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code for _ in range(7)]
     assert statuses == [200] * 5 + [429] * 2
@@ -125,7 +125,7 @@ def test_usage_threshold_at_80_and_100_percent_once_per_window(app, client, user
 
 
 def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client, user, hook, receiver):
-    key, secret = auth.issue_key(user, "Metered", "production", credits_given=20)
+    key, secret = keyactions.issue_key(user, "Metered", "production", credits_given=20)
     ApiKey.update(rate_limits="100/minute").where(ApiKey.id == key.id).execute()
     statuses = [client.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code for _ in range(22)]
     assert statuses == [200] * 20 + [429] * 2

@@ -3,15 +3,15 @@ forgotten in batches."""
 
 import datetime
 
-import auth
 from models import utcnow
+from orgs import keyactions
 from webhooks import delivery, outbox, periodic
 from webhooks.models import DELIVERED, WebhookMessage
 
 
 def test_expiring_and_expired_are_sent_once_each(app, user, hook, receiver):
-    soon, _ = auth.issue_key(user, "Soon", "production", expires_in=3 * 86400)
-    auth.issue_key(user, "Later", "production", expires_in=30 * 86400)
+    soon, _ = keyactions.issue_key(user, "Soon", "production", expires_in=3 * 86400)
+    keyactions.issue_key(user, "Later", "production", expires_in=30 * 86400)
     delivery.deliver_due(app)
     receiver.deliveries.clear()
     assert periodic.run() == 1 and periodic.run() == 0
