@@ -180,7 +180,7 @@ def test_removing_with_revoke_keys_is_one_transaction_announced_once_after_it(ap
     were, and announces nothing; without one, the keys' change is announced once, committed."""
     bob = make_user("bob")
     join(acme, bob, "developer")
-    made = [auth.issue_key(bob, name, "development", org=acme.id)[0] for name in ("one", "two")]
+    made = [keyactions.issue_key(bob, name, "development", org=acme.id)[0] for name in ("one", "two")]
     announced = []
     monkeypatch.setattr(app.extensions["keys"], "announce_change", lambda: announced.append(db.in_transaction()))
 
