@@ -18,6 +18,8 @@ from importlinter.contracts.layers import LayersContract
 ROOT = Path(__file__).resolve().parents[2]
 # Packages of the checkout that are not the service.
 NOT_THE_SERVICE = {"tests", "bench", "tools"}
+# The one package the rooms contract puts every room in.
+ROOMS = "service"
 
 
 def module_name(path):
@@ -86,3 +88,26 @@ class CheckoutAcyclicSiblingsContract(AcyclicSiblingsContract):
 
     def check(self, graph, verbose):
         return super().check(copy.deepcopy(checkout_graph()), verbose)
+
+
+class CheckoutAcyclicRoomsContract(AcyclicSiblingsContract):
+    """No circle between the checkout's rooms (its root modules and folders): acyclic_siblings on a
+    graph where every module sits in one package, ROOMS, whose children are the rooms."""
+
+    def __init__(self, name, session_options, contract_options):
+        super().__init__(name, session_options, {**contract_options, "ancestors": [ROOMS], "depth": "0"})
+
+    def check(self, graph, verbose):
+        return super().check(in_one_package(checkout_graph()), verbose)
+
+
+def in_one_package(graph):
+    """A copy of the graph with every module under ROOMS (`app` as `service.app`)."""
+    rooms = grimp.ImportGraph()
+    rooms.add_module(ROOMS)
+    for module in graph.modules:
+        rooms.add_module(f"{ROOMS}.{module}")
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            rooms.add_import(importer=f"{ROOMS}.{module}", imported=f"{ROOMS}.{imported}")
+    return rooms

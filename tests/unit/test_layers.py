@@ -1,5 +1,5 @@
 """The import contracts of .importlinter: kept by the checkout, and broken by an import that runs up
-or by two files of a room that import each other."""
+a tier or against a tier's own order, by two rooms or two files of a room that import each other."""
 
 import copy
 import subprocess
@@ -11,20 +11,29 @@ from importlinter.api import read_configuration
 
 CONTRACTS = {options["id"]: options for options in
              read_configuration(str(layering.ROOT / ".importlinter"))["contracts_options"]}
-CONTRACT_TYPES = {"layers": layering.CheckoutLayersContract, "files": layering.CheckoutAcyclicSiblingsContract}
+CONTRACT_TYPES = {"checkout_layers": layering.CheckoutLayersContract,
+                  "checkout_acyclic_siblings": layering.CheckoutAcyclicSiblingsContract,
+                  "checkout_acyclic_rooms": layering.CheckoutAcyclicRoomsContract}
 
 
 def contract(contract_id):
     options = {name: value for name, value in CONTRACTS[contract_id].items() if name not in ("id", "name", "type")}
-    return CONTRACT_TYPES[contract_id](name=CONTRACTS[contract_id]["name"], session_options={},
-                                       contract_options=options)
+    return CONTRACT_TYPES[CONTRACTS[contract_id]["type"]](name=CONTRACTS[contract_id]["name"], session_options={},
+                                                       contract_options=options)
 
 
-def test_the_checkout_keeps_both_contracts_as_lint_imports_runs_them():
+def test_the_checkout_keeps_every_contract_as_lint_imports_runs_them():
     run = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
                           "lint_imports_command()"], cwd=layering.ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "Contracts: 2 kept, 0 broken." in run.stdout
+    assert f"Contracts: {len(CONTRACTS)} kept, 0 broken." in run.stdout
+
+
+def test_the_tiers_are_the_six_of_the_design():
+    tiers = [layer.strip() for layer in CONTRACTS["tiers"]["layers"]]
+    assert tiers == ["app : cli : gunicorn_conf", "api : sockets : web : webhooks : serving : ws : integrations",
+                     "auth | ratelimit", "accounts : keys : metering : mail : orgs : ops", "models",
+                     "store : settings : openapi"]
 
 
 def test_the_graph_has_every_import_including_those_inside_functions():
@@ -37,10 +46,19 @@ def test_the_graph_has_every_import_including_those_inside_functions():
 
 
 @pytest.mark.parametrize("contract_id, importer, imported", [
-    ("layers", "models", "auth"),
-    ("layers", "metering.usage", "webhooks.outbox"),
-    ("layers", "ops.note", "serving.envelope"),
-    ("layers", "ops.logs", "accounts.users"),
+    ("tiers", "models", "auth"),
+    ("tiers", "metering.usage", "webhooks.outbox"),
+    ("tiers", "ops.note", "serving.envelope"),
+    ("tiers", "keys.lookup", "ratelimit"),
+    ("tiers", "accounts.users", "web.pages"),
+    ("entry", "cli.keys", "app"),
+    ("transport", "serving.envelope", "api"),
+    ("transport", "ws.wsserver", "sockets"),
+    ("domain", "ops.logs", "accounts.users"),
+    ("domain", "keys.lookup", "accounts.users"),
+    ("storage", "settings", "store.connections"),
+    ("rooms", "store.ids", "models"),
+    ("rooms", "ops.note", "mail.outbox"),
     ("files", "cli.orgs", "cli.keys"),
     ("files", "web.reference", "web.pages"),
     ("files", "store.statements", "store.schema"),
