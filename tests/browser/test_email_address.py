@@ -9,7 +9,7 @@ import time
 from pprint import pformat
 
 import pytest
-from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, require, sign_up
+from browsing import AXE, DESKTOP, PHONE, PageProblems, require, sign_up
 from liveserver import PASSWORD as LIVE_PASSWORD, Browser
 from serverfixtures import mailing
 
@@ -41,34 +41,28 @@ def wait_for_mail(smtp, address, subject):
 def test_the_address_pages_fit_and_pass_axe(open_page, server, smtp, viewport):
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
     page = open_page(viewport)
-    found = {}
-
-    def look(name):
-        page.wait_for_load_state("load")
-        problems = page.evaluate(TOO_WIDE) + axe_violations(page)
-        if problems:
-            found[name] = problems
+    found = PageProblems()
 
     username = next(usernames)
     sign_up(page, username)
     page.goto("/settings/profile")
     expect(page.locator(".status.unverified")).to_have_text("Not verified")
     expect(page.get_by_role("button", name="Send again")).to_be_visible()
-    look("Profile tab, not verified")
+    found.look(page, "Profile tab, not verified")
 
     path = wait_for_mail(smtp, f"{username}@example.com", "Confirm your email address")
     page.goto(path)
     expect(page.get_by_role("heading", name="Confirm your email address")).to_be_visible()
-    look("the verify link's page")
+    found.look(page, "the verify link's page")
     page.get_by_role("button", name="Confirm my address").click()
     expect(page.get_by_text(f"The address {username}@example.com is confirmed.")).to_be_visible()
     expect(page.locator(".status.verified")).to_have_text("Verified")
     expect(page.get_by_role("button", name="Send again")).to_have_count(0)
-    look("Profile tab, verified")
+    found.look(page, "Profile tab, verified")
 
     assert page.goto(path).status == 410
     expect(page.get_by_role("heading", name="This link cannot be used")).to_be_visible()
-    look("a used link's page")
+    found.look(page, "a used link's page")
 
     # No hyphen, where a line could break: the page itself must wrap it.
     long_address = f"{username}.witharatherlonglocalpart0123456789@mail.anunusuallylongdomainname.example.com"
@@ -77,14 +71,14 @@ def test_the_address_pages_fit_and_pass_axe(open_page, server, smtp, viewport):
     page.get_by_label("Your password").fill(PASSWORD)
     page.get_by_role("button", name="Send the link").click()
     expect(page.locator("#pending-change")).to_contain_text(long_address)
-    look("Profile tab, a change waiting")
+    found.look(page, "Profile tab, a change waiting")
     page.goto(wait_for_mail(smtp, long_address, "Confirm your new email address"))
     expect(page.get_by_role("heading", name="Confirm your new email address")).to_be_visible()
-    look("the change link's page")
+    found.look(page, "the change link's page")
     page.get_by_role("button", name="Use this address").click()
     expect(page.get_by_text(f"Your address is now {long_address}.")).to_be_visible()
     expect(page.locator(".status.verified")).to_have_text("Verified")
-    look("Profile tab, a long address")
+    found.look(page, "Profile tab, a long address")
 
     # Three other accounts had a link mailed to this address in the hour: no more mail goes there.
     stranger = f"{username}.stranger0123456789@mail.anunusuallylongdomainname.example.com"
@@ -97,5 +91,5 @@ def test_the_address_pages_fit_and_pass_axe(open_page, server, smtp, viewport):
     page.get_by_label("Your password").fill(PASSWORD)
     page.get_by_role("button", name="Send the link").click()
     expect(page.get_by_role("alert")).to_have_text(f"No more mail goes to {stranger} for now; try again later.")
-    look("Profile tab, no more mail to an address")
+    found.look(page, "Profile tab, no more mail to an address")
     assert not found, pformat(found, width=120)

@@ -9,7 +9,7 @@ import re
 from pprint import pformat
 
 import pytest
-from browsing import AXE, DESKTOP, PHONE, TOO_WIDE, axe_violations, require
+from browsing import AXE, DESKTOP, PHONE, PageProblems, require
 from serverfixtures import mailing
 
 try:
@@ -45,12 +45,7 @@ def expect_refused(page, field_id, sentence, *also_invalid):
 def test_each_refusal_focuses_the_field_that_is_wrong(open_page, viewport):
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
     page = open_page(viewport)
-    found = {}
-
-    def look(name):
-        page.wait_for_load_state("load")
-        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
-            found[name] = problems
+    found = PageProblems()
 
     username = next(usernames)
     page.goto("/signup")
@@ -61,7 +56,7 @@ def test_each_refusal_focuses_the_field_that_is_wrong(open_page, viewport):
     page.get_by_role("button", name="Create account").click()
     expect_refused(page, "password", COMMON)
     expect(page.get_by_label("Username")).to_have_value(username)
-    look("sign-up with a common password")
+    found.look(page, "sign-up with a common password")
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Create account").click()
     expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
@@ -72,7 +67,7 @@ def test_each_refusal_focuses_the_field_that_is_wrong(open_page, viewport):
     page.get_by_label("Password").fill("not the password")
     page.get_by_role("button", name="Log in", exact=True).click()
     expect_refused(page, "password", "The username or password is incorrect.", "username")
-    look("log-in with a wrong password")
+    found.look(page, "log-in with a wrong password")
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Log in", exact=True).click()
     expect(page.get_by_role("heading", name="Profile Settings")).to_be_visible()
@@ -83,7 +78,7 @@ def test_each_refusal_focuses_the_field_that_is_wrong(open_page, viewport):
     page.get_by_label("New password").fill("a newer long password")
     page.get_by_role("button", name="Change password").click()
     expect_refused(page, "current-password", "The current password is not correct.")
-    look("a password change with a wrong current password")
+    found.look(page, "a password change with a wrong current password")
     page.get_by_label("Current password").fill(PASSWORD)
     page.get_by_label("New password").fill("iloveyou")
     page.get_by_role("button", name="Change password").click()
@@ -94,11 +89,11 @@ def test_each_refusal_focuses_the_field_that_is_wrong(open_page, viewport):
     page.get_by_role("button", name="Send the link").click()
     expect_refused(page, "email-password", WRONG)
     expect(page.get_by_label("New email address")).to_have_value(f"{username}.new@example.com")
-    look("an address change with a wrong password")
+    found.look(page, "an address change with a wrong password")
 
     page.get_by_text("Delete this account").click()
     page.get_by_label("Password", exact=True).fill("not the password")
     page.get_by_role("button", name="Yes, delete my account").click()
     expect_refused(page, "delete-password", WRONG)
-    look("a deletion with a wrong password")
+    found.look(page, "a deletion with a wrong password")
     assert not found, pformat(found, width=120)

@@ -13,7 +13,7 @@ from pprint import pformat
 
 import pytest
 import requests
-from browsing import DESKTOP, PHONE, TOO_WIDE, axe_violations, create_key, painted, sign_up
+from browsing import DESKTOP, PHONE, TOO_WIDE, PageProblems, axe_violations, create_key, painted, sign_up
 from serverfixtures import mailing
 
 try:
@@ -48,25 +48,20 @@ def test_an_invitee_signs_up_from_the_mailed_link_joins_makes_a_key_and_switches
     owner_name, invitee, team = f"oona{number}", f"ines{number}", f"Rocket Team {number}"
     address = f"{invitee}@example.com"
     phone = viewport == PHONE
-    found = {}
-
-    def look(page, name):
-        page.wait_for_load_state("load")
-        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
-            found[name] = problems
+    found = PageProblems()
 
     owner = open_page(viewport)
     sign_up(owner, owner_name)
     owner.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Members").click()
     expect(owner.get_by_role("heading", name=f"Members of {owner_name}")).to_be_visible()
-    look(owner, "the Members tab of a personal organisation")
+    found.look(owner, "the Members tab of a personal organisation")
     owner.get_by_label("Name", exact=True).fill(team)
     owner.get_by_role("button", name="Create organisation").click()
     expect(owner.get_by_role("heading", name=f"Members of {team}")).to_be_visible()
     expect(owner.get_by_label("Organisation", exact=True)).to_have_value(f"rocket-team-{number}")
 
     link = invite(owner, address, "developer")
-    look(owner, "the invitation's link, shown once")
+    found.look(owner, "the invitation's link, shown once")
     owner.reload()
     expect(owner.get_by_label("Invitation link")).to_have_count(0)
     expect(owner.locator("table.invitations")).to_contain_text(address)
@@ -77,29 +72,29 @@ def test_an_invitee_signs_up_from_the_mailed_link_joins_makes_a_key_and_switches
     page = open_page(viewport)
     page.goto(path)
     expect(page.get_by_role("heading", name=f"Join {team}")).to_be_visible()
-    look(page, "the invitation's page, logged out")
+    found.look(page, "the invitation's page, logged out")
     page.get_by_role("link", name="Sign up to join").click()
     expect(page.get_by_label("Email")).to_have_value(address)
     page.get_by_label("Username").fill(invitee)
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Create account").click()
     expect(page.get_by_role("button", name="Join")).to_be_visible()
-    look(page, "the invitation's page, logged in")
+    found.look(page, "the invitation's page, logged in")
     page.get_by_role("button", name="Join").click()
     expect(page.get_by_role("heading", name=f"Members of {team}")).to_be_visible()
     expect(page.get_by_text(f"You joined {team} as developer")).to_be_visible()
-    look(page, "the Members tab, joined as a developer")
+    found.look(page, "the Members tab, joined as a developer")
 
     create_key(page, "Team deploy key")
     row = page.locator("table.keys tbody tr", has_text="Team deploy key")
     expect(row).to_contain_text(f"by {invitee}")
-    look(page, "the team's Security tab with the developer's new key")
+    found.look(page, "the team's Security tab with the developer's new key")
     page.get_by_label("Organisation", exact=True).select_option(invitee)
     page.get_by_role("button", name="Switch").click()
     expect(page.get_by_text(f"You now work in {invitee}, as owner.")).to_be_visible()
     expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
     expect(page.locator("table.keys")).to_have_count(0)
-    look(page, "the Security tab after a switch")
+    found.look(page, "the Security tab after a switch")
     page.get_by_label("Organisation", exact=True).select_option(f"rocket-team-{number}")
     page.get_by_role("button", name="Switch").click()
     expect(page.locator("table.keys tbody tr", has_text="Team deploy key")).to_be_visible()
@@ -110,12 +105,12 @@ def test_an_invitee_signs_up_from_the_mailed_link_joins_makes_a_key_and_switches
 
     page.goto(path)
     expect(page.get_by_role("heading", name="This invitation cannot be used")).to_be_visible()
-    look(page, "a used invitation's page")
+    found.look(page, "a used invitation's page")
 
     owner.reload()
     expect(owner.locator("table.members")).to_contain_text(invitee)
     invite(owner, f"later{number}@example.com", "viewer")
-    look(owner, "the Members tab with a member and an invitation")
+    found.look(owner, "the Members tab with a member and an invitation")
     owner.screenshot(path=screenshots / ("phone-members-tab.png" if phone else "members-tab.png"), full_page=True)
     assert not found, pformat(found, width=120)
 
@@ -128,12 +123,7 @@ def test_a_key_page_of_another_of_ones_organisations_offers_the_switch_back_to_i
     else the page is the service's own 404."""
     number = next(numbers)
     owner_name, team = f"kim{number}", f"Kite Team {number}"
-    found = {}
-
-    def look(page, name):
-        page.wait_for_load_state("load")
-        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
-            found[name] = problems
+    found = PageProblems()
 
     page = open_page(viewport)
     sign_up(page, owner_name)
@@ -154,14 +144,14 @@ def test_a_key_page_of_another_of_ones_organisations_offers_the_switch_back_to_i
     expect(page.get_by_role("heading", name=f"Kite deploy key: a key of {team}")).to_be_visible()
     expect(page.locator("#elsewhere")).to_contain_text(
         f"This key belongs to the organisation {team}, and you work in {owner_name} now.")
-    look(page, "a key page of another of the user's organisations")
+    found.look(page, "a key page of another of the user's organisations")
     page.get_by_role("button", name=f"Switch to {team}").click()
     expect(page.get_by_text(f"You now work in {team}, as owner.")).to_be_visible()
     assert page.url == server.base + key_path
     expect(page.get_by_role("heading", name="Kite deploy key", exact=True)).to_be_visible()
     expect(page.locator("#status")).to_contain_text("Revoked: reported with POST /api/v1/keys/revoke on ")
     expect(page.get_by_label("Organisation", exact=True)).to_have_value(f"kite-team-{number}")
-    look(page, "the key's page after the switch, revoked as leaked")
+    found.look(page, "the key's page after the switch, revoked as leaked")
 
     stranger = open_page(viewport)
     sign_up(stranger, f"sam{number}")
@@ -170,7 +160,7 @@ def test_a_key_page_of_another_of_ones_organisations_offers_the_switch_back_to_i
     expect(stranger.get_by_role("heading", name="404 Not Found")).to_be_visible()
     expect(stranger.get_by_text("There is nothing here")).to_be_visible()
     expect(stranger.get_by_text(team)).to_have_count(0)
-    look(stranger, "another user's key page: the service's own 404")
+    found.look(stranger, "another user's key page: the service's own 404")
     assert not found, pformat(found, width=120)
 
 

@@ -8,7 +8,7 @@ import re
 from pprint import pformat
 
 import pytest
-from browsing import TOO_WIDE, axe_violations, sign_up
+from browsing import PageProblems, sign_up
 from serverfixtures import mailing
 
 try:
@@ -33,26 +33,21 @@ def test_from_the_login_page_to_a_new_password_every_page_fits_and_axe_finds_not
     username = next(usernames)
     sign_up(open_page(viewport), username)
     page = open_page(viewport)
-    found = {}
-
-    def look(name):
-        page.wait_for_load_state("load")
-        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
-            found[name] = problems
+    found = PageProblems()
 
     page.goto("/login")
     page.get_by_role("link", name="Forgot your password?").click()
     expect(page.get_by_role("heading", name="Forgot your password?")).to_be_visible()
-    look("the request form")
+    found.look(page, "the request form")
     page.get_by_label("Email").fill(f"{username}@example.com")
     page.get_by_role("button", name="Mail me a link").click()
     expect(page.get_by_role("heading", name="Check your mail")).to_be_visible()
-    look("the answer")
+    found.look(page, "the answer")
 
     path = LINK.search(smtp.wait_for(1, to=f"{username}@example.com", subject="Reset your password")[0].text)[1]
     page.goto(path)
     expect(page.get_by_role("heading", name="Choose a new password")).to_be_visible()
-    look("the reset form")
+    found.look(page, "the reset form")
     new, repeat = page.get_by_label("New password", exact=True), page.get_by_label("Repeat the new password")
     expect(new).to_be_focused()
     new.fill("a brand new passphrase")
@@ -65,16 +60,16 @@ def test_from_the_login_page_to_a_new_password_every_page_fits_and_axe_finds_not
     for field in (new, repeat):
         expect(field).to_have_attribute("aria-invalid", "true")
         expect(field).to_have_accessible_description(re.compile("^" + re.escape(MISMATCH)))
-    look("the reset form, the passwords differing")
+    found.look(page, "the reset form, the passwords differing")
     new.fill("a brand new passphrase")
     repeat.fill("a brand new passphrase")
     page.get_by_role("button", name="Set the password").click()
     expect(page.get_by_text("Your password is set")).to_be_visible()
-    look("the log-in page after the reset")
+    found.look(page, "the log-in page after the reset")
 
     page.goto(path)
     expect(page.get_by_role("heading", name="This link was used already")).to_be_visible()
-    look("a used link")
+    found.look(page, "a used link")
     page.goto("/login")
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill("a brand new passphrase")

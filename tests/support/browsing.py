@@ -124,6 +124,16 @@ def axe_violations(page):
             for violation in result["violations"]]
 
 
+
+class PageProblems(dict):
+    """What each page looked at had wider than the phone or against axe-core, by the page's name:
+    a test looks at every page of its path, then asserts that the dict is empty."""
+
+    def look(self, page, name):
+        page.wait_for_load_state("load")
+        if problems := page.evaluate(TOO_WIDE) + axe_violations(page):
+            self[name] = problems
+
 # Elements wider than the phone, or reaching past its right edge, unless inside a box that clips them
 # (a region meant to scroll sideways, or a visually hidden one); and boxes that scroll sideways
 # without being meant to (not focusable: cut at the edge for a keyboard or a glance).
