@@ -49,14 +49,6 @@ import models
 import ratelimit
 import settings
 import sockets
-
-# The web blueprint's routes in modules of their own (key forms, address pages, password reset,
-# members, invitations): imported before pages.init_app registers the blueprint.
-import web.emailaddress  # noqa: F401
-import web.invitations  # noqa: F401
-import web.keyforms  # noqa: F401
-import web.members  # noqa: F401
-import web.recovery  # noqa: F401
 from accounts import emailtokens, models as account_models, securitylog, users
 from cli.audit import audit_command
 from cli.db import db_cli
@@ -76,7 +68,20 @@ from orgs import keyactions, members as org_members, models as org_models
 from serving import bodylimit, cors, envelope, fastlane, startup
 from serving.flaskapp import Service
 from serving.forwarded import CheckedClientAddress
-from web import keypage, pages, webprotection
+from web import (
+    emailaddress as address_pages,
+    home,
+    hooks as page_hooks,
+    invitations as invitation_pages,
+    keyforms,
+    keypage,
+    members as member_pages,
+    profile,
+    recovery as recovery_pages,
+    security,
+    signin,
+    webprotection,
+)
 from webhooks import (
     delivery as webhook_delivery,
     models as webhook_models,
@@ -85,6 +90,9 @@ from webhooks import (
 )
 
 ROOT = Path(__file__).resolve().parent
+# The web application's view modules, each with its own blueprint (web/hooks.py makes them).
+PAGE_MODULES = (home, signin, profile, security, keyforms, keypage, webprotection, address_pages, recovery_pages,
+                member_pages, invitation_pages, webhook_pages)
 INSTANCE = settings.INSTANCE
 
 log = logging.getLogger(__name__)
@@ -160,11 +168,10 @@ def create_app(overrides=None):
     health.init_app(app)
     metrics.init_app(app)
     sockets.init_app(app)
-    pages.init_app(app)
-    webprotection.init_app(app)
-    keypage.init_app(app)
+    page_hooks.init_app(app)
+    for view_module in PAGE_MODULES:
+        app.register_blueprint(view_module.bp)
     webhook_delivery.init_app(app)
-    webhook_pages.init_app(app)
     mail_sender.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
     for database_error in DATABASE_ERRORS:

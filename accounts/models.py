@@ -1,5 +1,5 @@
 """The tables of account protection: two-factor log-in and passkeys; accounts/twofactor.py and
-web/passkeys.py own them."""
+accounts/passkeys.py own them."""
 
 from peewee import BigIntegerField, BlobField, CharField, DateTimeField, ForeignKeyField, IntegerField, TextField
 

@@ -78,7 +78,7 @@ def trims_deferred(transaction):
 
 
 def acting_user():
-    """The logged-in user of the web request under way (web/pages.py sets g.user); None for the
+    """The logged-in user of the web request under way (web/hooks.py sets g.user); None for the
     command line, the API and the service's own jobs."""
     return g.get("user") if has_app_context() else None
 

@@ -33,11 +33,11 @@ NO_BODY = frozenset({None, "", "0"})
 # plain view's path then gets Flask's 426, uncounted.
 WEBSOCKET_SCHEMES = frozenset({"ws", "wss"})
 # Hooks that do nothing for a bodiless GET of the API, as (module, qualified name): the body limit
-# and the CSRF checks (only for form methods; flask-wtf's own is off, as web/pages.py checks forms
+# and the CSRF checks (only for form methods; flask-wtf's own is off, as web/hooks.py checks forms
 # itself).
 NO_OPS_FOR_A_PLAIN_GET = frozenset({
     ("serving.bodylimit", "refuse_large_bodies"),
-    ("web.pages", "protect_forms"),
+    ("web.hooks", "protect_forms"),
     ("flask_wtf.csrf", "CSRFProtect.init_app.<locals>.csrf_protect"),
 })
 SIGNALS = (signals.request_started, signals.request_finished, signals.request_tearing_down,

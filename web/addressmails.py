@@ -33,7 +33,7 @@ def say_why_no_link():
 def mail_verify_link(user, token):
     """addresscap.NoMoreMail past the address's cap."""
     addresscap.queue(user, user.email, "email_verify", username=user.username, email=user.email,
-                     link=outbox.link(url_for("web.verify_email_page", token=token)))
+                     link=outbox.link(url_for("emailaddress.verify_email_page", token=token)))
 
 
 def mail_change_links(user, new_email, token):
@@ -41,7 +41,7 @@ def mail_change_links(user, new_email, token):
     account's address; return whether the notice was written."""
     addresscap.hold_in_order(new_email, user.email)
     addresscap.queue(user, new_email, "email_change", username=user.username, email=new_email,
-                     link=outbox.link(url_for("web.change_email_page", token=token)))
+                     link=outbox.link(url_for("emailaddress.change_email_page", token=token)))
     return notice(user, user.email, "email_change_notice", username=user.username, new_email=new_email)
 
 

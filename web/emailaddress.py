@@ -1,18 +1,20 @@
 """The pages of an account's address: the links mailed to confirm it or change it, and the Profile
-tab's "Send again" and change forms. Their routes are the `web` blueprint's, registered on it when
-app.py imports this module. A link's GET only shows a page: its form's POST acts (mail scanners
-fetch links)."""
+tab's "Send again" and change forms. A link's GET only shows a page: its form's POST acts (mail
+scanners fetch links)."""
 
 from flask import flash, g, redirect, render_template, request, url_for
 
 import ratelimit
-from accounts import emailaddress, emailtokens
+from accounts import emailaddress, emailtokens, throttles
 from accounts.emailaddress import LinkRefused, TooManyMails
 from mail import addresscap, outbox
 from models import db
 from store.writelock import write_transaction
-from web import addressmails, fields, throttles
-from web.pages import bp, login_required, refuse_wrong_password, render_profile_tab
+from web import addressmails, fields
+from web.hooks import login_required, page_blueprint
+from web.profile import refuse_wrong_password, render_profile_tab
+
+bp = page_blueprint("emailaddress", __name__)
 
 REFUSED_STATUS = {emailtokens.UNKNOWN: 404, emailtokens.USED: 410, emailtokens.VOIDED: 410,
                   emailtokens.EXPIRED: 410, emailaddress.OTHER_ACCOUNT: 403, emailaddress.TAKEN: 409}
@@ -40,7 +42,7 @@ def verify_email(token):
     except LinkRefused as refused:
         return refused_page("verify", refused)
     flash(f"The address {user.email} is confirmed.")
-    return redirect(url_for("web.settings_profile" if g.user else "web.login"))
+    return redirect(url_for("profile.settings_profile" if g.user else "signin.login"))
 
 
 @bp.get("/email/change/<token>")
@@ -64,7 +66,7 @@ def change_email(token):
     except LinkRefused as refused:
         return refused_page("change", refused)
     flash(f"Your address is now {new}." + (f" A notice went to {old}." if noticed else ""))
-    return redirect(url_for("web.settings_profile"))
+    return redirect(url_for("profile.settings_profile"))
 
 
 def refused_page(purpose, refused):
@@ -91,7 +93,7 @@ def send_verify_link_again():
     except ValueError as error:
         return profile_error(str(error), 400)
     flash(f"A new link was mailed to {g.user.email}. It works for 7 days; the earlier ones no longer do.")
-    return redirect(url_for("web.settings_profile"))
+    return redirect(url_for("profile.settings_profile"))
 
 
 @bp.post("/settings/profile/email")
@@ -121,7 +123,7 @@ def request_email_change():
     # follows the link, which proves the address theirs.
     flash(f"A link was mailed to {new}: your address changes when it is followed, within 24 hours, "
           f"logged in as {g.user.username}." + (f" A notice went to {g.user.email}." if noticed else ""))
-    return redirect(url_for("web.settings_profile"))
+    return redirect(url_for("profile.settings_profile"))
 
 
 def profile_error(sentence, status, field_id=None):

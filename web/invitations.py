@@ -1,7 +1,6 @@
 """Invitations on the web: the Members tab's forms to invite an address, revoke an invitation or send
 it again (the link shown once to whoever sent it), and the link's own page (/invitations/<TOKEN>),
-whose GET only says what the invitation is and whose form (POST) joins. Routes are the `web`
-blueprint's, registered on it when app.py imports this module."""
+whose GET only says what the invitation is and whose form (POST) joins."""
 
 import json
 
@@ -11,9 +10,11 @@ from accounts import users
 from mail import outbox
 from orgs import invitations, members as org_members
 from orgs.models import Invitation
-from web.members import MEMBERS_TAB, members_tab_error, status_of
-from web.pages import MAX_ID, bp, login_required
+from web.hooks import MAX_ID, login_required, page_blueprint, status_of
+from web.members import MEMBERS_TAB, members_tab_error
 from web.recovery import LINK_REFERRER_POLICY
+
+bp = page_blueprint("invitations", __name__)
 
 UNUSABLE_STATUS = {invitations.UNKNOWN: 404, invitations.USED: 410, invitations.VOIDED: 410,
                    invitations.EXPIRED: 410}

@@ -1,17 +1,18 @@
-"""The Security tab's key forms: create, roll and revoke a key. Their routes are the `web`
-blueprint's (web.create_key, ...), registered on it when app.py imports this module."""
+"""The Security tab's key forms: create, roll and revoke a key."""
 
 import json
 
 from flask import abort, flash, g, redirect, request, session, url_for
 
 import ratelimit
-from accounts import users
+from accounts import throttles, users
 from metering import credits
 from models import ApiKey
 from orgs import keyactions, roles
-from web import throttles
-from web.pages import MAX_ID, bp, login_required, render_security_tab
+from web.hooks import MAX_ID, login_required, page_blueprint
+from web.security import render_security_tab
+
+bp = page_blueprint("keyforms", __name__)
 
 
 @bp.post("/settings/security/keys")
@@ -40,7 +41,7 @@ def create_key():
         return render_security_tab(status=400)
     # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
     users.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
-    return redirect(url_for("web.settings_security"))
+    return redirect(url_for("security.settings_security"))
 
 
 @bp.post(f"/settings/security/keys/<int(max={MAX_ID}):key_id>/roll")
@@ -70,7 +71,7 @@ def roll_key(key_id):
         return render_security_tab(status=400)
     users.keep_pending_secret(g.session, session["sid"],
                               json.dumps({"name": key.name, "secret": secret, "rolled": True}))
-    return redirect(url_for("web.settings_security"))
+    return redirect(url_for("security.settings_security"))
 
 
 def org_key(key_id, action):
@@ -90,4 +91,4 @@ def revoke_key(key_id):
     key = org_key(key_id, roles.KEY_CHANGE)
     keyactions.revoke_key(key)
     flash(f"Revoked {key.name!r}: requests with it now fail.")
-    return redirect(url_for("web.settings_security"))
+    return redirect(url_for("security.settings_security"))

@@ -2,16 +2,15 @@
 day by outcome and by endpoint as charts drawn on the server (SVG, no script), and its actions; for
 a key of another of the user's organisations, which one holds it and the switch there."""
 
-from flask import Blueprint, abort, g, render_template
+from flask import abort, g, render_template
 
 from metering import analytics, credits
 from models import SCOPES, ApiKey, Membership, Organisation, utcnow
 from orgs import roles
-from web import keyforms, pages
+from web import keyforms, security
+from web.hooks import MAX_ID, login_required, page_blueprint
 
-bp = Blueprint("keys", __name__)
-bp.before_request(pages.load_logged_in_user)
-bp.after_request(pages.add_page_headers)
+bp = page_blueprint("keys", __name__)
 
 # The chart's drawing area in SVG units; the SVG scales to its box (at most 40rem wide).
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 400, 170, 34, 22, 8
@@ -65,8 +64,8 @@ class EndpointChart:
         self.height = len(self.bars) * 40
 
 
-@bp.get(f"/settings/security/keys/<int(max={pages.MAX_ID}):key_id>")
-@pages.login_required
+@bp.get(f"/settings/security/keys/<int(max={MAX_ID}):key_id>")
+@login_required
 def key_page(key_id):
     if not ApiKey.select().where((ApiKey.id == key_id) & (ApiKey.org == g.org.id)).exists():
         return key_elsewhere(key_id)
@@ -84,10 +83,10 @@ def key_page(key_id):
                  EndpointChart("By endpoint, last 30 days", days)]
     refill = key.credits_refill_interval
     return render_template("key_page.html", key=key, now=now, charts=charts, endpoints=endpoints,
-                           creator=pages.key_creators(g.org.id).get(key.user_id),
+                           creator=security.key_creators(g.org.id).get(key.user_id),
                            credits_left=credits.effective_remaining(key, now),
                            next_refill=refill and credits.next_refill_at(refill, now),
-                           outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=pages.KEY_TYPES, graces=pages.GRACES,
+                           outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=security.KEY_TYPES, graces=security.GRACES,
                            geometry={"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": BOTTOM, "top": TOP})
 
 
@@ -101,7 +100,3 @@ def key_elsewhere(key_id):
         abort(404)
     return render_template("key_elsewhere.html", key_name=found["name"], org_name=found["org_name"],
                            org_slug=found["slug"])
-
-
-def init_app(app):
-    app.register_blueprint(bp)

@@ -1,33 +1,29 @@
 """Organisations on the web: the header's switcher, the Members tab (/settings/members) and its
 forms to create an organisation, change a member's role, remove a member, leave, and revoke the keys
 a member or a former member made. Each form asks orgs/roles.py (403 when the role does not allow
-it) about a member of the current organisation only (404 for anyone else). Routes are the `web`
-blueprint's, registered on it when app.py imports this module; web/invitations.py has the
-invitations'."""
+it) about a member of the current organisation only (404 for anyone else); web/invitations.py has
+the invitations'."""
 
 import json
 
 from flask import abort, current_app, flash, g, redirect, render_template, request, session, url_for
 from peewee import fn
-from werkzeug.exceptions import HTTPException, default_exceptions
+from werkzeug.exceptions import HTTPException
 
-from accounts import organisations, users
-from mail import addresscap
+from accounts import users
 from models import ROLES, ApiKey, Membership, User
 from orgs import invitations, members as org_members, roles
 from store import slugs
-from web.pages import MAX_ID, bp, login_required
+from web.hooks import MAX_ID, login_required, page_blueprint, status_of
 
-MEMBERS_TAB = "web.settings_members"
+bp = page_blueprint("members", __name__)
+
+MEMBERS_TAB = "members.settings_members"
 # The pages that show whichever organisation is current: a switch stays on them. Any other (a key's
 # page) belongs to the organisation left, and the switch goes to the Security tab instead; but the
 # switch that a key's page offers to the organisation holding the key comes back to it.
-SWITCH_STAYS_ON = ("web.settings_profile", "web.settings_security", MEMBERS_TAB, "web.playground")
+SWITCH_STAYS_ON = ("profile.settings_profile", "security.settings_security", MEMBERS_TAB, "home.playground")
 KEY_PAGE = "keys.key_page"
-# The status of a page that answers a refusal: orgs/ says what it refuses, the pages how. Found
-# along the refusal's classes, so a PersonalOwner answers as a LastOwner, a NoMoreMail as itself.
-REFUSAL_STATUS = {org_members.NotAllowed: 403, org_members.NotMember: 404, org_members.LastOwner: 409,
-                  invitations.WrongAddress: 403, addresscap.NoMoreMail: 429, ValueError: 400}
 
 
 @bp.app_context_processor
@@ -83,32 +79,10 @@ def members_tab_error(sentence, status):
     return render_members_tab(status=status)
 
 
-def status_of(refused):
-    """The status of a page that answers the refusal (REFUSAL_STATUS)."""
-    return next(REFUSAL_STATUS[kind] for kind in type(refused).__mro__ if kind in REFUSAL_STATUS)
-
-
 def refuse_unless_allowed(action, **context):
     """403 unless the member's role allows the action."""
     if not roles.allows(g.membership.role, action, **context):
         abort(403)
-
-
-# orgs/ decides again with the organisation's row held (a role changed meanwhile decides): its
-# refusals are the pages' 403 and 404, rendered as any other (an error handler cannot abort()).
-@bp.errorhandler(org_members.NotAllowed)
-@bp.errorhandler(org_members.NotMember)
-def refused_page(refused):
-    """The member's role, read under the organisation's row, does not allow the change; or the
-    member acted on, or the one acting, is not (or no longer) in the current organisation."""
-    return current_app.handle_http_exception(default_exceptions[status_of(refused)]())
-
-
-@bp.errorhandler(organisations.OrganisationGone)
-def organisation_gone(error):
-    """The organisation was deleted while this request changed it: the session falls back to the personal one."""
-    flash("That organisation no longer exists.")
-    return redirect(url_for("web.settings_security"))
 
 
 @bp.post("/orgs")
@@ -148,7 +122,7 @@ def page_after_switch(path, org_id):
                                                       & (ApiKey.org == org_id)).exists():
         # Built again: the router matched "////settings/..." too, which a browser reads as a host.
         return url_for(KEY_PAGE, **arguments)
-    return url_for("web.settings_security")
+    return url_for("security.settings_security")
 
 
 @bp.post(f"/settings/members/<int(max={MAX_ID}):user_id>/role")

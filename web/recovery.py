@@ -1,17 +1,19 @@
 """The forgotten password's pages: ask for a reset link by email address, and set a new password
-through the link. Their routes are the `web` blueprint's, registered on it when app.py imports this
-module."""
+through the link."""
 
 import time
 
 from flask import flash, redirect, render_template, request, url_for
 
 import ratelimit
-from accounts import emailtokens, recovery
+from accounts import emailtokens, recovery, throttles
 from mail import outbox
 from models import release_connection
-from web import fields, throttles
-from web.pages import bp, too_many_attempts
+from web import fields
+from web.hooks import page_blueprint
+from web.signin import too_many_attempts
+
+bp = page_blueprint("recovery", __name__)
 
 # Every answer to a request for a link comes this long after the request, whether or not an account
 # has the address. Both look the address up, and answer with the same page; only for an account is
@@ -69,7 +71,7 @@ def mail_reset_link(user, token):
     whose address is unconfirmed would both tell strangers that an account has the address (other
     forms say when it is capped) and let them block the owner's only way back in."""
     outbox.queue(user.email, "password_reset", username=user.username,
-                 link=outbox.link(url_for("web.reset_password", token=token)))
+                 link=outbox.link(url_for("recovery.reset_password", token=token)))
 
 
 @bp.route("/password/reset/<token>", methods=("GET", "POST"))
@@ -100,7 +102,7 @@ def reset_password(token):
         fields.refuse(str(error), "new_password" if getattr(error, "field", None) == "password" else None)
         return render_template("password_reset.html"), 400, LINK_REFERRER_POLICY
     flash("Your password is set, and every session of the account is signed out. Log in with the new password.")
-    return redirect(url_for("web.login"))
+    return redirect(url_for("signin.login"))
 
 
 def link_unusable(why):

@@ -5,19 +5,17 @@ import datetime
 import functools
 import time
 
-from flask import Blueprint, abort, current_app, flash, g, redirect, render_template, request, session, url_for
+from flask import abort, current_app, flash, g, redirect, render_template, request, session, url_for
 from limits import RateLimitItemPerMinute
 
 import ratelimit
-from accounts import twofactor, users
+from accounts import passkeys, throttles, twofactor, users
 from models import utcnow
 from ops import clientaddress
-from web import pages, passkeys, throttles
+from web import profile, security, signin
+from web.hooks import login_required, page_blueprint
 
-bp = Blueprint("protection", __name__)
-bp.before_request(pages.load_logged_in_user)
-bp.after_request(pages.add_page_headers)
-bp.register_error_handler(users.AccountGone, pages.account_gone)
+bp = page_blueprint("protection", __name__)
 
 CEREMONY = "webauthn"  # the session cookie's key for the WebAuthn challenge's token
 # Adding a second factor (TOTP or a passkey) needs a log-in this recent: a stolen session cookie
@@ -27,9 +25,6 @@ RECENT_LOGIN = datetime.timedelta(minutes=15)
 # Each ceremony stores a challenge (for CHALLENGE_LIFE): bounded per client address.
 CEREMONIES_PER_IP = RateLimitItemPerMinute(30)
 
-
-def init_app(app):
-    app.register_blueprint(bp)
 
 
 @bp.app_context_processor
@@ -54,7 +49,7 @@ def recent_login_required(view):
         if request.is_json:
             return json_error(message, 403, "login_too_old")
         flash(message, "error")
-        return redirect(url_for("web.login", next=url_for("web.settings_security")))
+        return redirect(url_for("signin.login", next=url_for("security.settings_security")))
 
     return wrapped
 
@@ -99,14 +94,14 @@ def check_code(user, code, check=twofactor.use_code):
 # The Security tab: TOTP.
 
 @bp.route("/settings/security/2fa/setup", methods=("GET", "POST"))
-@pages.login_required
+@login_required
 @recent_login_required
 def setup():
     try:
         secret = twofactor.start_setup(g.user, g.session)
     except ValueError as error:
         flash(str(error), "error")
-        return redirect(url_for("web.settings_security"))
+        return redirect(url_for("security.settings_security"))
     return render_setup(secret)
 
 
@@ -116,14 +111,14 @@ def render_setup(secret, status=200):
 
 
 @bp.post("/settings/security/2fa/enable")
-@pages.login_required
+@login_required
 @recent_login_required
 def enable():
     secret = twofactor.setup_secret(g.session)
     if secret is None:
         twofactor.end_setup(g.session)  # one past its life is discarded, not kept
         flash(twofactor.NO_SETUP, "error")
-        return redirect(url_for("web.settings_security"))
+        return redirect(url_for("security.settings_security"))
     codes, refused = check_code(g.user, submitted_code(), functools.partial(twofactor.enable, session=g.session))
     if refused:
         flash(refused[0], "error")
@@ -132,11 +127,11 @@ def enable():
 
 
 @bp.post("/settings/security/2fa/disable")
-@pages.login_required
+@login_required
 def disable():
     if not twofactor.is_enabled(g.user):
         flash("Two-factor authentication is already off.", "error")
-        return redirect(url_for("web.settings_security"))
+        return redirect(url_for("security.settings_security"))
     # The password under the password throttle (a stolen cookie cannot guess it), then the code
     # under the code throttle.
     username = g.user.username
@@ -144,19 +139,19 @@ def disable():
         time.sleep(throttles.password_attempt(username))
     except ratelimit.RateLimitExceeded as error:
         flash(f"Too many wrong passwords. Try again in {error.retry_after} seconds.", "error")
-        return pages.render_security_tab(status=429)
+        return security.render_security_tab(status=429)
     if not users.password_matches(g.user, request.form.get("password", "")):
         throttles.password_refused(username)
         flash("The password is not correct.", "error")
-        return pages.render_security_tab(status=400)
+        return security.render_security_tab(status=400)
     throttles.password_accepted(username)
     _, refused = check_code(g.user, submitted_code())
     if refused:
         flash(refused[0], "error")
-        return pages.render_security_tab(status=refused[1])
+        return security.render_security_tab(status=refused[1])
     twofactor.turn_off(g.user)
     flash("Two-factor authentication is off. Your other sessions stay signed in.")
-    return redirect(url_for("web.settings_security"))
+    return redirect(url_for("security.settings_security"))
 
 
 # The Security tab: passkeys (JSON for static/passkeys.js).
@@ -166,7 +161,7 @@ def json_error(message, status=400, code="invalid_request"):
 
 
 @bp.post("/settings/security/passkeys/options")
-@pages.login_required
+@login_required
 @recent_login_required
 def passkey_registration_options():
     try:
@@ -178,7 +173,7 @@ def passkey_registration_options():
 
 
 @bp.post("/settings/security/passkeys")
-@pages.login_required
+@login_required
 @recent_login_required
 def add_passkey():
     body = request.get_json(silent=True)
@@ -192,36 +187,36 @@ def add_passkey():
 
 
 @bp.post("/settings/security/passkeys/<int(max=9223372036854775807):passkey_id>/remove")
-@pages.login_required
+@login_required
 def remove_passkey(passkey_id):
     # The password, as for turning 2FA off: a stolen cookie alone must not remove the owner's
     # passkey and with it sign the owner out while the thief stays.
-    refused = pages.refuse_wrong_password(request.form.get("password", ""))
+    refused = profile.refuse_wrong_password(request.form.get("password", ""))
     if refused:
         flash(refused[0], "error")
-        return pages.render_security_tab(status=refused[1])
+        return security.render_security_tab(status=refused[1])
     name = passkeys.remove(g.user, passkey_id, keep_session=g.session)
     if name is None:
         abort(404)
     flash(f"Removed the passkey {name!r}; every other session of this account is signed out.")
-    return redirect(url_for("web.settings_security"))
+    return redirect(url_for("security.settings_security"))
 
 
 # Log-in: the second step, and log-in with a passkey.
 
 def pending_login():
-    pending = twofactor.find_pending_login(session.get(pages.PENDING_LOGIN))
+    pending = twofactor.find_pending_login(session.get(signin.PENDING_LOGIN))
     if pending is None:
-        session.pop(pages.PENDING_LOGIN, None)
+        session.pop(signin.PENDING_LOGIN, None)
     return pending
 
 
 def finish_login(user):
     """Start the session of a log-in that passed; the page to go to, or None when it cannot start."""
-    next_path = session.get(pages.LOGIN_NEXT)
-    if user is None or not pages.log_in(user):
+    next_path = session.get(signin.LOGIN_NEXT)
+    if user is None or not signin.log_in(user):
         return None
-    return pages.local_path(next_path) or url_for("web.settings_profile")
+    return signin.local_path(next_path) or url_for("profile.settings_profile")
 
 
 @bp.route("/login/2fa", methods=("GET", "POST"))
@@ -229,7 +224,7 @@ def second_factor():
     pending = pending_login()
     if pending is None:
         flash("Log in again: the log-in expired or was finished.", "error")
-        return redirect(url_for("web.login"))
+        return redirect(url_for("signin.login"))
     has_passkeys = bool(passkeys.owned(pending.user))
     if request.method == "GET":
         return render_template("login_2fa.html", has_passkeys=has_passkeys)
@@ -241,7 +236,7 @@ def second_factor():
     target = finish_login(twofactor.finish_pending_login(pending))
     if target is None:
         flash("Log in again: the log-in expired or was finished.", "error")
-        return redirect(url_for("web.login"))
+        return redirect(url_for("signin.login"))
     return redirect(target)
 
 

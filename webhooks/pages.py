@@ -6,29 +6,23 @@ alone for the page's script to refresh them."""
 import datetime
 import json
 
-from flask import Blueprint, abort, flash, g, redirect, render_template, request, session, url_for
+from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import users
 from orgs import roles
 from orgs.keyactions import parse_duration
-from web import pages
-from web.pages import MAX_ID, login_required, render_security_tab
+from web.hooks import MAX_ID, login_required, page_blueprint
+from web.security import render_security_tab
 from webhooks import endpoints, outbox, recovery
 from webhooks.models import ALL_EVENTS, WebhookEndpoint
 
-bp = Blueprint("webhooks", __name__)
-bp.before_request(pages.load_logged_in_user)
-bp.after_request(pages.add_page_headers)
-bp.register_error_handler(users.AccountGone, pages.account_gone)
+bp = page_blueprint("webhooks", __name__)
 
 SECTION = "#webhooks"
 # The choices of the Recover and Rotate forms: how far back, and how long the old secret signs too.
 RECOVER_SINCE = {"1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days"}
 OVERLAPS = {"24h": "for 24 hours", "1h": "for an hour", "7d": "for 7 days", "0": "no longer: stop at once"}
 
-
-def init_app(app):
-    app.register_blueprint(bp)
 
 
 @bp.app_context_processor
@@ -67,7 +61,7 @@ def add_endpoint():
     # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
     users.keep_pending_secret(g.session, session["sid"],
                               json.dumps({"webhook_url": endpoint.url, "webhook_secret": secret}))
-    return redirect(url_for("web.settings_security") + SECTION)
+    return redirect(url_for("security.settings_security") + SECTION)
 
 
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/test")
@@ -81,7 +75,7 @@ def send_test(endpoint_id):
         return render_security_tab(status=409)
     flash(f"A test event ({message.message_id}) is on its way to {endpoint.url}.")
     # Back to the endpoint the button belongs to, where its attempts list shows the test's attempt.
-    return redirect(url_for("web.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
 
 
 @bp.get(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/attempts")
@@ -114,7 +108,7 @@ def resend(endpoint_id):
         flash(str(refused), "error")
         return render_security_tab(status=409)
     flash(f"{message.message_id} is being sent again to {endpoint.url}.")
-    return redirect(url_for("web.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
 
 
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/recover")
@@ -128,7 +122,7 @@ def recover(endpoint_id):
     count = recovery.recover(endpoint, recovery.since_moment(since))
     flash(f"{count} failed message{'' if count == 1 else 's'} of {RECOVER_SINCE[since]} "
           f"{'is' if count == 1 else 'are'} being sent to {endpoint.url} again.")
-    return redirect(url_for("web.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
 
 
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/rotate")
@@ -147,7 +141,7 @@ def rotate(endpoint_id):
     users.keep_pending_secret(g.session, session["sid"], json.dumps({
         "webhook_url": endpoint.url, "webhook_secret": secret, "webhook_rotated": True,
         "webhook_previous_until": until and until.strftime("%Y-%m-%d %H:%M")}))
-    return redirect(url_for("web.settings_security") + SECTION)
+    return redirect(url_for("security.settings_security") + SECTION)
 
 
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/remove")
@@ -156,7 +150,7 @@ def remove_endpoint(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     endpoints.remove_endpoint(endpoint)
     flash(f"Removed the webhook endpoint {endpoint.url}.")
-    return redirect(url_for("web.settings_security") + SECTION)
+    return redirect(url_for("security.settings_security") + SECTION)
 
 
 def org_endpoint(endpoint_id, action):

@@ -230,7 +230,7 @@ def test_the_per_ip_login_throttle_counts_each_request_and_answers_429(server, s
     flooder = Browser(server)
     ask(flooder, address)
     path = mailed_link(smtp, address)
-    # The log-in allowance is 20 a minute per address (web/throttles.py); that took one.
+    # The log-in allowance is 20 a minute per address (accounts/throttles.py); that took one.
     for _ in range(19):
         assert ask(flooder, f"no-{next(usernames)}@example.com").status_code == 200
     for refused in (ask(flooder, address), reset(flooder, path)):

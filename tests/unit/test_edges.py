@@ -13,12 +13,11 @@ from limits import RateLimitItemPerHour
 from webforms import page
 
 import auth
-from accounts import securitylog, users
+from accounts import securitylog, throttles, users
 from keys import keycache
 from models import ApiKey, SecurityEvent, User
 from ops import clientaddress, logs
 from orgs import keyactions
-from web import throttles
 
 
 def flashed(response):

@@ -10,11 +10,11 @@ import pytest
 from twofactorsteps import code_at, confirm, enable, is_logged_in, start_setup
 
 import settings
-from accounts import securitylog, twofactor
+from accounts import passkeys, securitylog, twofactor
 from accounts.models import PendingLogin, RecoveryCode, TwoFactor, WebAuthnChallenge
 from metering import lifecycle
 from models import Session, utcnow
-from web import passkeys, webprotection
+from web import webprotection
 
 PASSWORD = "correct horse battery"
 

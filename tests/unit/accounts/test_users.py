@@ -20,12 +20,11 @@ from werkzeug.security import generate_password_hash
 
 import app as service
 import auth
-from accounts import users
+from accounts import throttles, users
 from models import ApiKey, Session, User, db
 from ops import logs
 from orgs import keyactions
 from store.connections import protect_sqlite_files
-from web import throttles
 
 # The highest niceness, the lowest priority, on Linux and the BSDs.
 LOWEST_PRIORITY = 19

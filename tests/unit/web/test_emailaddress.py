@@ -11,12 +11,11 @@ from flask import g
 from limits import RateLimitItemPerMinute
 from webforms import page
 
-from accounts import emailaddress, emailtokens, securitylog, users
+from accounts import emailaddress, emailtokens, securitylog, throttles, users
 from accounts.emailtokens import EmailToken
 from mail import sender
 from mail.models import MailMessage
 from models import User, utcnow
-from web import throttles
 
 LINK = re.compile(r"https://api\.example\.com(/email/(?:verify|change)/[A-Za-z0-9_-]{43})")
 PASSWORD = "correct horse battery"

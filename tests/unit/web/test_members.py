@@ -415,7 +415,7 @@ def test_a_new_log_in_works_in_the_personal_organisation_listed_first(team, log_
 
 def test_an_organisation_deleted_while_its_page_makes_a_key_sends_the_browser_back(team, log_in, monkeypatch):
     """Its only member deleted the account in another tab: the key is not made, and no 500."""
-    from web import throttles
+    from accounts import throttles
 
     client = log_in("olive")
     solo = Organisation.create(name="Solo", slug="solo")

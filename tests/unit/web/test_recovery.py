@@ -12,13 +12,13 @@ from limits import RateLimitItemPerMinute
 from twofactorsteps import code_at, enable, is_logged_in
 from webforms import Fields, page
 
-from accounts import emailtokens, recovery, users
+from accounts import emailtokens, recovery, throttles, users
 from accounts.emailtokens import EmailToken
 from mail import outbox, sender
 from mail.models import MailMessage
 from models import SecurityEvent, Session, User, utcnow
 from ops import logs
-from web import recovery as recovery_pages, throttles
+from web import recovery as recovery_pages
 
 PASSWORD = "correct horse battery"
 NEW_PASSWORD = "a brand new passphrase"

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 import pytest
 from contract import DOCUMENT
 
-from web import pages, reference
+from web import hooks, reference
 from webhooks import outbox, signing
 
 OPERATIONS = [(method.upper(), path, operation) for path, item in DOCUMENT["paths"].items()
@@ -115,7 +115,7 @@ def test_the_page_needs_no_script_and_no_other_host(page):
     html = page.get_data(as_text=True)
     # Its one script, from this host, only opens folds: every part is in the HTML, in a <details>.
     assert re.findall(r"<script[^>]*>", html) == ['<script src="/static/reference.js" defer>']
-    assert page.headers["Content-Security-Policy"] == pages.CONTENT_SECURITY_POLICY
+    assert page.headers["Content-Security-Policy"] == hooks.CONTENT_SECURITY_POLICY
     for link in Articles(html).links:
         assert link.startswith(("/", "#")) and not link.startswith("//"), link
 

@@ -10,11 +10,11 @@ from flask import g
 from limits import RateLimitItemPerMinute
 from webforms import SECRET_PATTERN, create_key, page
 
-from accounts import users
+from accounts import throttles, users
 from models import ApiKey, UsageHour, User, personal_organisation, start_of_hour, utcnow
 from orgs import keyactions
 from serving import envelope
-from web import pages, throttles
+from web import hooks, signin
 
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
 def csrf_token(client, path):
@@ -130,8 +130,8 @@ def test_successful_logins_are_not_limited(client, user, monkeypatch):
 def test_many_failures_for_a_username_slow_its_logins_down_but_never_refuse_them(client, user, monkeypatch):
     monkeypatch.setattr(throttles, "LOGIN_SLOWDOWN_AFTER", RateLimitItemPerMinute(3))
     waits = []
-    # pages' own name for the time module: the standard module's sleep stays, for other threads.
-    monkeypatch.setattr(pages, "time", types.SimpleNamespace(sleep=waits.append))
+    # signin's own name for the time module: the standard module's sleep stays, for other threads.
+    monkeypatch.setattr(signin, "time", types.SimpleNamespace(sleep=waits.append))
     for n in range(3):
         client.post("/login", data={"username": "alice", "password": "wrong"},
                     environ_base={"REMOTE_ADDR": f"10.1.0.{n}"})
@@ -188,7 +188,7 @@ def test_every_route_that_takes_a_post_outside_the_api_asks_for_the_csrf_token(a
     # Found from the URL map, so a form added later is checked without being listed here.
     app.config["WTF_CSRF_ENABLED"] = True
     posted = [rule for rule in app.url_map.iter_rules()
-              if rule.methods & pages.FORM_METHODS and not rule.rule.startswith(envelope.API_PREFIX)]
+              if rule.methods & hooks.FORM_METHODS and not rule.rule.startswith(envelope.API_PREFIX)]
     assert len(posted) >= 10
     for rule in posted:
         path = rule.build({name: 1 for name in rule.arguments}, append_unknown=False)[1]

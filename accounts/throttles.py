@@ -1,11 +1,15 @@
 """The web application's throttles: failed log-ins, sign-ups, key creations and rolls, and TOTP
-guesses, counted in the rate-limit storage per client IP, username or account."""
+guesses, counted in the rate-limit storage per client IP, username or account.
+
+They count through the app's limiter (ratelimit.py, in `app.extensions`), which refuses with its
+RateLimitExceeded, a 429 (werkzeug's TooManyRequests): the policy lives here, beside the accounts it
+protects, and the mechanism stays in the tier above."""
 
 from flask import current_app, request
 from limits import RateLimitItemPerHour, RateLimitItemPerMinute
+from werkzeug.exceptions import TooManyRequests
 
 from ops.clientaddress import client_identity
-from ratelimit import RateLimitExceeded
 
 # Failed password checks are limited per client IP and per (username,
 # IP), so others' failures never refuse the owner; past LOGIN_SLOWDOWN_AFTER failures for a
@@ -32,8 +36,8 @@ def password_attempt(username):
     for item, identity in login_failure_windows(username):
         try:
             storage_limiter.hit(item, identity, "login")
-        except RateLimitExceeded as error:
-            raise RateLimitExceeded("Too many failed log-ins.", retry_after=error.retry_after) from None
+        except TooManyRequests as error:
+            raise reworded(error, "Too many failed log-ins.") from None
     slow = storage_limiter.used_up(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username))
     return LOGIN_SLOWDOWN_SECONDS if slow else 0
 
@@ -49,7 +53,7 @@ def password_refused(username):
     """Count a wrong password towards the per-username slowdown (the attempt itself is counted)."""
     try:
         limiter().hit(LOGIN_SLOWDOWN_AFTER, slowdown_identity(username), "login")
-    except RateLimitExceeded:
+    except TooManyRequests:
         pass
 
 
@@ -60,8 +64,8 @@ def count_login_ip_request():
     ip = client_identity(request.remote_addr)
     try:
         limiter().hit(LOGIN_FAILURES_PER_IP, f"login-ip:{ip}", "login")
-    except RateLimitExceeded as error:
-        raise RateLimitExceeded("Too many requests from this address.", retry_after=error.retry_after) from None
+    except TooManyRequests as error:
+        raise reworded(error, "Too many requests from this address.") from None
 
 
 def slowdown_identity(username):
@@ -108,3 +112,8 @@ def count_key_roll(user):
 def limiter():
     """The app's ratelimit.Limiter."""
     return current_app.extensions["ratelimit"]
+
+
+def reworded(refusal, sentence):
+    """The limiter's refusal, of its own kind and with its Retry-After, saying sentence."""
+    return type(refusal)(sentence, retry_after=refusal.retry_after)

@@ -1,0 +1,81 @@
+"""Profile Settings' Security tab: the organisation's API keys with their totals, the log, and
+"Sign out everywhere" (web/keyforms.py has the key forms, web/webprotection.py two-factor and passkeys)."""
+
+import datetime
+import json
+
+from flask import flash, g, redirect, render_template, session, url_for
+
+from accounts import securitylog, users
+from keys import allowips
+from metering import analytics
+from models import SCOPES, ApiKey, utcnow
+from orgs import members as org_members
+from web.hooks import login_required, page_blueprint
+
+bp = page_blueprint("security", __name__)
+
+KEY_TYPES = {"development": "Development", "production": "Production"}
+EXPIRIES = {"7d": "7 days", "30d": "30 days", "90d": "90 days", "365d": "365 days", "never": "Never"}
+# When a rolled key's current secret stops working.
+GRACES = {"0": "now", "1h": "in 1 hour", "24h": "in 24 hours", "7d": "in 7 days"}
+
+# A key's IP allow-list in a few words on the Security tab.
+bp.add_app_template_filter(allowips.summary, "allow_ips_summary")
+
+
+@bp.get("/settings/security")
+@login_required
+def settings_security():
+    pending = users.take_pending_secret(g.session, session["sid"])
+    return render_security_tab(new_key=json.loads(pending) if pending else None)
+
+
+def render_security_tab(status=200, new_key=None):
+    keys = list(ApiKey.select().where(ApiKey.org == g.org).order_by(ApiKey.id.desc()))
+    now = utcnow()
+    inactive = [key for key in keys if key.revoked_at or key.is_expired(now)]
+    active = [key for key in keys if key not in inactive]
+    return render_template("settings_security.html", keys=keys, active_keys=active, inactive_keys=inactive,
+                           totals=account_totals(keys, now), now=now, creators=key_creators(g.org.id),
+                           new_key=new_key, key_types=KEY_TYPES, scopes=SCOPES, expiries=EXPIRIES,
+                           graces=GRACES, events=org_log()), status
+
+
+@bp.post("/settings/security/sessions/revoke")
+@login_required
+def sign_out_everywhere():
+    users.end_all_sessions(g.user)
+    session.clear()
+    flash("You are signed out everywhere, this browser included.")
+    return redirect(url_for("signin.login"))
+
+
+def key_creators(org_id):
+    """{user id: username} of the organisation's members: a key made by anyone else was made by a
+    former member (or an account since deleted)."""
+    return {membership.user_id: membership.user.username for membership in org_members.members(org_id)}
+
+
+def org_log():
+    """The current organisation's log; in the user's personal organisation, with the account's own events."""
+    if g.org.personal_for_id == g.user.id:
+        return securitylog.recent(g.user.id)
+    return securitylog.recent_in(g.org.id)
+
+
+def account_totals(keys, now):
+    """The requests of all the account's keys: in the last 24 hours and 30 days, refused in those
+    30 days, and counted over the keys' lives."""
+    key_ids = [key.id for key in keys]
+    days = analytics.daily(key_ids, now=now)
+    refused = sum(day.requests - day.by_outcome()["success"] for day in days)
+    return {"day": sum(hour.requests for hour in analytics.hourly(key_ids, now=now)),
+            "month": sum(day.requests for day in days), "refused": refused,
+            "lifetime": sum(key.total_requests for key in keys)}
+
+
+@bp.app_template_filter("days_until")
+def days_until(moment):
+    """Whole days from now until moment, rounded up: 'expires in N days'."""
+    return max(0, -(-(moment - utcnow()) // datetime.timedelta(days=1)))
