@@ -329,6 +329,12 @@ class MaintenanceLock(BaseModel):
         table_name = "maintenance_locks"
 
 
+def keep_newest(model, belongs, newest, key, count):
+    """Delete the rows that belong, beyond the newest count."""
+    kept = model.select(key).where(belongs).order_by(newest.desc(), key.desc()).limit(count)
+    model.delete().where(belongs & key.not_in(kept)).execute()
+
+
 def start_of_hour(moment):
     return moment.replace(minute=0, second=0, microsecond=0)
 

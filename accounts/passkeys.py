@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from flask import current_app, request
 from peewee import IntegrityError
 
-from accounts import securitylog, users
+from accounts import securitylog, sessions, users
 from accounts.models import Passkey, WebAuthnChallenge
 from models import Session, User, db, utcnow
 
@@ -56,7 +56,7 @@ def keep_challenge(purpose, challenge, user=None):
     token = secrets.token_urlsafe(32)
     with db.atomic():
         WebAuthnChallenge.delete().where(WebAuthnChallenge.expires_at < utcnow()).execute()
-        WebAuthnChallenge.create(token_hash=users.token_hash(token), purpose=purpose,
+        WebAuthnChallenge.create(token_hash=sessions.token_hash(token), purpose=purpose,
                                  user=user.id if user else None, challenge=challenge,
                                  expires_at=utcnow() + CHALLENGE_LIFE)
     return token
@@ -67,7 +67,7 @@ def take_challenge(token, purpose, user=None):
     none, it expired, or another request took it."""
     if not isinstance(token, str) or not token:
         return None
-    row = WebAuthnChallenge.get_or_none(WebAuthnChallenge.token_hash == users.token_hash(token))
+    row = WebAuthnChallenge.get_or_none(WebAuthnChallenge.token_hash == sessions.token_hash(token))
     if row is None or not WebAuthnChallenge.delete().where(WebAuthnChallenge.token_hash == row.token_hash).execute():
         return None
     if row.purpose != purpose or row.expires_at < utcnow() or row.user_id != (user.id if user else None):

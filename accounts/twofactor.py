@@ -9,7 +9,8 @@ import secrets
 
 import pyotp
 
-from accounts import securitylog, users
+import models
+from accounts import securitylog, sessions, users
 from accounts.models import PendingLogin, RecoveryCode, TwoFactor
 from models import Session, User, db, utcnow
 from store import sealing
@@ -221,10 +222,10 @@ def start_pending_login(user):
     token = secrets.token_urlsafe(32)
     with db.atomic():
         PendingLogin.delete().where(PendingLogin.expires_at < utcnow()).execute()
-        PendingLogin.create(token_hash=users.token_hash(token), user=user.id, password_hash=user.password_hash,
+        PendingLogin.create(token_hash=sessions.token_hash(token), user=user.id, password_hash=user.password_hash,
                             expires_at=utcnow() + PENDING_LOGIN_LIFE)
         # A right password is not throttled: keep what repeating it adds bounded.
-        users.keep_newest(PendingLogin, PendingLogin.user == user.id, PendingLogin.expires_at,
+        models.keep_newest(PendingLogin, PendingLogin.user == user.id, PendingLogin.expires_at,
                           PendingLogin.token_hash, PENDING_LOGINS_KEPT)
     return token
 
@@ -234,13 +235,13 @@ def find_pending_login(token):
     if not isinstance(token, str) or not token:
         return None
     return (PendingLogin.select(PendingLogin, User).join(User)
-            .where((PendingLogin.token_hash == users.token_hash(token)) & (PendingLogin.expires_at >= utcnow()))
+            .where((PendingLogin.token_hash == sessions.token_hash(token)) & (PendingLogin.expires_at >= utcnow()))
             .first())
 
 
 def finish_pending_login(pending):
     """End the pending log-in; return its user with the password hash it was checked against (so
-    that users.start_session refuses it when the password changed since), or None when another
+    that sessions.start_session refuses it when the password changed since), or None when another
     request finished it first."""
     if not PendingLogin.delete().where(PendingLogin.token_hash == pending.token_hash).execute():
         return None

@@ -9,7 +9,7 @@ import random
 import threading
 import time
 
-from accounts import twofactor, users
+from accounts import sessions, twofactor
 from models import ApiKey, MaintenanceLock, Session, UsageDay, UsageHour, UsageWriter, db, release_connection, utcnow
 from ops import services
 from store.writelock import write_transaction
@@ -56,7 +56,7 @@ def prune(config, now=None, pause=0):
             # Checked again: a key cannot come back to life, but its expiry can be read before a change.
             pruned["keys"] += ApiKey.delete().where(ApiKey.id.in_(key_ids) & gone).execute()
         time.sleep(pause)
-    idle = Session.last_seen_at < users.idle_cutoff()
+    idle = Session.last_seen_at < sessions.idle_cutoff()
     pruned["sessions"] += delete_in_batches(Session, Session.token_hash, idle, pause)
     # A process's last write of usage counts matters only while it runs (metering/usage.py).
     delete_in_batches(UsageWriter, UsageWriter.writer, UsageWriter.written_at < now - datetime.timedelta(days=1),

@@ -8,6 +8,7 @@ import re
 
 from flask import current_app
 
+import models
 from accounts import organisations, users
 from keys import allowips, events, keycache, leaks
 from keys.keyformat import DISPLAY_PREFIX_LENGTH, KEY_PREFIXES, generate_secret, hash_key
@@ -107,7 +108,7 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
             data=events.key_data(key, key_type=key_type, scopes=scopes,
                                  expires_at=expires_at and iso_seconds(expires_at)))
         inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
-        users.keep_newest(ApiKey, (ApiKey.org == org_id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
+        models.keep_newest(ApiKey, (ApiKey.org == org_id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
 
 

@@ -9,7 +9,7 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 from werkzeug.exceptions import default_exceptions
 
-from accounts import organisations, users
+from accounts import organisations, sessions, users
 from mail import addresscap
 from ops import note as request_note
 from orgs import invitations, members as org_members
@@ -87,7 +87,7 @@ def page_blueprint(name, import_name):
 def load_logged_in_user():
     # The cookie names a session row; log-out, "Sign out everywhere", a password change and a
     # deleted account delete rows, and with them every copy of the cookie.
-    g.session = users.find_session(session.get("sid"))
+    g.session = sessions.find_session(session.get("sid"))
     g.user = g.session.user if g.session else None
     # The organisation the pages work in and the user's role there (orgs/roles.py decides what it allows).
     g.membership = organisations.current_membership(g.user, g.session.org_id) if g.user else None

@@ -6,7 +6,7 @@ import json
 
 from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
-from accounts import users
+from accounts import sessions
 from mail import outbox
 from orgs import invitations, members as org_members
 from orgs.models import Invitation
@@ -35,7 +35,7 @@ def invite():
 
 def show_link_once(invitation, link):
     """Keep the link with the session, encrypted, for the Members tab to show once (as a new key's secret)."""
-    users.keep_pending_secret(g.session, session["sid"], json.dumps({
+    sessions.keep_pending_secret(g.session, session["sid"], json.dumps({
         "invitation_link": link, "email": invitation.email, "role": invitation.role, "mailed": outbox.enabled()}))
 
 

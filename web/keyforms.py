@@ -5,7 +5,7 @@ import json
 from flask import abort, flash, g, redirect, request, session, url_for
 
 import ratelimit
-from accounts import throttles, users
+from accounts import sessions, throttles
 from metering import credits
 from models import ApiKey
 from orgs import keyactions, roles
@@ -40,7 +40,7 @@ def create_key():
         flash(str(error), "error")
         return render_security_tab(status=400)
     # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
-    users.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
+    sessions.keep_pending_secret(g.session, session["sid"], json.dumps({"name": key.name, "secret": secret}))
     return redirect(url_for("security.settings_security"))
 
 
@@ -69,7 +69,7 @@ def roll_key(key_id):
     except ValueError as error:
         flash(str(error), "error")
         return render_security_tab(status=400)
-    users.keep_pending_secret(g.session, session["sid"],
+    sessions.keep_pending_secret(g.session, session["sid"],
                               json.dumps({"name": key.name, "secret": secret, "rolled": True}))
     return redirect(url_for("security.settings_security"))
 

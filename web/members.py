@@ -10,7 +10,7 @@ from flask import abort, current_app, flash, g, redirect, render_template, reque
 from peewee import fn
 from werkzeug.exceptions import HTTPException
 
-from accounts import users
+from accounts import sessions
 from models import ROLES, ApiKey, Membership, User
 from orgs import invitations, members as org_members, roles
 from store import slugs
@@ -50,7 +50,7 @@ def organisation_helpers():
 @login_required
 def settings_members():
     refuse_unless_allowed(roles.VIEW)
-    pending = users.take_pending_secret(g.session, session["sid"])
+    pending = sessions.take_pending_secret(g.session, session["sid"])
     shown_once = json.loads(pending) if pending else None
     # A key's secret kept for the Security tab is no invitation's link: nothing of it shows here.
     return render_members_tab(invitation=shown_once if shown_once and "invitation_link" in shown_once else None)

@@ -6,7 +6,7 @@ import json
 
 from flask import flash, g, redirect, render_template, session, url_for
 
-from accounts import securitylog, users
+from accounts import securitylog, sessions
 from keys import allowips
 from metering import analytics
 from models import SCOPES, ApiKey, utcnow
@@ -27,7 +27,7 @@ bp.add_app_template_filter(allowips.summary, "allow_ips_summary")
 @bp.get("/settings/security")
 @login_required
 def settings_security():
-    pending = users.take_pending_secret(g.session, session["sid"])
+    pending = sessions.take_pending_secret(g.session, session["sid"])
     return render_security_tab(new_key=json.loads(pending) if pending else None)
 
 
@@ -45,7 +45,7 @@ def render_security_tab(status=200, new_key=None):
 @bp.post("/settings/security/sessions/revoke")
 @login_required
 def sign_out_everywhere():
-    users.end_all_sessions(g.user)
+    sessions.end_all_sessions(g.user)
     session.clear()
     flash("You are signed out everywhere, this browser included.")
     return redirect(url_for("signin.login"))

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 from flask import flash, g, redirect, render_template, request, session, url_for
 
 import ratelimit
-from accounts import throttles, twofactor, users
+from accounts import sessions, throttles, twofactor, users
 from web import addressmails, fields
 from web.hooks import page_blueprint
 
@@ -75,7 +75,7 @@ def login():
 @bp.post("/logout")
 def logout():
     if g.session is not None:
-        users.end_session(g.session)
+        sessions.end_session(g.session)
     session.clear()
     flash("You are logged out.")
     return redirect(url_for("home.landing"))
@@ -84,11 +84,11 @@ def logout():
 def log_in(user):
     """Start a fresh session for the user in this browser, ending the one it had: nothing from
     before (nor its CSRF token, nor a copy of its cookie) carries over. False when the account
-    changed under the log-in (see users.start_session)."""
+    changed under the log-in (see sessions.start_session)."""
     if g.get("session") is not None:
-        users.end_session(g.session)
+        sessions.end_session(g.session)
     session.clear()
-    token = users.start_session(user)
+    token = sessions.start_session(user)
     if token is None:
         return False
     session["sid"] = token
@@ -112,7 +112,7 @@ def ask_second_factor(user, next_path):
     """After the right password of an account with 2FA on: keep that in a pending log-in (a row
     that lives a few minutes, not a flag in the cookie) and ask for the second factor."""
     if g.get("session") is not None:
-        users.end_session(g.session)
+        sessions.end_session(g.session)
     session.clear()
     session[PENDING_LOGIN] = twofactor.start_pending_login(user)
     if local_path(next_path):

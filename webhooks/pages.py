@@ -8,7 +8,7 @@ import json
 
 from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
-from accounts import users
+from accounts import sessions
 from orgs import roles
 from orgs.keyactions import parse_duration
 from web.hooks import MAX_ID, login_required, page_blueprint
@@ -59,7 +59,7 @@ def add_endpoint():
         flash(str(error), "error")
         return render_security_tab(status=400)
     # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
-    users.keep_pending_secret(g.session, session["sid"],
+    sessions.keep_pending_secret(g.session, session["sid"],
                               json.dumps({"webhook_url": endpoint.url, "webhook_secret": secret}))
     return redirect(url_for("security.settings_security") + SECTION)
 
@@ -138,7 +138,7 @@ def rotate(endpoint_id):
     except ValueError as error:
         flash(str(error), "error")
         return render_security_tab(status=409)
-    users.keep_pending_secret(g.session, session["sid"], json.dumps({
+    sessions.keep_pending_secret(g.session, session["sid"], json.dumps({
         "webhook_url": endpoint.url, "webhook_secret": secret, "webhook_rotated": True,
         "webhook_previous_until": until and until.strftime("%Y-%m-%d %H:%M")}))
     return redirect(url_for("security.settings_security") + SECTION)

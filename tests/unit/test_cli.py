@@ -9,7 +9,7 @@ from liveserver import run_cli, service_env
 
 import auth
 import cli.users
-from accounts import recovery, securitylog, users
+from accounts import recovery, securitylog, sessions, users
 from keys import keyformat
 from models import ApiKey, Membership, Session, User, db, iso_seconds, personal_organisation
 from orgs import keyactions, members
@@ -55,7 +55,7 @@ def test_users_create_errors(runner, user, args, message):
 
 
 def test_users_set_password_ends_the_sessions_and_voids_the_reset_links(runner, user):
-    assert users.start_session(user)
+    assert sessions.start_session(user)
     links = []
     assert recovery.request_reset("alice@example.com", lambda user, token: links.append(token))
     result = runner.invoke(args=["users", "set-password", "alice", "--password-stdin"], input="a new passphrase\n")

@@ -13,7 +13,7 @@ from limits import RateLimitItemPerHour
 from webforms import page
 
 import auth
-from accounts import securitylog, throttles, users
+from accounts import securitylog, sessions, throttles, users
 from keys import keycache
 from models import ApiKey, SecurityEvent, User
 from ops import clientaddress, logs
@@ -166,7 +166,7 @@ def test_an_account_deleted_while_its_page_creates_a_key_logs_the_browser_out(lo
 def test_an_account_deleted_meanwhile_cannot_sign_out_everywhere_or_change_its_password(user):
     User.delete().where(User.id == user.id).execute()
     with pytest.raises(users.AccountGone):
-        users.end_all_sessions(user)
+        sessions.end_all_sessions(user)
     with pytest.raises(users.AccountGone):
         users.change_password(user, "correct horse battery", "another long password")
 

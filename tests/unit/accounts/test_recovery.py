@@ -7,7 +7,7 @@ import datetime
 
 import pytest
 
-from accounts import emailtokens, recovery, securitylog, users
+from accounts import emailtokens, recovery, securitylog, sessions, users
 from accounts.emailtokens import EmailToken
 from models import SecurityEvent, Session, User, utcnow
 
@@ -81,7 +81,7 @@ def test_an_account_gets_three_links_an_hour(user):
 
 def test_a_link_sets_the_password_ends_every_session_and_is_used_up(user):
     for _ in range(2):
-        users.start_session(user)
+        sessions.start_session(user)
     token = ask()
     changed = recovery.reset_password(token, NEW_PASSWORD)
     assert changed.id == user.id

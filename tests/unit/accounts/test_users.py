@@ -20,7 +20,7 @@ from werkzeug.security import generate_password_hash
 
 import app as service
 import auth
-from accounts import throttles, users
+from accounts import sessions, throttles, users
 from models import ApiKey, Session, User, db
 from ops import logs
 from orgs import keyactions
@@ -38,7 +38,7 @@ def test_the_common_password_list_is_well_stocked():
 
 def test_an_idle_session_expires_and_is_pruned_at_the_next_login(logged_in, user):
     assert logged_in.get("/settings/profile").status_code == 200
-    stale = utcnow_minus(days=users.SESSION_IDLE_DAYS, seconds=1)
+    stale = utcnow_minus(days=sessions.SESSION_IDLE_DAYS, seconds=1)
     Session.update(last_seen_at=stale).execute()
     assert logged_in.get("/settings/profile").status_code == 302
     logged_in.post("/login", data={"username": "alice", "password": "correct horse battery"})
@@ -47,7 +47,7 @@ def test_an_idle_session_expires_and_is_pruned_at_the_next_login(logged_in, user
 
 
 def test_an_active_session_is_kept_alive(logged_in):
-    almost_idle = utcnow_minus(days=users.SESSION_IDLE_DAYS - 1)
+    almost_idle = utcnow_minus(days=sessions.SESSION_IDLE_DAYS - 1)
     Session.update(last_seen_at=almost_idle).execute()
     assert logged_in.get("/settings/profile").status_code == 200
     assert Session.get().last_seen_at > utcnow_minus(minutes=1)
@@ -176,7 +176,7 @@ def test_an_existing_database_file_open_to_others_is_made_private(tmp_path):
 
 
 def test_deleting_an_account_deletes_its_sessions_keys_and_user(user, api_key):
-    users.start_session(user)
+    sessions.start_session(user)
     users.delete_account(user, "correct horse battery")
     assert Session.select().count() == ApiKey.select().count() == User.select().count() == 0
 
@@ -184,9 +184,9 @@ def test_deleting_an_account_deletes_its_sessions_keys_and_user(user, api_key):
 def test_a_log_in_checked_against_the_old_password_starts_no_session(user):
     checked = users.user_for_login("alice", "correct horse battery")
     users.change_password(User.get_by_id(user.id), "correct horse battery", "a brand new passphrase")
-    assert users.start_session(checked) is None
+    assert sessions.start_session(checked) is None
     users.delete_account(User.get_by_id(user.id), "a brand new passphrase")
-    assert users.start_session(checked) is None
+    assert sessions.start_session(checked) is None
     assert Session.select().count() == 0
 
 
@@ -197,12 +197,12 @@ def test_invisible_formatting_characters_are_refused_in_names(user, name):
 
 
 def test_a_stale_request_cannot_clear_a_newer_pending_secret(user):
-    token = users.start_session(user)
-    users.keep_pending_secret(users.find_session(token), token, "first")
-    stale = users.find_session(token)
-    users.keep_pending_secret(users.find_session(token), token, "second")
-    assert users.take_pending_secret(stale, token) is None
-    assert users.take_pending_secret(users.find_session(token), token) == "second"
+    token = sessions.start_session(user)
+    sessions.keep_pending_secret(sessions.find_session(token), token, "first")
+    stale = sessions.find_session(token)
+    sessions.keep_pending_secret(sessions.find_session(token), token, "second")
+    assert sessions.take_pending_secret(stale, token) is None
+    assert sessions.take_pending_secret(sessions.find_session(token), token) == "second"
 
 
 def test_the_hashing_queue_is_bounded(monkeypatch):
@@ -239,11 +239,11 @@ def test_a_request_waiting_for_the_hashing_pool_holds_no_database_connection(use
 
 
 def test_an_account_keeps_its_newest_sessions_and_events_only(user, monkeypatch):
-    monkeypatch.setattr(users, "MAX_SESSIONS", 3)
+    monkeypatch.setattr(sessions, "MAX_SESSIONS", 3)
     monkeypatch.setattr(users.securitylog, "KEPT", 5)
-    tokens = [users.start_session(user) for _ in range(6)]
+    tokens = [sessions.start_session(user) for _ in range(6)]
     assert Session.select().where(Session.user == user.id).count() == 3
-    assert users.find_session(tokens[-1]) is not None and users.find_session(tokens[0]) is None
+    assert sessions.find_session(tokens[-1]) is not None and sessions.find_session(tokens[0]) is None
     assert len(users.securitylog.recent(user.id, limit=None)) == 5
 
 
@@ -254,7 +254,7 @@ def test_an_account_s_own_events_never_push_out_the_organisation_events_it_acted
     org_id = users.personal_organisation_id(user)
     users.securitylog.record_in(org_id, "key.created", "Kept (id 1)", actor_id=user.id)
     for _ in range(4):
-        users.start_session(user)
+        sessions.start_session(user)
     assert [event.event for event in users.securitylog.recent_in(org_id, limit=None)] == ["key.created"]
     assert [event.event for event in users.securitylog.recent(user.id, limit=None)].count("user.login") == 3
 

@@ -24,7 +24,7 @@ from services import rows
 
 import auth
 import models
-from accounts import users
+from accounts import sessions, users
 from accounts.models import Passkey, RecoveryCode, TwoFactor
 from mail.models import MailMessage
 from metering import credits
@@ -119,7 +119,7 @@ def test_a_fifth_version_database_keeps_totp_set_ups_with_their_session(database
         other = users.create_user("bob", "bob@example.com", "correct horse battery")
         TwoFactor.create(user=owner.id, sealed_secret="on", enabled_at=models.utcnow(), last_step=7)
         TwoFactor.create(user=other.id, sealed_secret="waiting")
-        token = users.start_session(owner)
+        token = sessions.start_session(owner)
         # The sessions table as version 5 made it.
         migrator = (PostgresqlMigrator if database_url.startswith("postgresql") else SqliteMigrator)(db.obj)
         migrate(migrator.drop_column("sessions", "totp_setup"), migrator.drop_column("sessions", "totp_setup_at"))
@@ -129,7 +129,7 @@ def test_a_fifth_version_database_keeps_totp_set_ups_with_their_session(database
     with app.app_context():
         assert {"totp_setup", "totp_setup_at"} <= {column.name for column in db.get_columns("sessions")}
         assert [(row.user_id, row.last_step) for row in TwoFactor.select()] == [(owner.id, 7)]
-        session = users.find_session(token)
+        session = sessions.find_session(token)
         assert session.user_id == owner.id and session.totp_setup is None
 
 
