@@ -198,7 +198,8 @@ def test_the_fourth_request_in_an_hour_mails_nothing(server, smtp, env):
     _, address = account(server)
     # A confirmed address: an unconfirmed one's links also count in its cap of 3 mails an hour
     # (mail/addresscap.py), which sign-up's link has begun (tests/unit/mail/test_addresscap.py).
-    execute(env["DATABASE_URL"], f"UPDATE users SET email_verified_at = '2026-01-01 00:00:00' WHERE email = '{address}'")
+    execute(env["DATABASE_URL"],
+            f"UPDATE users SET email_verified_at = '2026-01-01 00:00:00' WHERE email = '{address}'")
     for _ in range(4):
         assert SENT in ask(Browser(server), address).text  # each from another address
     # Written in each request's transaction: what is in the outbox now is all that will be sent.

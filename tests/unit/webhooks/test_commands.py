@@ -32,8 +32,8 @@ def test_add_with_org_adds_the_endpoint_there_and_any_member_lists_it(runner, ac
     assert added.exit_code == 0, added.output
     endpoint = WebhookEndpoint.get()
     assert endpoint.org_id == acme.id
-    assert added.stdout.splitlines()[0] == (f"Added webhook endpoint {endpoint.id} for bob in acme: {URL} (key.created). "
-                                            "Its signing secret is shown only this once:")
+    assert added.stdout.splitlines()[0] == (f"Added webhook endpoint {endpoint.id} for bob in acme: {URL} "
+                                            "(key.created). Its signing secret is shown only this once:")
     listed = runner.invoke(args=["webhooks", "list", "carol", "--org", "acme"])
     assert listed.stdout == f"{endpoint.id}\t{URL}\tkey.created\tactive\n"
     assert runner.invoke(args=["webhooks", "list", "bob"]).stdout == ""
