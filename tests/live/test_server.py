@@ -19,6 +19,7 @@ import pytest
 import requests
 from liveserver import (
     Server,
+    assert_served_and_stored,
     cli,
     free_port,
     make_key,
@@ -208,9 +209,7 @@ def test_a_killed_worker_loses_at_most_its_pending_counts(tmp_path, env, command
     headers = {"X-API-Key": key}
     server = start_procfile(tmp_path, env)
     try:
-        for _ in range(100):
-            assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
-        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 100)
+        assert_served_and_stored(server, env, key, 100)
         for _ in range(50):
             requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
         worker = int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])
