@@ -11,9 +11,9 @@ import sqlite3
 import psycopg
 import pytest
 import requests
-from liveserver import PASSWORD, Browser, service_env, usernames
+from liveserver import PASSWORD, Browser, usernames
 from mailserver import mail_server
-from serverfixtures import mailing
+from serverfixtures import each_run_mode, env_on_each_database, mailing
 from services import rows
 from twofactorsteps import code_at
 from webforms import Fields
@@ -31,14 +31,13 @@ def smtp():
         yield server
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def env(request, tmp_path_factory, smtp):
-    return service_env(tmp_path_factory.mktemp("reset"), request.param, **mailing(smtp, TRUSTED_PROXIES="1"))
+env = env_on_each_database
+server_mode = each_run_mode
 
 
 @pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+def server_settings(smtp):
+    return mailing(smtp, TRUSTED_PROXIES="1")
 
 
 @pytest.fixture(scope="module")

@@ -31,16 +31,10 @@ from liveserver import (
     wait_for,
     without_gunicorn,
 )
+from serverfixtures import each_run_mode, env_on_each_database
 
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def env(request, tmp_path_factory):
-    return service_env(tmp_path_factory.mktemp("server"), request.param)
-
-
-@pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+env = env_on_each_database
+server_mode = each_run_mode
 
 
 def test_procfile_runs_gunicorn_with_the_gevent_worker_of_serving_worker(tmp_path, env):
