@@ -64,8 +64,8 @@ def protected_test(api_key):
 def user_me(api_key):
     # The key's creator: None once that account is deleted (the key still works for its
     # organisation). The key itself may have been deleted with its organisation since it was admitted.
-    row = auth.found_key(ApiKey.select(ApiKey.id, ApiKey.user, User).join(User, JOIN.LEFT_OUTER).where(ApiKey.id == api_key.id)
-                         .first())
+    row = auth.found_key(ApiKey.select(ApiKey.id, ApiKey.user, User).join(User, JOIN.LEFT_OUTER)
+                         .where(ApiKey.id == api_key.id).first())
     user = row.user if row.user_id is not None else None
     return {
         "user_id": user and user.id,

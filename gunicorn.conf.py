@@ -70,8 +70,9 @@ class AccessAtoms(dict):
 
     Made as the line reads them: gunicorn's own atoms() builds some fifty per request (a strftime,
     every request and response header, every environ entry), ~128,000 instructions (a tenth of a
-    bare route's served request), for the eight the service's line prints. Those eight are made here directly; any other a
-    custom access_log_format names comes from gunicorn's atoms(), built once for the line."""
+    bare route's served request), for the eight the service's line prints. Those eight are made
+    here directly; any other a custom access_log_format names comes from gunicorn's atoms(), built
+    once for the line."""
 
     def __init__(self, logger, resp, req, environ, request_time):
         status = resp.status

@@ -37,9 +37,9 @@ Window = collections.namedtuple("Window", "item key policy")
 Window.__doc__ = "One window a key is counted in: its limits item, its storage key, its policy name."
 LimitPlan = collections.namedtuple("LimitPlan", "limiter windows storage_windows simple policies marks")
 LimitPlan.__doc__ = """How a Limiter counts one key: its windows (and their (storage key, seconds, allowance)
-for the storage's hit_all: storage_windows); simple: one window and no credits, counted in one storage call (hit_window);
-marks: for each window, the requests left at which it reaches a usage.threshold (metering/thresholds.py),
-or None for the organisation's window."""
+for the storage's hit_all: storage_windows); simple: one window and no credits, counted in one storage call
+(hit_window); marks: for each window, the requests left at which it reaches a usage.threshold
+(metering/thresholds.py), or None for the organisation's window."""
 # "account": the organisation's window as the RateLimit headers name it.
 ORGANISATION_POLICY = "account"
 OVERRIDE_POLICY = "key"

@@ -35,7 +35,8 @@ SHOWN = 50
 KEPT = 1000
 # Where trims_deferred() keeps the organisations whose logs it trims at its end.
 DEFERRED_TRIMS = "securitylog_deferred_trims"
-# Failed log-ins (and failed second factors) recorded per account and hour at most: others' guesses must not bury the log.
+# Failed log-ins (and failed second factors) recorded per account and hour at most: others'
+# guesses must not bury the log.
 FAILURES_RECORDED_PER_HOUR = 20
 
 

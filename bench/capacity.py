@@ -284,7 +284,8 @@ def print_run(run, count):
     half = sockets["sockets"] - sockets["closed_together"]
     # The sockets still open meanwhile go on with their checks: a close's own cost is its ZREM.
     print(f"\nCloses, {CLOSE_AT_ONCE} at a time: {paced.get('redis.calls.zrem', 0):,} ZREM for {half:,} closes, "
-          f"{paced['redis.connections']} Redis connections opened, {sockets['slots_left_after_paced_closes'] - sockets['closed_together']:,} "
+          f"{paced['redis.connections']} Redis connections opened, "
+          f"{sockets['slots_left_after_paced_closes'] - sockets['closed_together']:,} "
           f"slots left behind; {sockets['closed_together']:,} at once: {together.get('redis.calls.zrem', 0):,} ZREM, "
           f"{together['redis.connections']} connections opened, {sockets['slots_left_after_closing_together']:,} "
           "slots left behind in all (each until it expires)")

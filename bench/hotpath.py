@@ -128,7 +128,8 @@ def count_instructions(checkout, requests, bare=False):
                             sys.executable, "-c", COUNT_INSTRUCTIONS, f"{workdir}/bench.db", str(measured),
                             str(ROOT / "bench") if bare else ""], cwd=checkout, capture_output=True, check=True)
             main_thread = Path(f"{out}-01").read_text().splitlines()
-            totals.append(int(next(line for line in main_thread if line.startswith(("summary:", "totals:"))).split()[1]))
+            totals.append(int(next(line for line in main_thread
+                                   if line.startswith(("summary:", "totals:"))).split()[1]))
     return (totals[1] - totals[0]) / (2 * requests)
 
 

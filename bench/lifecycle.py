@@ -94,7 +94,8 @@ def simulated_year(workdir):
 def new_key(user, moment, n):
     import models
 
-    return models.ApiKey.create(org=models.personal_organisation(user.id), user=user, name=f"key {n}", key_type="development", display_prefix="sk_test_year",
+    return models.ApiKey.create(org=models.personal_organisation(user.id), user=user, name=f"key {n}",
+                                key_type="development", display_prefix="sk_test_year",
                                 key_hash=f"{n:064x}", created_at=moment).id
 
 

@@ -55,15 +55,17 @@ ARGUMENTS = {
     "--quick": (None, {
         "action": "store_true", "help": "a smoke run: shorter and fewer rounds; its figures mean nothing"}),
     "--json": (None, {
-        "type": Path, "metavar": "FILE", "help": "also write every part's numbers to FILE, as bench/plot.py reads them"}),
+        "type": Path, "metavar": "FILE",
+        "help": "also write every part's numbers to FILE, as bench/plot.py reads them"}),
 }
 
 
 def main(command, parts, description):
     """Parse the command line, then run the chosen parts, each in a fresh temporary folder.
 
-    command is how the report names the program (`python bench/run.py`); parts maps each part's name to its measure(workdir, options) function, which prints its tables
-    and returns its numbers for the JSON report."""
+    command is how the report names the program (`python bench/run.py`); parts maps each part's
+    name to its measure(workdir, options) function, which prints its tables and returns its numbers
+    for the JSON report."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if len(parts) > 1:
         # Checked below: argparse 3.11 checks an empty nargs="*" against choices and refuses it.

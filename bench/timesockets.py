@@ -26,10 +26,10 @@ def measure(workdir, options):
     if options.all_sockets:
         print(f"\nTime sockets, every one read: {options.tick_seconds} s of ticks; lateness after the whole second "
               f"of every tick on every socket, as the client's kernel stamped its arrival (SO_TIMESTAMPNS), read by "
-              f"{clients.READER_PROCESSES} client processes on core {servers.CLIENT_CORE}, whose CPU use (user + system "
-              f"÷ wall time, in % of that one core) is shown; before each run, the machine's floor in the same "
-              f"minute: a bare loop of send() to as many loopback sockets, read the same way (bench/sendfloor.py), "
-              f"its median loop of {options.tick_seconds}, and the arrival p99 ÷ that loop\n")
+              f"{clients.READER_PROCESSES} client processes on core {servers.CLIENT_CORE}, whose CPU use "
+              f"(user + system ÷ wall time, in % of that one core) is shown; before each run, the machine's floor "
+              f"in the same minute: a bare loop of send() to as many loopback sockets, read the same way "
+              f"(bench/sendfloor.py), its median loop of {options.tick_seconds}, and the arrival p99 ÷ that loop\n")
         print(f"| sockets{run_column(options)} | handshake failures | skipped seconds | built p50 / p99 / max ms "
               "| arrived p50 / p99 / max ms | client CPU, % of one core | RSS per socket KiB | floor loop ms "
               "| p99 ÷ floor |")
@@ -51,7 +51,8 @@ def measure(workdir, options):
                 if options.all_sockets:
                     row = read_every_socket(server, secrets, count, before, options.tick_seconds)
                     row["floor_loop_ms"] = round(statistics.median(floor) * 1000, 1)
-                    row["p99_to_floor"] = row["arrived_ms"] and round(row["arrived_ms"]["p99"] / row["floor_loop_ms"], 2)
+                    row["p99_to_floor"] = (row["arrived_ms"]
+                                           and round(row["arrived_ms"]["p99"] / row["floor_loop_ms"], 2))
                 else:
                     row = asyncio.run(measure_ticks(server, secrets, count, before, options.tick_seconds))
             finally:

@@ -118,7 +118,8 @@ def main():
     parser.add_argument("--runs", type=int, default=1)
     runs = parser.parse_args().runs
     servers.use_client_core()
-    print("| receiver | 1,000 messages (900 and a probe with one failing) delivered in (each run) | per second (median) |")
+    print("| receiver | 1,000 messages (900 and a probe with one failing) delivered in (each run) "
+          "| per second (median) |")
     print("|---|---|---|")
     for name, failing in [("healthy", False), ("one of ten endpoints failing", True)]:
         seconds = [measure_once(failing) for _ in range(runs)]

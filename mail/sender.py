@@ -60,7 +60,8 @@ def attempt(app, row):
         try:
             # The whole attempt, within the lease: a server that drips its answers a byte at a time
             # would otherwise hold a slot for hours, and another process would send the mail again.
-            with gevent.Timeout(ATTEMPT_SECONDS, transport.MailFailed(f"No end to the send within {ATTEMPT_SECONDS} s.")):
+            with gevent.Timeout(ATTEMPT_SECONDS,
+                                transport.MailFailed(f"No end to the send within {ATTEMPT_SECONDS} s.")):
                 transport.send(server, mail_outbox.message_of(row, app.config["MAIL_FROM"], parts))
         except transport.MailFailed as failure:
             error = str(failure)

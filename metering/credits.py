@@ -71,8 +71,9 @@ def next_refill_at(interval, now=None):
 
 def spend(key, note, now=None):
     """Spend one of the key's credits, applying a refill that is due first; note the credits left on
-    the request's note (for X-Credits-Remaining and usage/stats) and return (credits left, credits granted). Raise CreditsExhausted
-    when none is left; then, and when the spend leaves none, the kept key remembers it has none."""
+    the request's note (for X-Credits-Remaining and usage/stats) and return (credits left, credits
+    granted). Raise CreditsExhausted when none is left; then, and when the spend leaves none, the
+    kept key remembers it has none."""
     day, month = period_starts(now or utcnow())
     params = [month, day] * 4 + [key.id, month, day]
     database = db.obj

@@ -1,1 +1,1 @@
-"""Operations: health checks, Prometheus metrics, logs, client addresses, and the start and stop of background services."""
+"""Operations: health checks, Prometheus metrics, logs, client addresses, background services' start and stop."""

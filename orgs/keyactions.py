@@ -62,10 +62,11 @@ def parse_scopes(names):
 
 def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, allow_ips=None, credits_given=None,
               refill=None, org=None):
-    """Create an API key made by the user in the organisation (an id; None: the user's personal one), expiring expires_in seconds from now (None: never), with the
-    given scopes (None: all), usable from the addresses of allow_ips (allowips.parse's input; None or
-    empty: any), with credits_given credits and a refill ((amount, interval); None: neither);
-    return (ApiKey, secret). The secret exists only here."""
+    """Create an API key made by the user in the organisation (an id; None: the user's personal
+    one), expiring expires_in seconds from now (None: never), with the given scopes (None: all),
+    usable from the addresses of allow_ips (allowips.parse's input; None or empty: any), with
+    credits_given credits and a refill ((amount, interval); None: neither); return (ApiKey, secret).
+    The secret exists only here."""
     name = name.strip()
     users.refuse_control_characters(name, "A key name")
     if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
@@ -170,7 +171,8 @@ def revoke_key(key, leaked=False, again=False, report=None):
             if revoked:
                 events.key_changed.send(
                     "key.revoked_as_leaked" if leaked else "key.revoked", key=key,
-                    detail=f"{key.name} (id {key.id}, {key.display_prefix}...)" + (" reported by GitHub" if report else ""),
+                    detail=(f"{key.name} (id {key.id}, {key.display_prefix}...)"
+                            + (" reported by GitHub" if report else "")),
                     data=events.key_data(key, revoked_at=iso_seconds(key.revoked_at), **(report or {})))
     if revoked or again:
         keycache.announce_change()

@@ -79,6 +79,6 @@ def skip_named_ids(database, table):
                 (highest,) = database.execute_sql(f'SELECT max("{reference[3]}") FROM "{other}"').fetchone()
                 named.append(highest or 0)
     highest = max(named)
-    if database.execute_sql("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (highest, table)).rowcount == 0 \
-            and highest:
+    if database.execute_sql("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?",
+                            (highest, table)).rowcount == 0 and highest:
         database.execute_sql("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, highest))

@@ -25,7 +25,8 @@ def lock_due(database, model, ids, due):
     """Of ids, those still due, locked on PostgreSQL with SKIP LOCKED (processes claiming at once
     take different rows); on SQLite the claim's transaction already holds the write lock."""
     if ids and isinstance(database, PostgresqlDatabase):
-        return [pk for pk, in model.select(model.id).where(model.id.in_(ids) & due).for_update(skip_locked=True).tuples()]
+        return [pk for pk, in model.select(model.id).where(model.id.in_(ids) & due)
+                .for_update(skip_locked=True).tuples()]
     return ids
 
 

@@ -41,7 +41,8 @@ def load_driver():
         from psycopg.types.json import Json, Jsonb
     except ImportError:
         return
-    peewee.psycopg, peewee.TransactionStatus, peewee.Json_pg3, peewee.Jsonb_pg3 = psycopg, TransactionStatus, Json, Jsonb
+    (peewee.psycopg, peewee.TransactionStatus,
+     peewee.Json_pg3, peewee.Jsonb_pg3) = psycopg, TransactionStatus, Json, Jsonb
     # Set in the class's body only when peewee's import found psycopg.
     peewee.Psycopg3Adapter.txn_idle = TransactionStatus.IDLE
     peewee.Psycopg3Adapter.txn_inerror = TransactionStatus.INERROR

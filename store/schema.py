@@ -151,7 +151,8 @@ def add_webhook_rotation(database, migrator):
     """Version 14: an endpoint's previous signing secret during a rotation's overlap; the end of a
     message's lease; the resends of messages (a new table)."""
     columns = {
-        "webhook_endpoints": {"sealed_previous_secret": TextField(null=True), "previous_until": DateTimeField(null=True)},
+        "webhook_endpoints": {"sealed_previous_secret": TextField(null=True),
+                              "previous_until": DateTimeField(null=True)},
         "webhook_messages": {"claimed_until": DateTimeField(null=True)},
     }
     for table, wanted in columns.items():
@@ -207,7 +208,8 @@ def move_into_personal_organisations(database):
         "(SELECT 1 FROM memberships m WHERE m.org_id = organisations.id)")
     personal = "(SELECT o.id FROM organisations o WHERE o.personal_for_id = {table}.user_id)"
     for table, which in (("api_keys", ""), ("webhook_endpoints", ""),
-                         ("security_events", " AND (substr(event, 1, 4) = 'key.' OR substr(event, 1, 8) = 'webhook.')")):
+                         ("security_events",
+                          " AND (substr(event, 1, 4) = 'key.' OR substr(event, 1, 8) = 'webhook.')")):
         if "user_id" in {column.name for column in database.get_columns(table)}:
             database.execute_sql(f"UPDATE {table} SET org_id = {personal.format(table=table)} "
                                  f"WHERE org_id IS NULL{which}")
@@ -224,7 +226,8 @@ def move_into_personal_organisations(database):
                 database.execute_sql(f"DELETE FROM {child} WHERE {column} IN {orphans}")
         if gone := database.execute_sql(f"DELETE FROM {table} WHERE org_id IS NULL").rowcount:
             log.warning("Deleted %d rows of %s whose account no longer exists.", gone, table)
-    database.execute_sql("DELETE FROM security_events WHERE user_id IS NOT NULL AND user_id NOT IN (SELECT id FROM users)")
+    database.execute_sql("DELETE FROM security_events "
+                         "WHERE user_id IS NOT NULL AND user_id NOT IN (SELECT id FROM users)")
     postgresql = isinstance(database, PostgresqlDatabase)
     migrator = PostgresqlMigrator(database) if postgresql else SqliteMigrator(database)
     # An endpoint belongs to its organisation alone.
@@ -267,7 +270,8 @@ def keep_key_generation(database):
     bump = "BEGIN UPDATE key_generation SET generation = generation + 1; END"
     for trigger in ("api_key_changed", "api_key_deleted"):
         database.execute_sql(f"DROP TRIGGER IF EXISTS {trigger}")
-    database.execute_sql(f"CREATE TRIGGER api_key_changed AFTER UPDATE ON api_keys WHEN {changed} OR {credits_rose} {bump}")
+    database.execute_sql(f"CREATE TRIGGER api_key_changed AFTER UPDATE ON api_keys "
+                         f"WHEN {changed} OR {credits_rose} {bump}")
     database.execute_sql(f"CREATE TRIGGER api_key_deleted AFTER DELETE ON api_keys {bump}")
 
 

@@ -1,1 +1,1 @@
-"""Webhooks (Standard Webhooks 1.0): endpoints, the outbox of messages, signing, delivery, the address check and the Security tab's section."""
+"""Webhooks (Standard Webhooks 1.0): endpoints, the outbox, signing, delivery, the address check, their Security tab."""

@@ -12,7 +12,8 @@ from models import SCOPES
 from orgs.keyactions import MAX_KEY_NAME_LENGTH
 from store.slugs import MAX_SLUG_LENGTH
 
-SECONDS = {"type": "string", "format": "date-time", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",
+SECONDS = {"type": "string", "format": "date-time",
+           "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",
            "examples": ["2026-11-22T23:20:00Z"]}
 PREFIX = {"type": "string", "pattern": f"^sk_(live|test)_[A-Za-z0-9]{{{DISPLAY_PREFIX_LENGTH - len('sk_live_')}}}$",
           "examples": ["sk_live_3uXP"]}
@@ -22,7 +23,8 @@ ORG = {"org": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$", "maxLeng
 KEY = {
     "key_id": {"type": "integer", "minimum": 1, "description": "The key's id (KEY_ID), as keys list prints it.",
                "examples": [42]},
-    "key_name": {"type": "string", "maxLength": MAX_KEY_NAME_LENGTH, "description": "The key's name.", "examples": ["CI"]},
+    "key_name": {"type": "string", "maxLength": MAX_KEY_NAME_LENGTH, "description": "The key's name.",
+                 "examples": ["CI"]},
     "key_prefix": {**PREFIX, "description": "The key's display prefix, the start of its secret; never the secret."},
 }
 ACTOR = {"actor": {"type": ["string", "null"], "examples": ["alice"],
@@ -54,7 +56,8 @@ CATALOG = {
         "previous_key_prefix": {**PREFIX, "description": "The previous secret's display prefix.",
                                 "examples": ["sk_live_9fQa"]},
         "previous_valid_until": {**SECONDS, "type": ["string", "null"],
-                                 "description": "The end of the previous secret's grace period; null: it ended at once."},
+                                 "description": "The end of the previous secret's grace period; "
+                                                "null: it ended at once."},
     }),
     "key.revoked": key_event("A key is revoked (web, command line).", {
         "revoked_at": {**SECONDS, "description": "When it was revoked."},
@@ -114,7 +117,8 @@ HEADERS = [
      "after whsec_; several are separated by spaces: accept the delivery when one matches."),
 ]
 ANSWERS = {"2XX": {"description": "Delivered: any 2xx within 10 seconds, whatever the body (at most 1 KiB is read)."},
-           "default": {"description": "Anything else, or no answer within 10 seconds: tried again on the retry schedule."}}
+           "default": {"description": "Anything else, or no answer within 10 seconds: "
+                                      "tried again on the retry schedule."}}
 
 
 def title(event):
@@ -134,7 +138,8 @@ def operation(event, described):
             "required": ["type", "timestamp", "data"],
             "properties": {"type": {"type": "string", "const": event},
                            "timestamp": {"type": "string", "format": "date-time",
-                                         "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$",
+                                         "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}"
+                                                    "T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$",
                                          "description": "When the event happened, with milliseconds."},
                            "data": data}}
     sample = {"type": event, "timestamp": "2026-11-22T23:20:00.123Z", "data": example(described["properties"])}
@@ -198,7 +203,8 @@ def main():
     made = rewrite(text)
     if made != text:
         openapi.PATH.write_text(made, encoding="utf-8")
-    print(f"{openapi.PATH.name}: webhooks {'rewritten' if made != text else 'already up to date'} ({len(EVENTS)} events).")
+    print(f"{openapi.PATH.name}: webhooks {'rewritten' if made != text else 'already up to date'} "
+          f"({len(EVENTS)} events).")
 
 
 if __name__ == "__main__":

@@ -213,7 +213,8 @@ def record(claimed, outcome, schedule, now=None):
         if delivered:
             WebhookEndpoint.update(failing_since=None, disabled_at=None).where(endpoint).execute()
         else:
-            WebhookEndpoint.update(failing_since=now).where(endpoint & WebhookEndpoint.failing_since.is_null()).execute()
+            (WebhookEndpoint.update(failing_since=now)
+             .where(endpoint & WebhookEndpoint.failing_since.is_null()).execute())
             if next_at is not None:
                 wait_for_probe(claimed, next_at, now)
             disable_if_failing(claimed, now)

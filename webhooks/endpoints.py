@@ -41,10 +41,11 @@ def parse_events(names):
 
 
 def add_endpoint(user, url, events=None, org=None):
-    """Add an endpoint for the organisation (an id; None: the user's personal one), subscribed to events (None or empty: every event, those of
-    later releases included); return (WebhookEndpoint, its signing secret). The secret exists only
-    here; the database keeps it sealed. ValueError (RefusedAddress among them) with a sentence for
-    a URL or event refused, EndpointCapReached beyond MAX_ENDPOINTS."""
+    """Add an endpoint for the organisation (an id; None: the user's personal one), subscribed to
+    events (None or empty: every event, those of later releases included); return (WebhookEndpoint,
+    its signing secret). The secret exists only here; the database keeps it sealed. ValueError
+    (RefusedAddress among them) with a sentence for a URL or event refused, EndpointCapReached
+    beyond MAX_ENDPOINTS."""
     users.refuse_control_characters(url, "A webhook URL")
     events = parse_events(events or [])
     url = addresses.check_url(url, current_app.config["WEBHOOK_ALLOW_PRIVATE"])
@@ -81,7 +82,8 @@ def rotate_secret(endpoint, overlap=DEFAULT_OVERLAP, now=None):
     secret = signing.new_secret()
     with write_transaction(db.obj):
         lock_endpoint(endpoint.id)
-        current = WebhookEndpoint.select(WebhookEndpoint.sealed_secret).where(WebhookEndpoint.id == endpoint.id).scalar()
+        current = (WebhookEndpoint.select(WebhookEndpoint.sealed_secret)
+                   .where(WebhookEndpoint.id == endpoint.id).scalar())
         until = now + overlap if overlap else None
         (WebhookEndpoint.update(sealed_secret=signing.seal(secret), sealed_previous_secret=current if until else None,
                                 previous_until=until)

@@ -82,7 +82,8 @@ class DeferredEvents:
         if not events:
             return
         endpoints = collections.defaultdict(list)
-        rows = (WebhookEndpoint.select(WebhookEndpoint.org, WebhookEndpoint.id, WebhookEndpoint.events, Organisation.slug)
+        rows = (WebhookEndpoint.select(WebhookEndpoint.org, WebhookEndpoint.id, WebhookEndpoint.events,
+                                       Organisation.slug)
                 .join(Organisation)
                 .where(WebhookEndpoint.org.in_(list({org_id for org_id, *_ in events}))
                        & WebhookEndpoint.disabled_at.is_null()).tuples())

@@ -83,7 +83,8 @@ def not_claimed(now):
 def attempt_line(attempt):
     """An attempt as `webhooks attempts` prints it: webhook-id, ISO time, event, result, attempt number."""
     result = f"HTTP {attempt.status}" if attempt.status is not None else attempt.error
-    return "\t".join([attempt.message_id, iso_seconds(attempt.attempted_at), attempt.event, result, str(attempt.number)])
+    return "\t".join([attempt.message_id, iso_seconds(attempt.attempted_at), attempt.event, result,
+                      str(attempt.number)])
 
 
 def since_moment(text, now=None):

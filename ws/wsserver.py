@@ -256,7 +256,8 @@ class Server(simple_websocket.Server):
                 # the client has not taken our answers, so TCP slows the client down. One message
                 # may wait: the reader goes on to its next read while the handler takes it, where
                 # waiting for that cost the echo a greenlet switch a message.
-                if (len(self.input_buffer) > 1 and not self.closed_by_server) or not self.outbox.fits(self.outbox.limit // 2):
+                if ((len(self.input_buffer) > 1 and not self.closed_by_server)
+                        or not self.outbox.fits(self.outbox.limit // 2)):
                     if not self._hold_back() or not self.connected:
                         break
                 # Read afresh: another greenlet may have closed the socket meanwhile (which drops

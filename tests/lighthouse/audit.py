@@ -35,7 +35,8 @@ def audit(url, cookie, form_factor):
 
 
 def main():
-    with tempfile.TemporaryDirectory() as folder, serving(Path(folder), service_env(Path(folder)), "gunicorn") as server:
+    with (tempfile.TemporaryDirectory() as folder,
+          serving(Path(folder), service_env(Path(folder)), "gunicorn") as server):
         browser = Browser(server).signup()
         for name in ("Billing service", "Nightly export job"):
             browser.create_key(name)

@@ -30,19 +30,18 @@ from liveserver import (
     usernames,
     without_gunicorn,
 )
+from serverfixtures import each_run_mode, env_on_each_database
 from webforms import Fields
 
 from settings import DEFAULT_PASSWORD_HASH_COST
 
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def env(request, tmp_path_factory):
-    return service_env(tmp_path_factory.mktemp("accounts"), request.param, TRUSTED_PROXIES="1")
+env = env_on_each_database
+server_mode = each_run_mode
 
 
 @pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+def server_settings():
+    return {"TRUSTED_PROXIES": "1"}
 
 
 def cookie_payload(value):

@@ -12,7 +12,8 @@ import psycopg
 import pytest
 import requests
 import websocket
-from liveserver import cli, cli_session, service_env, serving, stored_total, wait_for
+from liveserver import cli, cli_session, serving, stored_total, wait_for
+from serverfixtures import env_on_each_database
 
 PROTECTED = "/api/v1/protected/test"
 ME = "/api/v1/user/me"
@@ -21,10 +22,12 @@ HISTORY = "/api/v1/usage/history"
 TIME = "/api/v1/ws/time"
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def env(request, tmp_path_factory):
-    env = service_env(tmp_path_factory.mktemp("analytics"), request.param, REVOKED_KEY_RETENTION_DAYS="0")
-    return env
+env = env_on_each_database
+
+
+@pytest.fixture(scope="module")
+def server_settings():
+    return {"REVOKED_KEY_RETENTION_DAYS": "0"}
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import socket
 import time
 
 import pytest
+from serverfixtures import each_run_mode
 
 
 @pytest.fixture(scope="module")
@@ -16,9 +17,7 @@ def server_settings():
     return {"WEB_CONCURRENCY": "2"}
 
 
-@pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+server_mode = each_run_mode
 
 
 def connect(server):

@@ -134,7 +134,8 @@ def scanning_answer(bases, status):
     base, address = bases["server"].base + SCANNING_PATH, {"X-Forwarded-For": next(addresses)}
     signed = report("sk_live_" + "x" * 38)
     if status == 404:  # the other server does not serve reports
-        return requests.post(bases["broken"].base + SCANNING_PATH, data=signed, timeout=10, headers=SIGNER.headers(signed))
+        return requests.post(bases["broken"].base + SCANNING_PATH, data=signed, timeout=10,
+                             headers=SIGNER.headers(signed))
     if status == 413:
         big = b"[" + b" " * (1024 * 1024) + b"]"
         return requests.post(base, data=big, timeout=10, headers={**SIGNER.headers(big), **address})

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import requests
 import services
-from liveserver import make_key, run_cli, service_env, start_procfile, stored_total, wait_for
+from liveserver import assert_served_and_stored, make_key, run_cli, service_env, start_procfile, stored_total, wait_for
 
 
 @pytest.fixture
@@ -76,9 +76,7 @@ def assert_counts_wait_out(tmp_path, database, fault, while_it_lasts=lambda env:
     headers = {"X-API-Key": key}
     server = start_procfile(tmp_path, env)
     try:
-        for _ in range(20):
-            assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
-        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 20)
+        assert_served_and_stored(server, env, key, 20)
 
         with fault:
             for _ in range(30):

@@ -150,7 +150,8 @@ def test_live_accounts_writing_at_once_on_two_workers_are_not_refused(server):
 
     def create(browser, n):
         return browser.http.post(f"{browser.base}/settings/security/keys", timeout=30, allow_redirects=False,
-                                 data={"csrf_token": tokens[browser], "name": f"k{n}", "type": "production"}).status_code
+                                 data={"csrf_token": tokens[browser], "name": f"k{n}",
+                                       "type": "production"}).status_code
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         statuses = list(pool.map(lambda job: create(*job), [(browser, n) for browser in browsers for n in range(8)]))

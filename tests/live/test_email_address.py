@@ -13,7 +13,7 @@ import pytest
 import requests
 from liveserver import PASSWORD, Browser, service_env, start_procfile, usernames
 from mailserver import mail_server
-from serverfixtures import mailing
+from serverfixtures import each_run_mode, mailing
 
 LINK = re.compile(r"https?://[^/\s]+(/email/(?:verify|change)/([A-Za-z0-9_-]{43}))")
 # Every token a mail carried: none may be in the server's log.
@@ -33,9 +33,7 @@ def env(request, tmp_path_factory, smtp):
                        **mailing(smtp, TRUSTED_PROXIES="1", LOG_FORMAT=log_format))
 
 
-@pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+server_mode = each_run_mode
 
 
 @pytest.fixture(scope="module")

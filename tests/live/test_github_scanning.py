@@ -1,9 +1,10 @@
 """GitHub's secret-scanning reports on the real server (the Procfile's gunicorn), with GitHub's
 keys served from loopback: a report of 1,000 entries (250 active keys, 250 revoked ones, 500 other
-providers' tokens) answered within 10 s on SQLite and on PostgreSQL, 1 MiB bodies taken (declared and chunked) whatever MAX_BODY_BYTES says and one byte
-more refused, a replay that changes nothing, concurrent reports that read the keys once, a keys
-server that never answers or drips its answer cut off with a 503 while other requests go on, no token
-in the log, and a reported key's page and `keys list` saying that GitHub reported it, where and when."""
+providers' tokens) answered within 10 s on SQLite and on PostgreSQL, 1 MiB bodies taken (declared
+and chunked) whatever MAX_BODY_BYTES says and one byte more refused, a replay that changes nothing,
+concurrent reports that read the keys once, a keys server that never answers or drips its answer
+cut off with a 503 while other requests go on, no token in the log, and a reported key's page and
+`keys list` saying that GitHub reported it, where and when."""
 
 import concurrent.futures
 import datetime
@@ -131,7 +132,8 @@ def test_1_mib_is_taken_whatever_max_body_bytes_says_and_one_byte_more_is_a_413(
     refused = post(server, sent(larger), SIGNER.headers(larger))
     assert refused.status_code == 413
     assert refused.json()["error"] == {"code": "payload_too_large",
-                                       "message": f"The request body is larger than the {MIB} bytes this service accepts."}
+                                       "message": f"The request body is larger than the {MIB} bytes "
+                                                  "this service accepts."}
     # Elsewhere MAX_BODY_BYTES holds.
     assert requests.post(server.base + "/api/v1/keys/revoke", data=b"x" * 1025, timeout=10).status_code == 413
 

@@ -43,7 +43,8 @@ def insert_keys(connection, mark, username, count, expires_at=None):
             "INSERT INTO api_keys (org_id, user_id, name, key_type, rate_limit_tier, display_prefix, key_hash, "
             f"created_at, total_requests, expires_at) VALUES ({mark}, {mark}, {mark}, 'production', 'free', {mark}, "
             f"{mark}, {mark}, 0, {mark}) RETURNING id",
-            (org_id, user_id, f"cached {number}", secret[:12], keyformat.hash_key(secret), utcnow(), expires_at)).fetchone()[0]
+            (org_id, user_id, f"cached {number}", secret[:12], keyformat.hash_key(secret), utcnow(),
+             expires_at)).fetchone()[0]
         keys.append((key_id, secret))
     return keys
 

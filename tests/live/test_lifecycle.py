@@ -11,6 +11,7 @@ import pytest
 import requests
 import websocket
 from liveserver import cli, service_env, serving, stored_total, wait_for
+from serverfixtures import each_run_mode
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -21,9 +22,7 @@ def env(request, tmp_path_factory):
     return env
 
 
-@pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+server_mode = each_run_mode
 
 
 def create(commands, *options):

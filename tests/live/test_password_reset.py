@@ -11,9 +11,9 @@ import sqlite3
 import psycopg
 import pytest
 import requests
-from liveserver import PASSWORD, Browser, service_env, usernames
+from liveserver import PASSWORD, Browser, usernames
 from mailserver import mail_server
-from serverfixtures import mailing
+from serverfixtures import each_run_mode, env_on_each_database, mailing
 from services import rows
 from twofactorsteps import code_at
 from webforms import Fields
@@ -31,14 +31,13 @@ def smtp():
         yield server
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def env(request, tmp_path_factory, smtp):
-    return service_env(tmp_path_factory.mktemp("reset"), request.param, **mailing(smtp, TRUSTED_PROXIES="1"))
+env = env_on_each_database
+server_mode = each_run_mode
 
 
 @pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+def server_settings(smtp):
+    return mailing(smtp, TRUSTED_PROXIES="1")
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +197,8 @@ def test_the_fourth_request_in_an_hour_mails_nothing(server, smtp, env):
     _, address = account(server)
     # A confirmed address: an unconfirmed one's links also count in its cap of 3 mails an hour
     # (mail/addresscap.py), which sign-up's link has begun (tests/unit/mail/test_addresscap.py).
-    execute(env["DATABASE_URL"], f"UPDATE users SET email_verified_at = '2026-01-01 00:00:00' WHERE email = '{address}'")
+    execute(env["DATABASE_URL"],
+            f"UPDATE users SET email_verified_at = '2026-01-01 00:00:00' WHERE email = '{address}'")
     for _ in range(4):
         assert SENT in ask(Browser(server), address).text  # each from another address
     # Written in each request's transaction: what is in the outbox now is all that will be sent.

@@ -85,7 +85,8 @@ def test_an_organisation_s_allowance_is_exact_across_its_members_keys_workers_an
         acme = Organisation.create(name="Acme", slug="acme")
         Membership.create(org=acme, user=alice, role="owner")
         Membership.create(org=acme, user=bob, role="developer")
-        members = [keyactions.issue_key(member, f"{member.username}'s", "production", org=acme.id)[1] for member in (alice, bob)]
+        members = [keyactions.issue_key(member, f"{member.username}'s", "production", org=acme.id)[1]
+                   for member in (alice, bob)]
         _, other = keyactions.issue_key(carol, "Own", "production")
     servers = [start_procfile(tmp_path, env) for _ in range(2)]
     try:

@@ -19,6 +19,7 @@ import pytest
 import requests
 from liveserver import (
     Server,
+    assert_served_and_stored,
     cli,
     free_port,
     make_key,
@@ -30,16 +31,10 @@ from liveserver import (
     wait_for,
     without_gunicorn,
 )
+from serverfixtures import each_run_mode, env_on_each_database
 
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def env(request, tmp_path_factory):
-    return service_env(tmp_path_factory.mktemp("server"), request.param)
-
-
-@pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+env = env_on_each_database
+server_mode = each_run_mode
 
 
 def test_procfile_runs_gunicorn_with_the_gevent_worker_of_serving_worker(tmp_path, env):
@@ -208,9 +203,7 @@ def test_a_killed_worker_loses_at_most_its_pending_counts(tmp_path, env, command
     headers = {"X-API-Key": key}
     server = start_procfile(tmp_path, env)
     try:
-        for _ in range(100):
-            assert requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10).status_code == 200
-        wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 100)
+        assert_served_and_stored(server, env, key, 100)
         for _ in range(50):
             requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
         worker = int(subprocess.check_output(["pgrep", "-P", str(server.process.pid)]).split()[0])

@@ -13,19 +13,14 @@ import pytest
 import requests
 import websocket
 from liveserver import Server, cli_session, free_port, make_key, service_env, start_server, without_gunicorn
+from serverfixtures import each_run_mode, env_on_each_database
 
 MS_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 DISPLAY_TIME = "%Y-%m-%d %H:%M:%S UTC"
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def env(request, tmp_path_factory):
-    return service_env(tmp_path_factory.mktemp("sockets"), request.param)
-
-
-@pytest.fixture(scope="module")
-def server_mode(run_mode):
-    return run_mode
+env = env_on_each_database
+server_mode = each_run_mode
 
 
 @pytest.fixture(scope="module")

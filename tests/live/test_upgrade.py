@@ -16,8 +16,9 @@ def test_a_fourth_release_database_is_upgraded_on_start_and_its_keys_answer_as_t
                       ACCOUNT_RATE_LIMIT="1000/hour")
     env["DATABASE_URL"], made = load_release4(env["DATABASE_URL"], tmp_path)
     with serving(tmp_path, env, run_mode) as server:
-        answers = {name: requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": made["secrets"][name]},
-                                      timeout=10).status_code for name in RELEASE4_ANSWERS}
+        answers = {name: requests.get(server.base + "/api/v1/protected/test",
+                                      headers={"X-API-Key": made["secrets"][name]}, timeout=10).status_code
+                   for name in RELEASE4_ANSWERS}
         output = server.output()
     assert answers == RELEASE4_ANSWERS
     assert output.count(f"Upgraded the database from schema version 12 to {schema.LATEST}.") == 1

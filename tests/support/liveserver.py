@@ -244,6 +244,15 @@ def stored_total(database_url, key):
         return connection.execute(sql, (key[:12],)).fetchone()[0]
 
 
+def assert_served_and_stored(server, env, key, count):
+    """Send count requests with a key that has made none yet, each answered 200, and wait until
+    env's database holds all of them in the key's total."""
+    for _ in range(count):
+        assert requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": key},
+                            timeout=10).status_code == 200
+    wait_for(lambda: stored_total(env["DATABASE_URL"], key) == count)
+
+
 def children(pid):
     """The pids of a process's children, from /proc (Linux)."""
     found = []

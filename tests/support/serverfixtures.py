@@ -1,7 +1,9 @@
 """The live server fixtures, written once (tests/conftest.py loads them): a module's `server`,
 started from its `env` in its `server_mode` and stopped at the module's end, its log checked; a
 module changes what differs by overriding `server_settings`, `env`, `server_mode` or
-`server_log_check`, and keeps the rest."""
+`server_log_check`, and keeps the rest. A module whose tests run on both databases or in both run
+modes binds the shared fixture to the name it overrides (`env = env_on_each_database`,
+`server_mode = each_run_mode`): pytest names a fixture after the module attribute that holds it."""
 
 import pytest
 from githubscanning import Signer, serving_keys
@@ -41,6 +43,19 @@ def server_mode():
     """The run mode of the module's server: the Procfile's gunicorn. A module whose tests run in
     both modes overrides it with `run_mode`."""
     return "gunicorn"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def env_on_each_database(request, tmp_path_factory, server_settings):
+    """The env of a module whose tests run on SQLite and on PostgreSQL: a fresh database of each
+    kind, shared by both run modes, and server_settings."""
+    return service_env(tmp_path_factory.mktemp("server"), request.param, **server_settings)
+
+
+@pytest.fixture(scope="module")
+def each_run_mode(run_mode):
+    """The server_mode of a module whose tests run against both run modes (run_mode's)."""
+    return run_mode
 
 
 @pytest.fixture(scope="module")

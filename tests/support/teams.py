@@ -1,5 +1,6 @@
 """An organisation with a member of every role, to act in through the web forms, and what those
-forms could change, to compare before and after (tests/unit/web/test_members.py, test_invitations.py)."""
+forms could change, to compare before and after (tests/unit/web/test_members.py, test_invitations.py);
+a smaller one for the command line's tests (make_org)."""
 
 import copy
 import datetime
@@ -21,6 +22,16 @@ PASSWORD = "correct horse battery"
 ACTORS = {"owner": "olive", "admin": "adam", "developer": "dora", "viewer": "vic"}
 # Whom they act on: a second owner, a developer, and fred, a former member whose key stays.
 OTHERS = {"owen": "owner", "tess": "developer", "fred": "developer"}
+
+
+def make_org(name, owner, roles):
+    """A new organisation of that name, owned by owner, with a new account in each of roles
+    ({username: role})."""
+    org = org_members.create(name, owner)
+    for username, role in roles.items():
+        made = users.create_user(username, f"{username}@example.com", PASSWORD)
+        Membership.create(org=org.id, user=made.id, role=role)
+    return org
 
 
 def make_team(app):

@@ -168,5 +168,6 @@ def receiving():
         yield receiver
     finally:
         receiver.stop()
-    differing = [f"{delivery.message_id}: {error}" for delivery in receiver.received() for error in delivery.catalog_errors]
+    differing = [f"{delivery.message_id}: {error}"
+                 for delivery in receiver.received() for error in delivery.catalog_errors]
     assert not differing, "deliveries that differ from openapi.json's webhooks:\n" + "\n".join(differing)

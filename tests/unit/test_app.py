@@ -91,7 +91,8 @@ def test_making_the_app_compiles_no_url_builder(make_app, database_url, monkeypa
 @pytest.mark.parametrize("append_unknown", [True, False])
 def test_every_rule_builds_the_urls_werkzeug_s_own_rule_builds(make_app, database_url, append_unknown):
     app = make_app({"DATABASE_URL": database_url, "TESTING": True})
-    own = Map([Rule(rule.rule, websocket=rule.websocket, **rule.get_empty_kwargs()) for rule in app.url_map.iter_rules()],
+    own = Map([Rule(rule.rule, websocket=rule.websocket, **rule.get_empty_kwargs())
+               for rule in app.url_map.iter_rules()],
               converters=app.url_map.converters)
     ours, theirs = app.url_map.bind("localhost"), own.bind("localhost")
     for rule in app.url_map.iter_rules():

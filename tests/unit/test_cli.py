@@ -6,12 +6,13 @@ import peewee
 import pytest
 from flask import g
 from liveserver import run_cli, service_env
+from teams import make_org
 
 import auth
 import cli.users
 from accounts import recovery, securitylog, sessions, users
 from keys import keyformat
-from models import ApiKey, Membership, Session, User, db, iso_seconds, personal_organisation
+from models import ApiKey, Session, User, db, iso_seconds, personal_organisation
 from orgs import keyactions, members
 
 
@@ -183,11 +184,7 @@ def test_users_create_without_a_terminal_says_to_use_password_stdin(tmp_path):
 @pytest.fixture
 def acme(user):
     """Acme, owned by alice, with bob a developer and carol a viewer."""
-    org = members.create("Acme", user)
-    for name, role in [("bob", "developer"), ("carol", "viewer")]:
-        made = users.create_user(name, f"{name}@example.com", "correct horse battery")
-        Membership.create(org=org.id, user=made.id, role=role)
-    return org
+    return make_org("Acme", user, {"bob": "developer", "carol": "viewer"})
 
 
 def test_keys_create_with_org_makes_the_key_there_by_the_user(runner, acme):

@@ -139,7 +139,8 @@ def test_the_layout_table_names_every_module_of_the_service_and_no_other():
 
 def readme_block(containing):
     """The README's fenced code block that holds the text, as it stands."""
-    [block] = [block for block in FENCE.findall((ROOT / "README.md").read_text(encoding="utf-8")) if containing in block]
+    [block] = [block for block in FENCE.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+               if containing in block]
     return block.split("\n", 1)[1].rsplit("```", 1)[0]
 
 

@@ -179,8 +179,8 @@ def test_log_messages_escape_control_characters_in_what_they_quote():
     assert logs.escape_controls("tab\there\x1b[31m\x85") == "tab\\x09here\\x1b[31m\\x85"
 
 
-@pytest.mark.parametrize("before", ["\\n", "\\t", "\\r", '\\"', "\\u0022", "%3D", "%20", "_", "=", "'", "\\x3d", "\\047",
-                                    "%253D", "=3D", "\x1b[32m", "mask_"])
+@pytest.mark.parametrize("before", ["\\n", "\\t", "\\r", '\\"', "\\u0022", "%3D", "%20", "_", "=", "'", "\\x3d",
+                                    "\\047", "%253D", "=3D", "\x1b[32m", "mask_"])
 def test_keys_scan_finds_a_secret_after_any_escape(runner, user, tmp_path, before):
     _, secret = keyactions.issue_key(user, "Escaped", "production")
     path = tmp_path / "config.json"

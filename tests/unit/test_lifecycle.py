@@ -54,8 +54,8 @@ def test_a_bad_checksum_is_refused_without_a_lookup(client, api_key, monkeypatch
 
 def test_keys_issued_before_checksums_keep_working(client, user):
     legacy = "sk_live_" + "L" * 40
-    ApiKey.create(org=personal_organisation(user.id), user=user, name="Legacy", key_type="production", display_prefix=legacy[:12],
-                  key_hash=keyformat.hash_key(legacy))
+    ApiKey.create(org=personal_organisation(user.id), user=user, name="Legacy", key_type="production",
+                  display_prefix=legacy[:12], key_hash=keyformat.hash_key(legacy))
     assert get(client, "/api/v1/protected/test", legacy).json["api_key_name"] == "Legacy"
 
 
@@ -350,7 +350,8 @@ def test_keys_scan_reads_long_lines_in_pieces_and_ignores_lookalikes(runner, use
     path.write_text("first line\n" + "x = 1; " * 30 + f'k="{valid}"; ' + "y = 2; " * 30 + lookalikes + "\n")
     result = runner.invoke(args=["keys", "scan", str(path)])
     assert result.exit_code == 1
-    assert result.output.splitlines() == [f"{path}:2: {valid[:12]}... checksum ok", f"{path}:2: sk_test_AAAA... checksum bad"]
+    assert result.output.splitlines() == [f"{path}:2: {valid[:12]}... checksum ok",
+                                          f"{path}:2: sk_test_AAAA... checksum bad"]
 
 
 def test_keys_scan_tells_an_unreadable_file_from_a_found_secret(runner, user):

@@ -68,7 +68,8 @@ def send(client, signer, body, **options):
 
 def state():
     """What a report may change: the keys' revocations and secrets, events, messages and mails."""
-    return ([(key.id, key.revoked_at, key.key_hash, key.previous_key_hash) for key in ApiKey.select().order_by(ApiKey.id)],
+    return ([(key.id, key.revoked_at, key.key_hash, key.previous_key_hash)
+             for key in ApiKey.select().order_by(ApiKey.id)],
             SecurityEvent.select().count(), WebhookMessage.select().count(), MailMessage.select().count())
 
 
@@ -335,7 +336,8 @@ def test_a_report_of_1_mib_passes_whatever_max_body_bytes_says_and_one_byte_more
         response = client.post(PATH, headers=signer.headers(data), **options)
         assert response.status_code == status, response.get_data(as_text=True)
     assert_error(response, 413, "payload_too_large")
-    assert response.get_json()["error"]["message"] == f"The request body is larger than the {MIB} bytes this service accepts."
+    assert response.get_json()["error"]["message"] == (f"The request body is larger than the {MIB} bytes "
+                                                       "this service accepts.")
     # Other paths keep MAX_BODY_BYTES.
     assert client.post("/api/v1/keys/revoke", data=b"x" * 1025).status_code == 413
 

@@ -41,7 +41,8 @@ def test_a_sample_altered_by_one_byte_or_checked_with_another_key_fails(name):
     assert not signature_holds(key, payload, SAMPLES[other]["signature"])
 
 
-@pytest.mark.parametrize("signature", ["", "not base64!", "QUJD", "A" * 200, "MEQCIAfgjgz6Ou/3DXMYZBervz1TKCHFsvwMcbuJhNZ"])
+@pytest.mark.parametrize("signature", ["", "not base64!", "QUJD", "A" * 200,
+                                       "MEQCIAfgjgz6Ou/3DXMYZBervz1TKCHFsvwMcbuJhNZ"])
 def test_a_malformed_signature_is_simply_false(signature):
     sample = SAMPLES["current"]
     key = sample_key("current")[sample["key_identifier"]]

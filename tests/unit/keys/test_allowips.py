@@ -167,7 +167,8 @@ def test_the_cli_creates_a_key_with_an_allow_list_and_lists_it(runner, user):
     runner.invoke(args=["keys", "create", "alice", "--name", "Anywhere", "--type", "production"])
     lines = [line.split("\t") for line in runner.invoke(args=["keys", "list", "alice"]).output.strip().splitlines()]
     every_scope = "test:read,user:read,usage:read,time:stream"
-    assert [line[7:] for line in lines] == [[every_scope, "203.0.113.7/32,2001:db8::/64", "-"], [every_scope, "any", "-"]]
+    assert [line[7:] for line in lines] == [[every_scope, "203.0.113.7/32,2001:db8::/64", "-"],
+                                            [every_scope, "any", "-"]]
 
 
 def test_the_cli_refuses_malformed_entries_with_a_sentence(runner, user):

@@ -1,8 +1,9 @@
 """mail/addresscap.py through the forms that mail an address: one address gets at most 3 change
 links, invitations, and links to confirm an address nobody confirmed, an hour, whichever accounts
-ask (a reset link is in no address's cap); past that the form says so and nothing is written (no mail, no token, no invitation);
-case variants are one address; mail to the asking account's confirmed address does not count; an
-hour later the address is mailed again; requests racing for the last mail pass one at a time."""
+ask (a reset link is in no address's cap); past that the form says so and nothing is written (no
+mail, no token, no invitation); case variants are one address; mail to the asking account's
+confirmed address does not count; an hour later the address is mailed again; requests racing for
+the last mail pass one at a time."""
 
 import datetime
 import re
@@ -63,7 +64,8 @@ def text(response):
 
 
 def flashes(response):
-    return [re.sub(r"\s+", " ", text) for text in re.findall(r'<p class="flash[^"]*"[^>]*>(.*?)</p>', page(response), re.S)]
+    return [re.sub(r"\s+", " ", text)
+            for text in re.findall(r'<p class="flash[^"]*"[^>]*>(.*?)</p>', page(response), re.S)]
 
 
 def ask_change(client, email=STRANGER):

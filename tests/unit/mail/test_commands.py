@@ -27,7 +27,8 @@ def test_mail_test_with_the_console_writes_the_mail_to_the_log(make_app, databas
     app = make_app({"DATABASE_URL": database_url, "MAIL_URL": "console"})
     result = app.test_cli_runner().invoke(args=["mail", "test", "ops@example.com"])
     assert result.exit_code == 0
-    assert result.output == "Sent a test mail to ops@example.com through console: written to the log (MAIL_URL is console)\n"
+    assert result.output == ("Sent a test mail to ops@example.com through console: "
+                             "written to the log (MAIL_URL is console)\n")
     assert "Mail to ops@example.com | It changes nothing; if it reached you, mail works." in caplog.text
 
 

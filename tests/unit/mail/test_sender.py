@@ -23,7 +23,8 @@ def mail_app(make_app, database_url, smtp):
 
 
 def make_due(row):
-    MailMessage.update(next_attempt_at=utcnow() - datetime.timedelta(seconds=1)).where(MailMessage.id == row.id).execute()
+    (MailMessage.update(next_attempt_at=utcnow() - datetime.timedelta(seconds=1))
+     .where(MailMessage.id == row.id).execute())
 
 
 def test_a_queued_mail_is_sent_once_with_a_text_and_an_html_part(mail_app, smtp):

@@ -69,7 +69,8 @@ def test_a_tier_of_two_windows_admits_by_both_and_charges_neither_on_a_refusal(m
     assert window_count(metered, key, "multi-second") == 1
     refused = get(metered, secret)
     assert refused.get_json()["error"]["code"] == "rate_limit_exceeded"
-    assert refused.headers["RateLimit-Policy"] == '"multi-second";q=3;w=1, "multi-minute";q=10;w=60, "account";q=12;w=60'
+    assert refused.headers["RateLimit-Policy"] == ('"multi-second";q=3;w=1, "multi-minute";q=10;w=60, '
+                                                   '"account";q=12;w=60')
     assert refused.headers["X-RateLimit-Limit"] == "10"
     assert int(refused.headers["Retry-After"]) >= 1
 

@@ -121,7 +121,8 @@ def deadlocks(database_name):
 def waiting_on_locks(database_name):
     """How many sessions of the database wait for a lock another holds."""
     with services.admin_connection() as connection:
-        return connection.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'",
+        return connection.execute("SELECT count(*) FROM pg_stat_activity "
+                                  "WHERE datname = %s AND wait_event_type = 'Lock'",
                                   (database_name,)).fetchone()[0]
 
 

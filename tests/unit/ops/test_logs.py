@@ -14,7 +14,8 @@ TOKEN = "p35RUWdmc33HkH6hnXICtPHkvszEJ0uFA4n8sojl-eo"
 
 @pytest.mark.parametrize("path", logs.MAILED_LINK_PATHS)
 @pytest.mark.parametrize("line, redacted", [
-    ('10.0.0.1 "GET {path}{token} HTTP/1.1" 200 1234 3ms abc', '10.0.0.1 "GET {path}[redacted] HTTP/1.1" 200 1234 3ms abc'),
+    ('10.0.0.1 "GET {path}{token} HTTP/1.1" 200 1234 3ms abc',
+     '10.0.0.1 "GET {path}[redacted] HTTP/1.1" 200 1234 3ms abc'),
     ("{path}{token}", "{path}[redacted]"),
     ("Unhandled error on POST {path}{token}", "Unhandled error on POST {path}[redacted]"),
     ("GET /{path}{token}/more?next=1", "GET /{path}[redacted]?next=1"),

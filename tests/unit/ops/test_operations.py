@@ -108,7 +108,8 @@ def test_metrics_count_by_route_never_by_path_or_key(client, api_key):
         value(before, "http_requests_total", endpoint="unmatched", method="GET", status="404") + 1
     assert value(after, "http_requests_total", endpoint="/api/v1/protected/test", method="GET", status="200") == \
         value(before, "http_requests_total", endpoint="/api/v1/protected/test", method="GET", status="200") + 1
-    assert value(after, "rate_limited_total", policy="public") == value(before, "rate_limited_total", policy="public") + 1
+    assert value(after, "rate_limited_total", policy="public") == \
+        value(before, "rate_limited_total", policy="public") + 1
     assert value(after, "http_request_duration_seconds_count", endpoint="/api/v1/demo/year") == \
         value(before, "http_request_duration_seconds_count", endpoint="/api/v1/demo/year") + 6
 

@@ -245,7 +245,8 @@ def test_sending_a_link_again_counts_against_the_address_s_hourly_cap(acme, user
     for _ in range(addresscap.MAILS_PER_HOUR - 1):
         invitations.send_again(invitations.pending_in(acme.id).get(), actor=user)
     pending = invitations.pending_in(acme.id).get()
-    with pytest.raises(addresscap.NoMoreMail, match=r"^No more mail goes to victim@example\.org for now; try again later\.$"):
+    with pytest.raises(addresscap.NoMoreMail,
+                       match=r"^No more mail goes to victim@example\.org for now; try again later\.$"):
         invitations.send_again(pending, actor=user)
     assert MailMessage.select().where(MailMessage.recipient == "victim@example.org").count() == 3
     assert invitations.pending_in(acme.id).get().id == pending.id  # the refused link was not made

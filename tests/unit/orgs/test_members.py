@@ -337,8 +337,9 @@ def test_removing_with_the_keys_asks_for_both_under_the_lock(app, user, monkeypa
     join(acme, admin, "admin")
     join(acme, dev, "developer")
     allows = members.roles.allows
-    monkeypatch.setattr(members.roles, "allows", lambda role, action, **context: action != members.roles.MEMBER_REVOKE_KEYS
-                        and allows(role, action, **context))
+    monkeypatch.setattr(members.roles, "allows",
+                        lambda role, action, **context: (action != members.roles.MEMBER_REVOKE_KEYS
+                                                         and allows(role, action, **context)))
     with pytest.raises(members.NotAllowed):
         members.remove(acme.id, dev.id, revoke_keys=True, actor=admin)
     assert Membership.get_or_none(Membership.org == acme.id, Membership.user == dev.id) is not None

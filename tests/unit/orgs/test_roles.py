@@ -56,7 +56,8 @@ DOCUMENTED = {
     "Create a key": (roles.KEY_CREATE, {}),
     "Roll, revoke or change a key it created": (roles.KEY_CHANGE, {"own_key": True}),
     "Roll, revoke or change another member's key": (roles.KEY_CHANGE, {"own_key": False}),
-    "Add, remove or test a webhook endpoint; resend or recover its messages, rotate its secret": (roles.WEBHOOK_MANAGE, {}),
+    "Add, remove or test a webhook endpoint; resend or recover its messages, rotate its secret": (
+        roles.WEBHOOK_MANAGE, {}),
     "Invite, send again or revoke an invitation as admin, developer or viewer": (
         roles.MEMBER_INVITE, {"target_role": None, "new_role": "admin"}),
     "Invite, send again or revoke an invitation as owner": (

@@ -160,7 +160,8 @@ def test_an_empty_chunk_pushes_the_head_out_at_once(exchange):
 
 def test_a_large_first_part_is_sent_after_the_head_not_copied_behind_it(exchange):
     body = b"x" * (Response.JOINED_BODY_LIMIT + 1)
-    sends, reply, read = exchange("GET / HTTP/1.1", lambda resp: answer(resp, [body], [("Content-Length", str(len(body)))]))
+    sends, reply, read = exchange("GET / HTTP/1.1",
+                                  lambda resp: answer(resp, [body], [("Content-Length", str(len(body)))]))
     assert sends[0].endswith(b"\r\n\r\n") and sends[1:] == [body] and read == body
 
 

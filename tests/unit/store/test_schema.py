@@ -352,8 +352,8 @@ def test_a_sqlite_database_keeps_a_key_generation_that_only_key_changes_move(tmp
             connection.execute("INSERT INTO users (username, email, password_hash, created_at) "
                                "VALUES ('kim', 'kim@example.com', 'x', '2026-01-01')")
             connection.execute("INSERT INTO organisations (name, slug, created_at) VALUES ('kim', 'kim', '2026-01-01')")
-            connection.execute("INSERT INTO api_keys (org_id, user_id, name, key_type, rate_limit_tier, display_prefix, "
-                               "key_hash, created_at, total_requests) "
+            connection.execute("INSERT INTO api_keys (org_id, user_id, name, key_type, rate_limit_tier, "
+                               "display_prefix, key_hash, created_at, total_requests) "
                                "VALUES (1, 1, 'k', 'development', 'free', 'sk_test_abcd', 'h', '2026-01-01', 0)")
     with contextlib.closing(sqlite3.connect(path)) as connection, connection:
         connection.execute("UPDATE api_keys SET total_requests = total_requests + 1, last_used_at = '2026-02-01'")
@@ -388,12 +388,14 @@ def tables_at(url):
 
 def contents(url, tables):
     """{table: rows in the order of their first column} of the given {table: columns}."""
-    return {table: rows(url, f'SELECT {", ".join(columns)} FROM "{table}" ORDER BY 1') for table, columns in tables.items()}
+    return {table: rows(url, f'SELECT {", ".join(columns)} FROM "{table}" ORDER BY 1')
+            for table, columns in tables.items()}
 
 
 def index_names(url):
     if url.startswith("sqlite"):
-        return {name for (name,) in rows(url, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
+        return {name for (name,) in rows(url, "SELECT name FROM sqlite_master "
+                                              "WHERE type = 'index' AND sql IS NOT NULL")}
     return {name for (name,) in rows(url, "SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")}
 
 
@@ -435,7 +437,8 @@ def test_a_fourth_release_database_moves_each_account_into_its_personal_organisa
                             "ON o.id = m.org_id JOIN users u ON u.id = m.user_id")) == [
         (name, name, "owner") for name in usernames]
     # Each key in its creator's personal organisation, its creator the account it was made for.
-    keys = rows(url, "SELECT k.name, u.username, k.org_id FROM api_keys k JOIN users u ON u.id = k.user_id ORDER BY k.id")
+    keys = rows(url, "SELECT k.name, u.username, k.org_id FROM api_keys k JOIN users u ON u.id = k.user_id "
+                     "ORDER BY k.id")
     assert len(keys) == len(before["api_keys"]) == 7
     assert [(name, org_id) for name, _, org_id in keys] == [(name, personal[username][0]) for name, username, _ in keys]
     assert [name for name, _, _ in keys] == [name for name in made["secrets"] if name not in (
@@ -502,7 +505,8 @@ def test_a_fourth_release_database_keeps_its_keys_working_with_their_usage_and_c
     # Alice's organisation has 4 of its 12 spent; the others' requests spent none of them.
     assert [get(name).status_code for name in ("alice live", "alice refill") * 6] == [200] * 8 + [429] * 4
     refused = get("alice refill")
-    assert (refused.json["error"]["code"], refused.headers["X-RateLimit-Limit"]) == ("account_rate_limit_exceeded", "12")
+    assert (refused.json["error"]["code"], refused.headers["X-RateLimit-Limit"]) == (
+        "account_rate_limit_exceeded", "12")
     assert [get(name).status_code for name in ("bob expiring", "carol rolled", "dave live")] == [200] * 3
 
 

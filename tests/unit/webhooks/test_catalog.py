@@ -21,7 +21,8 @@ from webhooks.models import WebhookMessage
 
 TEXT = openapi.PATH.read_text(encoding="utf-8")
 DOCUMENT = json.loads(TEXT)
-HEADERS = {"webhook-id": "msg_" + "a" * 24, "webhook-timestamp": "1795312800", "webhook-signature": "v1," + "A" * 43 + "="}
+HEADERS = {"webhook-id": "msg_" + "a" * 24, "webhook-timestamp": "1795312800",
+           "webhook-signature": "v1," + "A" * 43 + "="}
 
 
 def test_openapi_json_holds_the_catalog_as_regenerating_writes_it():
@@ -52,7 +53,8 @@ def test_each_event_gives_its_body_headers_and_answers():
         post = item["post"]
         assert post["security"] == [] and set(post["responses"]) == {"2XX", "default"}
         assert [(parameter["name"], parameter["in"], parameter["required"]) for parameter in post["parameters"]] == [
-            ("webhook-id", "header", True), ("webhook-timestamp", "header", True), ("webhook-signature", "header", True)]
+            ("webhook-id", "header", True), ("webhook-timestamp", "header", True),
+            ("webhook-signature", "header", True)]
         media = post["requestBody"]["content"]["application/json"]
         body = media["schema"]
         assert body["required"] == ["type", "timestamp", "data"] and body["properties"]["type"]["const"] == event
@@ -73,8 +75,10 @@ def test_a_body_or_header_that_differs_from_the_catalog_is_named():
     assert "Additional properties are not allowed ('secret' was unexpected)" in catalog_errors(HEADERS, unlisted)[0]
     assert catalog_errors(HEADERS, missing) == ["key.revoked body at $.data: 'actor' is a required property"]
     assert "revoked_at" in catalog_errors(HEADERS, ms_less)[0]
-    assert catalog_errors({**HEADERS, "webhook-timestamp": "soon"}, example)[0].startswith("key.revoked header webhook-timestamp")
-    assert catalog_errors(HEADERS, {**example, "type": "key.renamed"}) == ["'key.renamed' is not an event of openapi.json's webhooks"]
+    assert catalog_errors({**HEADERS, "webhook-timestamp": "soon"}, example)[0].startswith(
+        "key.revoked header webhook-timestamp")
+    assert catalog_errors(HEADERS, {**example, "type": "key.renamed"}) == [
+        "'key.renamed' is not an event of openapi.json's webhooks"]
     assert catalog_errors(HEADERS, {**example, "type": "key.renamed"}, uncatalogued={"key.renamed"}) == []
 
 
@@ -88,9 +92,12 @@ def test_a_receiver_fails_its_test_when_a_delivery_differs_from_the_catalog(app,
 
 
 def test_revoked_as_leaked_may_say_that_github_reported_it():
-    example = DOCUMENT["webhooks"]["key.revoked_as_leaked"]["post"]["requestBody"]["content"]["application/json"]["example"]
-    reported = {**example, "data": {**example["data"], "source": "github", "url": "https://github.com/acme/app/blob/main/.env"}}
-    by_holder = {**example, "data": {name: value for name, value in example["data"].items() if name not in ("source", "url")}}
+    example = (DOCUMENT["webhooks"]["key.revoked_as_leaked"]["post"]["requestBody"]["content"]["application/json"]
+               ["example"])
+    reported = {**example, "data": {**example["data"], "source": "github",
+                                    "url": "https://github.com/acme/app/blob/main/.env"}}
+    by_holder = {**example, "data": {name: value for name, value in example["data"].items()
+                                     if name not in ("source", "url")}}
     assert catalog_errors(HEADERS, reported) == [] and catalog_errors(HEADERS, by_holder) == []
     assert catalog_errors(HEADERS, {**reported, "data": {**reported["data"], "source": "gitlab"}})
 

@@ -6,10 +6,11 @@ organisation."""
 import re
 
 import pytest
+from teams import make_org
 
 from accounts import users
-from models import Membership, SecurityEvent, personal_organisation
-from orgs import keyactions, members
+from models import SecurityEvent, personal_organisation
+from orgs import keyactions
 from webhooks import endpoints
 from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage
 
@@ -20,11 +21,7 @@ URL = "http://127.0.0.1:9/hook"
 def acme(app):
     """Acme, owned by alice, with bob an admin and carol a developer."""
     alice = users.create_user("alice", "alice@example.com", "correct horse battery")
-    org = members.create("Acme", alice)
-    for name, role in [("bob", "admin"), ("carol", "developer")]:
-        made = users.create_user(name, f"{name}@example.com", "correct horse battery")
-        Membership.create(org=org.id, user=made.id, role=role)
-    return org
+    return make_org("Acme", alice, {"bob": "admin", "carol": "developer"})
 
 
 def test_add_with_org_adds_the_endpoint_there_and_any_member_lists_it(runner, acme):
@@ -32,8 +29,8 @@ def test_add_with_org_adds_the_endpoint_there_and_any_member_lists_it(runner, ac
     assert added.exit_code == 0, added.output
     endpoint = WebhookEndpoint.get()
     assert endpoint.org_id == acme.id
-    assert added.stdout.splitlines()[0] == (f"Added webhook endpoint {endpoint.id} for bob in acme: {URL} (key.created). "
-                                            "Its signing secret is shown only this once:")
+    assert added.stdout.splitlines()[0] == (f"Added webhook endpoint {endpoint.id} for bob in acme: {URL} "
+                                            "(key.created). Its signing secret is shown only this once:")
     listed = runner.invoke(args=["webhooks", "list", "carol", "--org", "acme"])
     assert listed.stdout == f"{endpoint.id}\t{URL}\tkey.created\tactive\n"
     assert runner.invoke(args=["webhooks", "list", "bob"]).stdout == ""

@@ -210,8 +210,9 @@ def test_a_long_failure_is_cut_to_the_column():
 
 # webhooks test: one line in every case
 
-@pytest.mark.parametrize("answer, error", [(b"", "Connection closed without an answer"),
-                                           (b"hello\r\n\r\n", "The answer is not HTTP: its status line cannot be read")])
+@pytest.mark.parametrize("answer, error", [
+    (b"", "Connection closed without an answer"),
+    (b"hello\r\n\r\n", "The answer is not HTTP: its status line cannot be read")])
 def test_the_cli_test_of_a_receiver_that_fails_is_one_line(app, runner, user, answer, error):
     with answering(answer) as port:
         endpoint, _ = endpoints.add_endpoint(user, f"http://127.0.0.1:{port}/hook")
@@ -343,7 +344,8 @@ hub, real = gevent.get_hub(), socket.getaddrinfo
 sleep = monkey.get_original("time", "sleep")
 def slow(host, port, *args, **kwargs):
     if host == "slow.example.test":
-        return hub.threadpool.apply(lambda: sleep(10) or [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))])
+        return hub.threadpool.apply(
+            lambda: sleep(10) or [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))])
     return real(host, port, *args, **kwargs)
 socket.getaddrinfo = slow
 def cut_attempt():

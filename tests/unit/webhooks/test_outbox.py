@@ -34,8 +34,8 @@ def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, 
     rolled = by_type["key.rolled"].verified["data"]
     assert rolled == {**names, "key_prefix": new_secret[:12], "previous_key_prefix": secret[:12],
                       "previous_valid_until": rolled["previous_valid_until"]}
-    assert by_type["key.revoked"].verified["data"] == {**names, "key_prefix": new_secret[:12],
-                                                       "revoked_at": by_type["key.revoked"].verified["data"]["revoked_at"]}
+    revoked = by_type["key.revoked"].verified["data"]
+    assert revoked == {**names, "key_prefix": new_secret[:12], "revoked_at": revoked["revoked_at"]}
     assert by_type["key.revoked_as_leaked"].verified["data"]["key_id"] == leaked.id
     everything = " ".join(sent.body.decode() + str(sent.headers) for sent in receiver.received())
     for shown_once in (secret, new_secret, leaked_secret, receiver.secrets["/alice"]):
@@ -118,7 +118,8 @@ def test_usage_threshold_at_80_and_100_percent_once_per_window(app, client, user
     thresholds = sorted((sent.verified["data"] for sent in receiver.received()
                          if sent.payload["type"] == "usage.threshold"), key=lambda data: data["used"])
     window = "free" if limits is None else "key-minute"
-    assert [(data["window"], data["used"], data["percent"]) for data in thresholds] == [(window, 4, 80), (window, 5, 100)]
+    assert [(data["window"], data["used"], data["percent"]) for data in thresholds] == [
+        (window, 4, 80), (window, 5, 100)]
     assert thresholds[0] == {"key_id": key.id, "key_name": "Busy", "key_prefix": key.display_prefix, "window": window,
                              "limit": 5, "window_seconds": 60, "used": 4, "percent": 80,
                              "reset_at": thresholds[0]["reset_at"], "org": "alice"}
@@ -132,7 +133,8 @@ def test_credits_low_at_ten_percent_and_exhausted_at_zero_once_each(app, client,
     app.extensions["usage"].flush()
     delivery.deliver_due(app)
     events = sorted((sent.verified for sent in receiver.received()
-                     if sent.payload["type"].startswith("credits.")), key=lambda event: -event["data"]["credits_remaining"])
+                     if sent.payload["type"].startswith("credits.")),
+                    key=lambda event: -event["data"]["credits_remaining"])
     assert [(event["type"], event["data"]["credits_remaining"]) for event in events] == [
         ("credits.low", 2), ("credits.exhausted", 0)]
     assert events[0]["data"]["credits_granted"] == 20

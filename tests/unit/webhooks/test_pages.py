@@ -118,7 +118,8 @@ def test_the_resend_button_of_a_forgotten_message_says_it_is_no_longer_kept(app,
     WebhookMessage.delete().execute()  # forgotten a week on; its attempt is still listed
     response = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
     assert response.status_code == 409
-    assert f"{message.message_id} is no longer kept: messages are forgotten a week after they were made." in response.text
+    assert (f"{message.message_id} is no longer kept: messages are forgotten a week after they were made."
+            in response.text)
 
 
 def test_the_security_tab_adds_an_endpoint_and_shows_its_secret_once(app, logged_in, receiver):

@@ -31,7 +31,8 @@ def test_old_messages_are_forgotten_in_batches_until_none_is_left(app, hook, mon
     monkeypatch.setattr(periodic, "PAUSE_SECONDS", 0, raising=False)
     week_ago = utcnow() - periodic.MESSAGES_KEPT_FOR - datetime.timedelta(minutes=1)
     WebhookMessage.insert_many([{"endpoint": hook.id, "message_id": outbox.new_message_id(), "event": "webhook.test",
-                                 "body": "{}", "created_at": week_ago, "state": DELIVERED} for _ in range(25)]).execute()
+                                 "body": "{}", "created_at": week_ago, "state": DELIVERED}
+                                for _ in range(25)]).execute()
     kept = outbox.write_test(hook)
     periodic.run()
     assert [message.id for message in WebhookMessage.select()] == [kept.id]
