@@ -86,7 +86,8 @@ def key_page(key_id):
                            creator=security.key_creators(g.org.id).get(key.user_id),
                            credits_left=credits.effective_remaining(key, now),
                            next_refill=refill and credits.next_refill_at(refill, now),
-                           outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=security.KEY_TYPES, graces=security.GRACES,
+                           outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=security.KEY_TYPES,
+                           graces=security.GRACES,
                            geometry={"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": BOTTOM, "top": TOP})
 
 

@@ -50,7 +50,8 @@ def change_password():
 @bp.post("/settings/profile/delete")
 @login_required
 def delete_account():
-    failure = with_password_check(users.delete_account, {"current": "delete-password"}, request.form.get("password", ""))
+    failure = with_password_check(users.delete_account, {"current": "delete-password"},
+                                  request.form.get("password", ""))
     if failure:
         return failure
     session.clear()

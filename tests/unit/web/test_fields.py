@@ -12,8 +12,9 @@ from orgs import members as org_members
 
 PASSWORD = "correct horse battery"  # conftest's alice
 # An example each rule of users.check_new_password refuses, and the words of the hint that name it.
-RULES = [("seven77", "8 to"), ("x" * 1025, "1,024 characters"), ("iloveyou", "not one of the most common passwords"),
-         ("ILoveYou", "capital letters make no difference"), ("tab\there-password", "no control or invisible characters")]
+RULES = [("seven77", "8 to"), ("x" * 1025, "1,024 characters"),
+         ("iloveyou", "not one of the most common passwords"), ("ILoveYou", "capital letters make no difference"),
+         ("tab\there-password", "no control or invisible characters")]
 
 
 @pytest.fixture
@@ -73,7 +74,8 @@ def test_a_fresh_form_marks_nothing_and_focuses_its_first_field(client):
      "line breaks) or invisible formatting characters.", "email", ()),
     ({"password": "iloveyou"}, "That password is one of the most common passwords; choose another.", "password", ()),
     ({"password": "short"}, "A password needs at least 8 characters.", "password", ()),
-    ({"username": "alice"}, "That username or email cannot be used. Choose another, or log in.", "username", ("email",)),
+    ({"username": "alice"}, "That username or email cannot be used. Choose another, or log in.", "username",
+     ("email",)),
 ])
 def test_a_signup_refusal_is_tied_to_its_field_and_focuses_it(client, user, data, sentence, field_id, also):
     sent = {"username": "bob", "email": "bob@example.com", "password": "long enough pass", **data}

@@ -100,7 +100,8 @@ def leaked(user, **report):
 def status(client, key):
     """The text of the key page's Status."""
     html = page(client.get(f"/settings/security/keys/{key.id}"))
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html.split('<dd id="status">', 1)[1].split("</dd>", 1)[0])).strip()
+    status = html.split('<dd id="status">', 1)[1].split("</dd>", 1)[0]
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", status)).strip()
 
 
 def test_a_key_revoked_as_leaked_says_who_reported_it_where_and_when(logged_in, user):

@@ -46,7 +46,11 @@ def roll(name):
 
 
 def rolled(name):
-    return lambda team, actor: ApiKey.get_by_id(key_of(name)(team, actor).id).key_hash != key_of(name)(team, actor).key_hash
+    def was_rolled(team, actor):
+        key = key_of(name)(team, actor)
+        return ApiKey.get_by_id(key.id).key_hash != key.key_hash
+
+    return was_rolled
 
 
 def revoked(name):
@@ -246,7 +250,8 @@ def test_every_role_may_create_an_organisation_and_switch_between_its_own(team, 
     response = client.post("/orgs/switch", data={"org": "acme", "next": "/settings/members"})
     assert response.status_code == 302 and response.location == "/settings/members"
     assert "Members of Acme" in client.get("/settings/members").text
-    response = client.post("/orgs/switch", data={"org": actor, "next": f"/settings/security/keys/{team.keys[actor].id}"})
+    key_page = f"/settings/security/keys/{team.keys[actor].id}"
+    response = client.post("/orgs/switch", data={"org": actor, "next": key_page})
     # A key's page belongs to the organisation left: the switch goes to the Security tab.
     assert response.location == "/settings/security"
     assert f'<option value="{actor}" selected>' in client.get("/settings/security").text
@@ -298,7 +303,8 @@ def test_a_removed_members_open_session_loses_the_organisation_at_once(team, log
     assert tess.get(f"/settings/security/keys/{key.id}").status_code == 404
     assert tess.post(f"/settings/security/keys/{key.id}/revoke").status_code == 404
     assert tess.post("/settings/members/invite", data={"email": "x@example.com", "role": "viewer"}).status_code == 302
-    assert not Invitation.select().where((Invitation.org == team.acme.id) & (Invitation.email == "x@example.com")).exists()
+    assert not (Invitation.select()
+                .where((Invitation.org == team.acme.id) & (Invitation.email == "x@example.com")).exists())
     assert tess.post("/orgs/switch", data={"org": "acme"}).status_code == 404
     # The key she made stays Acme's, working, listed as a former member's.
     assert ApiKey.get_by_id(key.id).revoked_at is None

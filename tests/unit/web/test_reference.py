@@ -141,7 +141,8 @@ def test_the_webhooks_section_shows_every_event_of_the_catalog_with_its_data_fie
         text = squeeze(markup.unescape(articles[f"event-{event}"]))
         assert post["summary"] in text, event
         for name, field in data["properties"].items():
-            shown = f"{name} {reference.type_text(field)[0]} {'yes' if name in data['required'] else 'no'} {field.get('description', '')}"
+            required = "yes" if name in data["required"] else "no"
+            shown = f"{name} {reference.type_text(field)[0]} {required} {field.get('description', '')}"
             assert shown in text, (event, shown)
         assert f'href="#event-{event}"' in page.get_data(as_text=True)
     created = squeeze(markup.unescape(articles["event-key.created"]))
