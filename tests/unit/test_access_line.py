@@ -1,4 +1,4 @@
-"""The text access line (gunicorn.conf.py's AccessAtoms): the line gunicorn's own atoms would give,
+"""The text access line (serving/accesslog.py's AccessAtoms): the line gunicorn's own atoms would give,
 escaped one line per request, whatever access_log_format names, with the fields made only as the
 line reads them. The live suites read the served line (tests/live/test_server.py, tests/live/test_edges.py)."""
 
@@ -11,9 +11,9 @@ from liveserver import ROOT
 from loggers import gunicorn_handlers_alone
 
 from ops import logs
+from serving.accesslog import AccessAtoms, ServiceLogger, service_line, shown
 
 conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
-AccessAtoms = conf["AccessAtoms"]
 
 FORMATS = [
     conf["access_log_format"],
@@ -74,7 +74,6 @@ def test_the_service_s_line_reads_no_field_gunicorn_would_build_them_all_for(mon
         '127.0.0.1 "GET /api/v1/a\\x0ab\\\\c\\"d HTTP/1.1" 200 38 7ms abc123')
 
 
-service_line = conf["service_line"]
 TOKEN = "Zx9" * 12
 # Fields a client writes, each with what the logs must not show or must escape.
 HOSTILE = [
@@ -112,7 +111,7 @@ def service_logger(access_format, accesslog="-"):
     config = Config()
     config.set("accesslog", accesslog)
     config.set("access_log_format", access_format)
-    return conf["ServiceLogger"](config)
+    return ServiceLogger(config)
 
 
 SERVED = dict(ENVIRON, PATH_INFO=f"/password/reset/{TOKEN}")
@@ -131,7 +130,7 @@ def test_the_service_s_logger_writes_its_own_format_field_by_field_and_any_other
 
     made_by_fields = []
     monkeypatch.setitem(service_line.__globals__, "shown",
-                        lambda value: made_by_fields.append(value) or conf["shown"](value))
+                        lambda value: made_by_fields.append(value) or shown(value))
     assert served(conf["access_log_format"]) == '127.0.0.1 "GET /password/reset/[redacted] HTTP/1.1" 200 38 0ms abc\n'
     assert made_by_fields
     made_by_fields.clear()

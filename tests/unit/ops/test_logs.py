@@ -119,15 +119,13 @@ def test_a_logger_that_would_do_more_with_a_record_is_written_through_logging(ch
 
 def test_gunicorns_access_log_as_the_service_sets_it_up_is_written_directly():
     """A change to gunicorn's set-up that turned the direct writes off would go unseen otherwise."""
-    import runpy
-
     from gunicorn.config import Config
-    from liveserver import ROOT
     from loggers import gunicorn_handlers_alone
 
-    conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    from serving.accesslog import ServiceLogger
+
     config = Config()
     config.set("accesslog", "-")
-    service_logger = conf["ServiceLogger"](config)
+    service_logger = ServiceLogger(config)
     with gunicorn_handlers_alone(service_logger) as access_log:
         assert logs.direct_writes(access_log) == access_log.handlers != []
