@@ -153,7 +153,7 @@ def create_app(overrides=None):
                           *emailtokens.MODELS, *org_models.MODELS])
     # Key changes reach the security log, webhooks and notices through keys/events.py's signal, account
     # events the notices through the security log's, an account's deletion its invitations through
-    # accounts/organisations.py's; the hot path's thresholds wait for the usage flush.
+    # orgs/organisations.py's; the hot path's thresholds wait for the usage flush.
     securitylog.init_app(app)
     notices.init_app(app)
     org_members.init_app(app)

@@ -13,10 +13,9 @@ from peewee import IntegrityError, PostgresqlDatabase, fn
 from werkzeug.exceptions import ServiceUnavailable, Unauthorized
 from werkzeug.security import check_password_hash, generate_password_hash
 
-from accounts import emailtokens, organisations, securitylog
+from accounts import emailtokens, securitylog
 from accounts.models import PROTECTION_MODELS
 from accounts.refusals import Refused
-from keys import keycache
 from models import (
     Membership,
     Organisation,
@@ -253,21 +252,6 @@ def change_password(user, current_password, new_password, *, checked=True):
         Session.delete().where(Session.user == user.id).execute()
         emailtokens.void(user.id, emailtokens.PASSWORD_RESET)
         securitylog.record(user.id, "user.password_changed")
-
-
-def delete_account(user, password):
-    """Delete the account and its sessions after checking the password, with the organisations it
-    alone belongs to and their keys (which fail from the next request on, and whose open time
-    sockets close); the keys it made in other organisations keep working for them (raise
-    organisations.SoleOwner where it is the only owner of one with other members)."""
-    if not password_matches(user, password):
-        raise WrongPassword("The password is not correct.")
-    with db.atomic():
-        lock_user(user)
-        organisations.leave_for_deletion(user)
-        Session.delete().where(Session.user == user.id).execute()
-        User.delete().where(User.id == user.id).execute()
-    keycache.announce_change()
 
 
 def personal_organisation_id(user):

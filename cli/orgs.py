@@ -5,11 +5,11 @@ import contextlib
 
 import click
 
-from accounts import organisations, users
+from accounts import users
 from cli.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
 from mail import outbox
 from models import ROLES, ApiKey, Membership, Organisation, personal_organisation
-from orgs import invitations, members, roles
+from orgs import invitations, members, organisations, roles
 
 orgs_cli = CommandGroup("orgs", help="Manage organisations and their members.")
 org_option = click.option("--org", "org_slug", metavar="SLUG",

@@ -4,10 +4,10 @@ for an account with the invited address; sending it again makes a new link and v
 
 import datetime
 
-from accounts import emailtokens, organisations, securitylog, users
+from accounts import emailtokens, securitylog, users
 from mail import addresscap, outbox
 from models import ROLES, Membership, Organisation, SecurityEvent, User, db, utcnow
-from orgs import members, roles
+from orgs import members, organisations, roles
 from orgs.models import Invitation
 
 LIFETIME = datetime.timedelta(days=7)

@@ -9,11 +9,12 @@ import re
 from flask import current_app
 
 import models
-from accounts import organisations, users
+from accounts import users
 from keys import allowips, events, keycache, leaks
 from keys.keyformat import DISPLAY_PREFIX_LENGTH, KEY_PREFIXES, generate_secret, hash_key
 from metering import credits
 from models import SCOPES, ApiKey, db, display_time, iso_seconds, utcnow
+from orgs import organisations
 
 DURATION_PATTERN = re.compile(r"([0-9]{1,6})([smhd])")
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -1,6 +1,6 @@
 """Organisations and their members: create, switch, change a role, remove, leave, and revoke the
 keys a member (or a former member) made. Every change happens with the organisation's row held
-(accounts/organisations.lock_organisation), so two admins at once cannot leave it without an owner,
+(orgs/organisations.lock_organisation), so two admins at once cannot leave it without an owner,
 and the acting member's role is read again under it (a role changed meanwhile decides); each writes
 its event to the organisation's security log."""
 
@@ -8,10 +8,10 @@ import datetime
 
 from peewee import JOIN, IntegrityError
 
-from accounts import organisations, securitylog, users
+from accounts import securitylog, users
 from keys import keycache
 from models import OWNER, ROLES, ApiKey, Membership, Organisation, SecurityEvent, Session, User, db, utcnow
-from orgs import keyactions, roles
+from orgs import keyactions, organisations, roles
 from orgs.models import Invitation
 from store import slugs
 
@@ -227,7 +227,7 @@ def revoke_invitations_by(org_id, user_id):
 
 
 def revoke_every_invitation_by(user_id):
-    """accounts/organisations.py's account_deleted: a deleted account's pending invitations end
+    """orgs/organisations.py's account_deleted: a deleted account's pending invitations end
     with it, in every organisation."""
     (Invitation.update(revoked_at=utcnow())
      .where((Invitation.invited_by == user_id) & Invitation.accepted_at.is_null() & Invitation.revoked_at.is_null())

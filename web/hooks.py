@@ -9,10 +9,10 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFProtect
 from werkzeug.exceptions import default_exceptions
 
-from accounts import organisations, sessions, users
+from accounts import sessions, users
 from mail import addresscap
 from ops import note as request_note
-from orgs import invitations, members as org_members
+from orgs import invitations, members as org_members, organisations
 from serving import envelope
 from web import fields
 

@@ -9,6 +9,7 @@ import ratelimit
 from accounts import emailaddress, throttles, users
 from mail import outbox
 from models import ApiKey, personal_organisation
+from orgs import organisations
 from web import fields
 from web.hooks import login_required, page_blueprint
 from web.signin import log_in
@@ -50,7 +51,7 @@ def change_password():
 @bp.post("/settings/profile/delete")
 @login_required
 def delete_account():
-    failure = with_password_check(users.delete_account, {"current": "delete-password"},
+    failure = with_password_check(organisations.delete_account, {"current": "delete-password"},
                                   request.form.get("password", ""))
     if failure:
         return failure

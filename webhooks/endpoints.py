@@ -6,8 +6,9 @@ import datetime
 from flask import current_app
 from peewee import PostgresqlDatabase, fn
 
-from accounts import organisations, securitylog, users
+from accounts import securitylog, users
 from models import db, iso_seconds, utcnow
+from orgs import organisations
 from store.writelock import write_transaction
 from webhooks import addresses, outbox, signing
 from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage

@@ -9,9 +9,10 @@ import logging
 import secrets
 import time
 
-from accounts import organisations, securitylog
+from accounts import securitylog
 from keys import events as key_events
 from models import Organisation, iso_ms, utcnow
+from orgs import organisations
 from webhooks import catalog
 from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage, subscribes
 
@@ -106,7 +107,7 @@ def init_app(app):
 
 
 def forget_endpoints(org_ids):
-    """accounts/organisations.py's organisations_deleted: their endpoints go with them (their
+    """orgs/organisations.py's organisations_deleted: their endpoints go with them (their
     messages and attempts by their foreign keys)."""
     WebhookEndpoint.delete().where(WebhookEndpoint.org.in_(org_ids)).execute()
 

@@ -13,7 +13,7 @@ import cli.users
 from accounts import recovery, securitylog, sessions, users
 from keys import keyformat
 from models import ApiKey, Session, User, db, iso_seconds, personal_organisation
-from orgs import keyactions, members
+from orgs import keyactions, members, organisations
 
 
 def test_users_create_with_password_stdin(runner):
@@ -220,7 +220,7 @@ def test_keys_list_with_org_lists_every_key_there_with_its_creator(runner, user,
     mine, _ = keyactions.issue_key(user, "alice's", "development", org=acme.id)
     bobs, _ = keyactions.issue_key(bob, "bob's", "production", "pro", org=acme.id)
     keyactions.issue_key(user, "personal", "development")
-    users.delete_account(bob, "correct horse battery")
+    organisations.delete_account(bob, "correct horse battery")
     every_scope = "test:read,user:read,usage:read,time:stream"
     result = runner.invoke(args=["keys", "list", "carol", "--org", "acme"])
     assert result.exit_code == 0, result.output

@@ -14,7 +14,7 @@ import openapi
 from accounts import users
 from api import VERSION
 from models import ApiKey, Membership
-from orgs import keyactions, members
+from orgs import keyactions, members, organisations
 
 PROTECTED = ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats", "/api/v1/usage/history"]
 PUBLIC = ["/api/v1/demo/year", "/api/v1/status", "/api/v1/openapi.json"]
@@ -97,7 +97,7 @@ def test_user_me_of_a_key_whose_creator_was_deleted_conforms(client, user, api_k
     acme = members.create("Acme", user)
     Membership.create(org=acme.id, user=bob.id, role="developer")
     _, secret = keyactions.issue_key(bob, "bob's", "development", org=acme.id)
-    users.delete_account(bob, "correct horse battery")
+    organisations.delete_account(bob, "correct horse battery")
     assert assert_conforms(client.get("/api/v1/user/me", headers={"X-API-Key": secret})) == {
         "user_id": None, "username": None, "email": None, "created_at": None, "api_key_count": 0}
 

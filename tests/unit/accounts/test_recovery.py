@@ -10,6 +10,7 @@ import pytest
 from accounts import emailtokens, recovery, securitylog, sessions, users
 from accounts.emailtokens import EmailToken
 from models import SecurityEvent, Session, User, utcnow
+from orgs import organisations
 
 NEW_PASSWORD = "a brand new passphrase"
 
@@ -204,7 +205,7 @@ def test_two_resets_racing_with_one_link_set_one_password(user, monkeypatch):
 
 def test_a_deleted_accounts_link_is_unknown(user):
     token = ask()
-    users.delete_account(user, "correct horse battery")
+    organisations.delete_account(user, "correct horse battery")
     assert unusable(token) == emailtokens.UNKNOWN
 
 

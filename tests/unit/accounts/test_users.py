@@ -23,7 +23,7 @@ import auth
 from accounts import sessions, throttles, users
 from models import ApiKey, Session, User, db
 from ops import logs
-from orgs import keyactions
+from orgs import keyactions, organisations
 from store.connections import protect_sqlite_files
 
 # The highest niceness, the lowest priority, on Linux and the BSDs.
@@ -103,7 +103,7 @@ def test_usage_of_a_key_deleted_with_its_account_does_not_hold_up_the_others(app
     kept_key, gone_key = auth.authenticate(kept), auth.authenticate(gone)
     usage.add(kept_key.id, "/api/v1/protected/test", 200, True)
     usage.add(gone_key.id, "/api/v1/protected/test", 200, True)
-    users.delete_account(other, "another long password")
+    organisations.delete_account(other, "another long password")
     usage.flush()
     assert usage.pending == {}
     assert ApiKey.get_by_id(kept_key.id).total_requests == 1
@@ -177,7 +177,7 @@ def test_an_existing_database_file_open_to_others_is_made_private(tmp_path):
 
 def test_deleting_an_account_deletes_its_sessions_keys_and_user(user, api_key):
     sessions.start_session(user)
-    users.delete_account(user, "correct horse battery")
+    organisations.delete_account(user, "correct horse battery")
     assert Session.select().count() == ApiKey.select().count() == User.select().count() == 0
 
 
@@ -185,7 +185,7 @@ def test_a_log_in_checked_against_the_old_password_starts_no_session(user):
     checked = users.user_for_login("alice", "correct horse battery")
     users.change_password(User.get_by_id(user.id), "correct horse battery", "a brand new passphrase")
     assert sessions.start_session(checked) is None
-    users.delete_account(User.get_by_id(user.id), "a brand new passphrase")
+    organisations.delete_account(User.get_by_id(user.id), "a brand new passphrase")
     assert sessions.start_session(checked) is None
     assert Session.select().count() == 0
 

@@ -14,7 +14,7 @@ from accounts.models import Passkey
 from mail import notices, sender
 from mail.models import MailMessage
 from models import ApiKey, Membership, User, db, utcnow
-from orgs import keyactions, members
+from orgs import keyactions, members, organisations
 from webhooks import periodic
 
 
@@ -157,7 +157,7 @@ def test_a_key_whose_creator_was_deleted_is_told_to_the_owners(notice_app, bob):
     acme = members.create("Acme", bob)
     Membership.create(org=acme.id, user=alice.id, role="developer")
     key, _ = keyactions.issue_key(alice, "Deploy", "development", org=acme.id)
-    users.delete_account(alice, "correct horse battery")
+    organisations.delete_account(alice, "correct horse battery")
     assert notices.key_recipients(ApiKey.get_by_id(key.id)) == [bob.id]
 
 

@@ -12,7 +12,7 @@ from liveserver import wait_for
 from keys import keyformat
 from metering import usage
 from models import ApiKey, UsageHour, User, db
-from orgs import keyactions
+from orgs import keyactions, organisations
 from store.connections import open_database
 from store.statements import Statements
 
@@ -283,7 +283,7 @@ def test_an_account_deleted_while_a_flush_waits_on_its_keys_deadlocks_neither(ma
         wait_for(lambda: waiting_on_locks(services.session_database()) >= 1)  # the flush waits on the holder
         try:
             with app.app_context():
-                users.delete_account(User.get(User.username == "ursula"), "correct horse battery")
+                organisations.delete_account(User.get(User.username == "ursula"), "correct horse battery")
         except Exception as error:  # noqa: BLE001  asserted below
             errors.append(error)
 

@@ -13,7 +13,7 @@ from accounts import emailtokens, securitylog, users
 from mail import addresscap, outbox
 from mail.models import MailMessage
 from models import Membership, SecurityEvent, User, utcnow
-from orgs import invitations, members
+from orgs import invitations, members, organisations
 from orgs.models import Invitation
 
 PUBLIC_URL = "https://api.example.com"
@@ -124,7 +124,7 @@ def test_a_deleted_accounts_pending_invitations_are_void_in_every_organisation(u
     _, to_acme = invitations.invite(acme.id, "eve@example.com", "admin", inviter=mia)
     _, to_minis = invitations.invite(minis.id, "eve@example.com", "developer", inviter=mia)
     _, from_owner = invitations.invite(acme.id, "otto@example.com", "viewer", inviter=user)
-    users.delete_account(mia, "correct horse battery")
+    organisations.delete_account(mia, "correct horse battery")
     assert invitations.find(token_of(to_acme))[1] == invitations.VOIDED
     assert invitations.find(token_of(to_minis))[1] in (invitations.VOIDED, invitations.UNKNOWN)
     eve = make_user("eve")

@@ -11,10 +11,10 @@ import pytest
 from flask import g
 
 import auth
-from accounts import organisations, securitylog, users
+from accounts import securitylog, users
 from keys import events as key_events
 from models import OWNER, ApiKey, Membership, Organisation, SecurityEvent, db, personal_organisation
-from orgs import invitations, keyactions, members
+from orgs import invitations, keyactions, members, organisations
 from orgs.models import Invitation
 
 
@@ -203,7 +203,7 @@ def test_a_deleted_creators_keys_are_listed_as_a_former_members(user, acme):
     bob = make_user("bob")
     join(acme, bob, "developer")
     keyactions.issue_key(bob, "one", "development", org=acme.id)
-    users.delete_account(bob, "correct horse battery")
+    organisations.delete_account(bob, "correct horse battery")
     assert members.former_members_keys(acme.id) == [(None, None, 1)]
 
 

@@ -29,7 +29,7 @@ from accounts.models import Passkey, RecoveryCode, TwoFactor
 from mail.models import MailMessage
 from metering import credits
 from models import ApiKey, User, db
-from orgs import keyactions
+from orgs import keyactions, organisations
 from store import connections, schema
 from webhooks import endpoints
 from webhooks.models import WebhookMarker
@@ -218,7 +218,7 @@ def test_no_id_is_given_to_a_second_row(database_url, make_app):
         bob = users.create_user("bob", "bob@example.com", "correct horse battery")
         gone = made_for(bob)
         endpoints.remove_endpoint(gone["webhook_endpoints"])
-        users.delete_account(bob, "correct horse battery")
+        organisations.delete_account(bob, "correct horse battery")
         assert [row for row in gone.values() if type(row).get_or_none(type(row).id == row.id)] == []
         new = made_for(users.create_user("carol", "carol@example.com", "correct horse battery"))
     assert set(gone) == set(schema.NEVER_REUSED_IDS)
@@ -296,7 +296,7 @@ def test_a_ninth_version_sqlite_database_keeps_every_row_and_gives_no_id_again(t
         assert db.execute_sql("PRAGMA foreign_keys").fetchone() == (1,)
         # Deleting the accounts deletes, by the foreign keys' cascades, every row that was theirs.
         for user in User.select():
-            users.delete_account(user, "correct horse battery")
+            organisations.delete_account(user, "correct horse battery")
         left = {table: db.execute_sql(f'SELECT count(*) FROM "{table}"').fetchone()[0] for table in before}
         assert {table: count for table, count in left.items() if count} == {"usage_writers": 1, "maintenance_locks": 1}
         new = made_for(users.create_user("erin", "erin@example.com", "correct horse battery"))
@@ -532,7 +532,7 @@ def test_a_fourth_release_account_deleted_after_the_upgrade_takes_everything_of_
     app = release4_app(make_app, url)
     with app.app_context():
         for user in User.select():
-            users.delete_account(user, RELEASE4["password"])
+            organisations.delete_account(user, RELEASE4["password"])
     left = {table: count for table in tables_at(url)
             if (count := rows(url, f'SELECT count(*) FROM "{table}"')[0][0])}
     assert left == {}

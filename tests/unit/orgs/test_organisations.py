@@ -3,9 +3,9 @@ deletion the keys it made elsewhere kept working, the organisations it alone bel
 
 import pytest
 
-from accounts import organisations, securitylog, users
+from accounts import securitylog, users
 from models import ApiKey, Membership, Organisation, SecurityEvent, User
-from orgs import keyactions
+from orgs import keyactions, organisations
 from webhooks import endpoints
 from webhooks.models import WebhookEndpoint
 
@@ -38,7 +38,7 @@ def test_a_deleted_account_s_keys_in_a_team_keep_working_and_its_own_organisatio
     _, own_secret = keyactions.issue_key(bob, "Mine", "production")
     app.config["WEBHOOK_ALLOW_PRIVATE"] = True
     own_endpoint, _ = endpoints.add_endpoint(bob, "http://127.0.0.1:9/hook")
-    users.delete_account(bob, PASSWORD)
+    organisations.delete_account(bob, PASSWORD)
     assert client.get("/api/v1/protected/test", headers={"X-API-Key": team_secret}).status_code == 200
     assert client.get("/api/v1/protected/test", headers={"X-API-Key": own_secret}).status_code == 401
     me = client.get("/api/v1/user/me", headers={"X-API-Key": team_secret}).json
@@ -53,10 +53,10 @@ def test_the_only_owner_of_a_team_cannot_delete_the_account(app, user):
     bob = users.create_user("bob", "bob@example.com", PASSWORD)
     acme = team(user, (bob, "admin"))
     with pytest.raises(organisations.SoleOwner, match="only owner of Acme"):
-        users.delete_account(user, PASSWORD)
+        organisations.delete_account(user, PASSWORD)
     assert User.get_or_none(User.id == user.id) is not None
     Membership.update(role="owner").where(Membership.user == bob.id).execute()
-    users.delete_account(user, PASSWORD)
+    organisations.delete_account(user, PASSWORD)
     assert [m.user_id for m in Membership.select().where(Membership.org == acme.id)] == [bob.id]
 
 
@@ -64,7 +64,7 @@ def test_the_team_log_keeps_what_a_deleted_member_did_without_naming_it(app, use
     bob = users.create_user("bob", "bob@example.com", PASSWORD)
     acme = team(user, (bob, "admin"))
     securitylog.record_in(acme.id, "member.invited", "carol@example.com as viewer", actor_id=bob.id)
-    users.delete_account(bob, PASSWORD)
+    organisations.delete_account(bob, PASSWORD)
     [event] = securitylog.recent_in(acme.id)
     assert (event.event, event.user_id) == ("member.invited", None)
     assert not SecurityEvent.select().where(SecurityEvent.user == bob.id).exists()

@@ -1,16 +1,20 @@
-"""What an account's life does to its organisations: the personal one made with the account, and
-on deletion the organisations it alone belonged to deleted, its keys elsewhere kept for their
-organisations. Member changes are orgs/'s."""
+"""Organisations: the errors of their rules, a row held for a change, the one a session works in,
+and what an account's deletion does to them (the organisations it alone belonged to deleted, its
+keys elsewhere kept for their organisations). Member changes are orgs/members.py's."""
 
 from blinker import Namespace
 from peewee import PostgresqlDatabase, fn
 
+from accounts import users
+from keys import keycache
 from models import (
     OWNER,
     ApiKey,
     Membership,
     Organisation,
     SecurityEvent,
+    Session,
+    User,
     create_personal_organisation,
     db,
     personal_organisation,
@@ -27,7 +31,7 @@ account_deleted = signals.signal("account-deleted")
 
 class OrganisationError(Exception):
     """What an organisation's rules refuse, or a change that found the organisation gone. Whoever
-    answers the request says how: web/members.py's REFUSAL_STATUS, orgs/commands.py's sentences."""
+    answers the request says how: web/hooks.py's REFUSAL_STATUS, cli/orgs.py's sentences."""
 
 
 class SoleOwner(OrganisationError, ValueError):
@@ -108,3 +112,18 @@ def leave_for_deletion(user):
     Organisation.update(personal_for=None).where(Organisation.personal_for == user.id).execute()
     Membership.delete().where(Membership.user == user.id).execute()
     account_deleted.send(user.id)
+
+
+def delete_account(user, password):
+    """Delete the account and its sessions after checking the password, with the organisations it
+    alone belongs to and their keys (which fail from the next request on, and whose open time
+    sockets close); the keys it made in other organisations keep working for them (raise
+    SoleOwner where it is the only owner of one with other members)."""
+    if not users.password_matches(user, password):
+        raise users.WrongPassword("The password is not correct.")
+    with db.atomic():
+        users.lock_user(user)
+        leave_for_deletion(user)
+        Session.delete().where(Session.user == user.id).execute()
+        User.delete().where(User.id == user.id).execute()
+    keycache.announce_change()
