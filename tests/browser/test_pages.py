@@ -260,7 +260,8 @@ LABEL_APART = """() => {
     range.setEnd(text, start + 1);
     const letter = range.getBoundingClientRect();
     if (!(letter.top < box.bottom && letter.bottom > box.top))
-      apart.push(`“${label.textContent.trim()}”: box at y ${Math.round(box.top)}, label at y ${Math.round(letter.top)}`);
+      apart.push(`“${label.textContent.trim()}”: box at y ${Math.round(box.top)},`
+                 + ` label at y ${Math.round(letter.top)}`);
   }
   return apart;
 }"""
@@ -282,8 +283,12 @@ MISALIGNED = """() => {
   for (const grid of document.querySelectorAll('.charts')) {
     const right = box(grid).right;
     const rows = new Map();
-    for (const chart of grid.children) rows.set(Math.round(box(chart).top), Math.max(rows.get(Math.round(box(chart).top)) || 0, box(chart).right));
-    for (const [top, end] of rows) if (end < right - 1) found.push(`a row of charts ends at ${Math.round(end)} of ${Math.round(right)} px`);
+    for (const chart of grid.children) {
+      const top = Math.round(box(chart).top);
+      rows.set(top, Math.max(rows.get(top) || 0, box(chart).right));
+    }
+    for (const [top, end] of rows)
+      if (end < right - 1) found.push(`a row of charts ends at ${Math.round(end)} of ${Math.round(right)} px`);
   }
   const widths = [...document.querySelectorAll('.totals > div')].map(card => Math.round(box(card).width));
   if (new Set(widths).size > 1) found.push(`the totals' cards are ${widths.join(', ')} px wide`);
@@ -299,9 +304,11 @@ LABEL_OUTSIDE = """() => {
     const card = cell.closest('tr');
     if (getComputedStyle(cell).display !== 'block' || !card.getBoundingClientRect().height) continue;
     const label = getComputedStyle(cell, '::before');
-    const bottom = cell.getBoundingClientRect().top + parseFloat(getComputedStyle(cell).paddingTop) + parseFloat(label.height);
-    if (bottom > card.getBoundingClientRect().bottom + 0.5)
-      found.push(`the label “${cell.dataset.label}” ends ${Math.round(bottom - card.getBoundingClientRect().bottom)} px below its card`);
+    const bottom = cell.getBoundingClientRect().top + parseFloat(getComputedStyle(cell).paddingTop)
+      + parseFloat(label.height);
+    const cardBottom = card.getBoundingClientRect().bottom;
+    if (bottom > cardBottom + 0.5)
+      found.push(`the label “${cell.dataset.label}” ends ${Math.round(bottom - cardBottom)} px below its card`);
   }
   return found;
 }"""

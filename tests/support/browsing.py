@@ -135,7 +135,8 @@ def axe_run(page, tags):
 # result took longer to hand to Python than the rules took to run.
 AXE_RUN = """async tags => {
   const result = await axe.run(document, {runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']});
-  const ran = ['passes', 'violations', 'incomplete', 'inapplicable'].flatMap(outcome => result[outcome].map(rule => rule.id));
+  const ran = ['passes', 'violations', 'incomplete', 'inapplicable']
+    .flatMap(outcome => result[outcome].map(rule => rule.id));
   return [ran, result.violations.map(rule => [rule.id, rule.impact, rule.nodes.map(node => node.target)])];
 }"""
 
@@ -157,15 +158,18 @@ TOO_WIDE = """() => {
   const label = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + [...e.classList].map(c => '.' + c).join('');
   const clipped = e => {
     for (let box = e.parentElement; box && box !== document.body; box = box.parentElement) {
-      if (getComputedStyle(box).overflowX !== 'visible' && box.getBoundingClientRect().right <= width + 0.5) return true;
+      if (getComputedStyle(box).overflowX !== 'visible' && box.getBoundingClientRect().right <= width + 0.5)
+        return true;
     }
     return false;
   };
   const found = [];
-  if (document.documentElement.scrollWidth > width) found.push(`the page is ${document.documentElement.scrollWidth} px wide`);
+  const pageWidth = document.documentElement.scrollWidth;
+  if (pageWidth > width) found.push(`the page is ${pageWidth} px wide`);
   for (const e of document.body.querySelectorAll('*')) {
     const box = e.getBoundingClientRect();
-    if (box.width && box.right > width + 0.5 && !clipped(e)) found.push(`${label(e)} reaches ${Math.round(box.right)} px`);
+    if (box.width && box.right > width + 0.5 && !clipped(e))
+      found.push(`${label(e)} reaches ${Math.round(box.right)} px`);
     const style = getComputedStyle(e);
     if (/auto|scroll/.test(style.overflowX) && e.scrollWidth > e.clientWidth + 1 && e.tabIndex < 0)
       found.push(`${label(e)} scrolls sideways (${e.scrollWidth} px in ${e.clientWidth}) but is not focusable`);
@@ -194,7 +198,8 @@ PATH_BROKEN = """selector => {
       const [before, after] = [letters[i - 1], letters[i]];
       const newLine = after.top >= before.bottom - 1;
       if (newLine && !/[\\/?\\s]/.test(before.letter) && !/[\\/?\\s]/.test(after.letter))
-        broken.push(`${letters.map(l => l.letter).join('')} breaks after “${letters.slice(0, i).map(l => l.letter).join('')}”`);
+        broken.push(`${letters.map(l => l.letter).join('')}`
+                    + ` breaks after “${letters.slice(0, i).map(l => l.letter).join('')}”`);
     }
   }
   return broken;
