@@ -14,10 +14,11 @@ except ImportError:
     sync_playwright = None
 
 
-@pytest.fixture
-def screenshots(tmp_path):
-    """Where the run saves its screenshots: docs/ with UPDATE_SCREENSHOTS=1, else a temporary folder."""
-    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory):
+    """Where the module's tests save their screenshots: docs/ with UPDATE_SCREENSHOTS=1, else a
+    temporary folder (of the module's: a walk shared by its tests saves there too)."""
+    return DOCS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import requests
-from browsing import AXE, COPY_DEADLINE_MS, CREATE, create_key, expect_clipboard, require, sign_up, strict_page
+from browsing import COPY_DEADLINE_MS, CREATE, axe_run, create_key, expect_clipboard, sign_up, strict_page
 from contract import DOCUMENT
 
 try:
@@ -126,7 +126,8 @@ Object.defineProperty(Navigator.prototype, 'clipboard', {get: () => ({writeText:
 
 def test_copy_and_try_it_are_offered_only_once_they_work(page):
     held = []
-    page.route("**/static/security.js", lambda route: held.append(route))  # the page's script is late, as on a loaded machine
+    # The page's script is late, as on a loaded machine.
+    page.route("**/static/security.js", lambda route: held.append(route))
     sign_up(page, "kira")
     page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Security").click()
     page.get_by_label("Name", exact=True).fill("Late script")
@@ -279,10 +280,7 @@ def test_create_with_expiry_and_scopes_roll_and_revoke(page, server):
 
 def axe_violations(page):
     """axe-core's WCAG 2.2 AA violations on the page as it is: [(rule, [target, ...]), ...]."""
-    require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
-    page.add_script_tag(path=str(AXE))
-    result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", WCAG_22_AA)
-    return [(violation["id"], [node["target"] for node in violation["nodes"]]) for violation in result["violations"]]
+    return [(rule, targets) for rule, _, targets in axe_run(page, WCAG_22_AA)[1]]
 
 
 def test_a_keys_page_charts_its_requests_by_outcome_at_1280_and_390_px(browser, server, screenshots):
@@ -318,7 +316,8 @@ def test_a_keys_page_charts_its_requests_by_outcome_at_1280_and_390_px(browser, 
         page.screenshot(path=screenshots / "key-page.png", full_page=True)
 
         page.set_viewport_size(PHONE)
-        wide = page.evaluate("""[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 390)
+        wide = page.evaluate("""[...document.querySelectorAll('body *')]
+            .filter(e => e.getBoundingClientRect().right > 390)
             .map(e => e.tagName + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right)).slice(0, 8)""")
         assert fits(page, PHONE["width"]), f"key page: {wide}"
         box = hour.locator("svg").bounding_box()

@@ -45,20 +45,62 @@ def server(server, receiver):
     return server
 
 
+def new_context(browser, server, viewport):
+    """A fresh browser context at the viewport's size. http://localhost is a secure context, where
+    passkeys can be added; the CSP is bypassed so that axe-core can be injected."""
+    return browser.new_context(base_url=server.base.replace("127.0.0.1", "localhost"), viewport=viewport,
+                               bypass_csp=True)
+
+
 @pytest.fixture
 def open_page(browser, server):
-    """open_page(viewport): a page of a fresh browser context. http://localhost is a secure context,
-    where passkeys can be added; the CSP is bypassed so that axe-core can be injected."""
+    """open_page(viewport): a page of a fresh browser context (new_context)."""
     contexts = []
 
     def open_page(viewport):
-        contexts.append(browser.new_context(base_url=server.base.replace("127.0.0.1", "localhost"),
-                                           viewport=viewport, bypass_csp=True))
+        contexts.append(new_context(browser, server, viewport))
         return contexts[-1].new_page()
 
     yield open_page
     for context in contexts:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def walks(browser, server, screenshots):
+    """walks(viewport): what one walk through every page at that size found, {"axe": {page: violations},
+    "layout": {page: problems}} (walk's). Each size is walked once a module, for axe-core's test and
+    the layout test of that size: a walk that failed fails each test that asks for it."""
+    walked, contexts = {}, []
+
+    def walks(viewport):
+        if viewport["width"] not in walked:
+            contexts.append(new_context(browser, server, viewport))
+            try:
+                walked[viewport["width"]] = walk(contexts[-1].new_page(), server, screenshots)
+            except Exception as error:
+                walked[viewport["width"]] = error
+        if isinstance(walked[viewport["width"]], Exception):
+            raise walked[viewport["width"]]
+        return walked[viewport["width"]]
+
+    yield walks
+    for context in contexts:
+        context.close()
+
+
+def walk(page, server, screenshots):
+    """Go to every page (every_page) at the page's size; return what axe-core found on each (unless
+    axe-core is missing: None) and what that size's layout checks (LAYOUT) found."""
+    check_layout = LAYOUT[page.viewport_size["width"]]
+    found = {"axe": {} if AXE.exists() else None, "layout": {}}
+    for name in every_page(page, server):
+        page.wait_for_load_state("load")
+        if problems := check_layout(page, name, screenshots):
+            found["layout"][name] = problems
+        if found["axe"] is not None and (violations := axe_violations(page)):
+            found["axe"][name] = violations
+    return found
 
 
 def every_page(page, server):
@@ -190,13 +232,12 @@ def every_page(page, server):
     yield "log-in's second step"
 
 
-# axe-core on 22 pages and states: 150-170 s in a full run on a slow machine, near the run's 180 s.
+# axe-core on 22 pages and states, walked once for this test and the layout test of its size.
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("viewport", [PHONE, DESKTOP], ids=["390px", "1280px"])
-def test_axe_finds_nothing_on_any_page(open_page, server, viewport):
+def test_axe_finds_nothing_on_any_page(walks, viewport):
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
-    page = open_page(viewport)
-    found = {name: violations for name in every_page(page, server) if (violations := axe_violations(page))}
+    found = walks(viewport)["axe"]
     assert not found, pformat(found, width=120)
 
 
@@ -219,7 +260,8 @@ LABEL_APART = """() => {
     range.setEnd(text, start + 1);
     const letter = range.getBoundingClientRect();
     if (!(letter.top < box.bottom && letter.bottom > box.top))
-      apart.push(`“${label.textContent.trim()}”: box at y ${Math.round(box.top)}, label at y ${Math.round(letter.top)}`);
+      apart.push(`“${label.textContent.trim()}”: box at y ${Math.round(box.top)},`
+                 + ` label at y ${Math.round(letter.top)}`);
   }
   return apart;
 }"""
@@ -241,8 +283,12 @@ MISALIGNED = """() => {
   for (const grid of document.querySelectorAll('.charts')) {
     const right = box(grid).right;
     const rows = new Map();
-    for (const chart of grid.children) rows.set(Math.round(box(chart).top), Math.max(rows.get(Math.round(box(chart).top)) || 0, box(chart).right));
-    for (const [top, end] of rows) if (end < right - 1) found.push(`a row of charts ends at ${Math.round(end)} of ${Math.round(right)} px`);
+    for (const chart of grid.children) {
+      const top = Math.round(box(chart).top);
+      rows.set(top, Math.max(rows.get(top) || 0, box(chart).right));
+    }
+    for (const [top, end] of rows)
+      if (end < right - 1) found.push(`a row of charts ends at ${Math.round(end)} of ${Math.round(right)} px`);
   }
   const widths = [...document.querySelectorAll('.totals > div')].map(card => Math.round(box(card).width));
   if (new Set(widths).size > 1) found.push(`the totals' cards are ${widths.join(', ')} px wide`);
@@ -258,9 +304,11 @@ LABEL_OUTSIDE = """() => {
     const card = cell.closest('tr');
     if (getComputedStyle(cell).display !== 'block' || !card.getBoundingClientRect().height) continue;
     const label = getComputedStyle(cell, '::before');
-    const bottom = cell.getBoundingClientRect().top + parseFloat(getComputedStyle(cell).paddingTop) + parseFloat(label.height);
-    if (bottom > card.getBoundingClientRect().bottom + 0.5)
-      found.push(`the label “${cell.dataset.label}” ends ${Math.round(bottom - card.getBoundingClientRect().bottom)} px below its card`);
+    const bottom = cell.getBoundingClientRect().top + parseFloat(getComputedStyle(cell).paddingTop)
+      + parseFloat(label.height);
+    const cardBottom = card.getBoundingClientRect().bottom;
+    if (bottom > cardBottom + 0.5)
+      found.push(`the label “${cell.dataset.label}” ends ${Math.round(bottom - cardBottom)} px below its card`);
   }
   return found;
 }"""
@@ -271,30 +319,36 @@ PROPORTIONAL_SECRETS = """() => [...document.querySelectorAll('.copy-row textare
   .map(field => `#${field.id} is in ${getComputedStyle(field).fontFamily}`)"""
 
 
-def test_every_page_fits_a_phone_with_labels_beside_their_boxes_and_paths_whole(open_page, server, screenshots):
-    page = open_page(PHONE)
-    found = {}
-    for name in every_page(page, server):
-        page.wait_for_load_state("load")
-        if name == SHOWN_IN_DOCS:  # down to the list of keys
-            bottom = page.evaluate("document.getElementById('keys-heading').closest('section').getBoundingClientRect().bottom + scrollY")
-            page.screenshot(path=screenshots / "phone-security-tab.png", full_page=True,
-                            clip={"x": 0, "y": 0, "width": PHONE["width"], "height": bottom + 16})
-        problems = (page.evaluate(TOO_WIDE) + page.evaluate(LABEL_APART) + page.evaluate(PATH_BROKEN, PATHS)
-                    + page.evaluate(MISALIGNED) + page.evaluate(LABEL_OUTSIDE) + page.evaluate(PROPORTIONAL_SECRETS))
-        if problems:
-            found[name] = problems
+def phone_layout(page, name, screenshots):
+    """What is wider than the phone, a box apart from its label, a path broken, misaligned, a card's
+    label outside it or a secret in a proportional font on the page (and the docs' screenshot)."""
+    if name == SHOWN_IN_DOCS:  # down to the list of keys
+        bottom = page.evaluate(
+            "document.getElementById('keys-heading').closest('section').getBoundingClientRect().bottom + scrollY")
+        page.screenshot(path=screenshots / "phone-security-tab.png", full_page=True,
+                        clip={"x": 0, "y": 0, "width": PHONE["width"], "height": bottom + 16})
+    return (page.evaluate(TOO_WIDE) + page.evaluate(LABEL_APART) + page.evaluate(PATH_BROKEN, PATHS)
+            + page.evaluate(MISALIGNED) + page.evaluate(LABEL_OUTSIDE) + page.evaluate(PROPORTIONAL_SECRETS))
+
+
+def desktop_layout(page, name, screenshots):
+    """What is misaligned or a secret in a proportional font on the page (and the docs' screenshot)."""
+    if name == SHOWN_IN_DOCS:
+        page.screenshot(path=screenshots / "security-tab.png", full_page=True)
+    return page.evaluate(MISALIGNED) + page.evaluate(PROPORTIONAL_SECRETS)
+
+
+# Each size's layout checks, by its width.
+LAYOUT = {PHONE["width"]: phone_layout, DESKTOP["width"]: desktop_layout}
+
+
+def test_every_page_fits_a_phone_with_labels_beside_their_boxes_and_paths_whole(walks):
+    found = walks(PHONE)["layout"]
     assert not found, pformat(found, width=120)
 
 
-def test_at_1280_px_key_rows_buttons_and_charts_line_up(open_page, server, screenshots):
-    page = open_page(DESKTOP)
-    found = {}
-    for name in every_page(page, server):
-        if name == SHOWN_IN_DOCS:
-            page.screenshot(path=screenshots / "security-tab.png", full_page=True)
-        if problems := page.evaluate(MISALIGNED) + page.evaluate(PROPORTIONAL_SECRETS):
-            found[name] = problems
+def test_at_1280_px_key_rows_buttons_and_charts_line_up(walks):
+    found = walks(DESKTOP)["layout"]
     assert not found, pformat(found, width=120)
 
 

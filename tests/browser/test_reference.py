@@ -27,7 +27,12 @@ UNFOLDED = """element => {
   return (!own || own.open) && holders.every(fold => fold.open);
 }"""
 FOLD_ALL = "() => { for (const fold of document.querySelectorAll('details')) fold.open = false; scrollTo(0, 0); }"
-OPEN_ALL = "() => { for (const fold of document.querySelectorAll('details')) fold.open = true; }"
+# Open every fold; return how many were closed.
+OPEN_ALL = """() => {
+  const closed = [...document.querySelectorAll('details')].filter(fold => !fold.open);
+  for (const fold of closed) fold.open = true;
+  return closed.length;
+}"""
 
 
 def contents(page):
@@ -123,8 +128,8 @@ def test_axe_finds_nothing_folded_or_open_and_opened_on_a_phone_it_fits(open_pag
     page.goto("/docs")
     painted(page)
     found = {"as loaded": axe_violations(page)}
-    page.evaluate(OPEN_ALL)
-    found["every fold open"] = axe_violations(page)
+    # At 1280 px it loads open: with no fold to open, the page is the one axe-core just looked at.
+    found["every fold open"] = axe_violations(page) if page.evaluate(OPEN_ALL) else found["as loaded"]
     if viewport == PHONE:
         found["wider than the phone"] = page.evaluate(TOO_WIDE)
         found["paths broken"] = page.evaluate(PATH_BROKEN, PATHS)

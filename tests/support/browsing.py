@@ -112,17 +112,33 @@ def create_key(page, name):
 def axe_violations(page):
     """axe-core's violations on the page as it is (its context must bypass the CSP to let axe-core
     in): [(rule, impact, [target, ...]), ...]."""
+    ran, violations = axe_run(page, AXE_TAGS)
+    assert {"target-size", "scrollable-region-focusable", "color-contrast"} <= ran
+    return violations
+
+
+def axe_run(page, tags):
+    """Run axe-core's rules of tags on the page as it is, injecting it unless the document has it
+    already; return (the set of rules that ran, [(rule, impact, [target, ...]), ...] violated)."""
     require(AXE.exists(), "axe-core is not installed (npm ci --prefix tests/axe)")
     # A click that follows a link returns once the new page starts loading, before it has a <head>
     # to take the script (CI met "Cannot read properties of null (reading 'appendChild')").
     page.wait_for_load_state("load")
-    page.add_script_tag(path=str(AXE))
-    result = page.evaluate("tags => axe.run(document, {runOnly: {type: 'tag', values: tags}})", AXE_TAGS)
-    ran = {rule["id"] for outcome in ("passes", "violations", "incomplete", "inapplicable") for rule in result[outcome]}
-    assert {"target-size", "scrollable-region-focusable", "color-contrast"} <= ran
-    return [(violation["id"], violation["impact"], [node["target"] for node in violation["nodes"]])
-            for violation in result["violations"]]
+    if not page.evaluate("() => typeof axe === 'object'"):
+        page.add_script_tag(path=str(AXE))
+    ran, violations = page.evaluate(AXE_RUN, tags)
+    return set(ran), [(rule, impact, targets) for rule, impact, targets in violations]
 
+
+# axe-core's run, with only what axe_run returns leaving the page. Only violations are listed node
+# by node: every node passed (thousands on the reference) cost a CSS selector each, and the whole
+# result took longer to hand to Python than the rules took to run.
+AXE_RUN = """async tags => {
+  const result = await axe.run(document, {runOnly: {type: 'tag', values: tags}, resultTypes: ['violations']});
+  const ran = ['passes', 'violations', 'incomplete', 'inapplicable']
+    .flatMap(outcome => result[outcome].map(rule => rule.id));
+  return [ran, result.violations.map(rule => [rule.id, rule.impact, rule.nodes.map(node => node.target)])];
+}"""
 
 
 class PageProblems(dict):
@@ -142,15 +158,18 @@ TOO_WIDE = """() => {
   const label = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + [...e.classList].map(c => '.' + c).join('');
   const clipped = e => {
     for (let box = e.parentElement; box && box !== document.body; box = box.parentElement) {
-      if (getComputedStyle(box).overflowX !== 'visible' && box.getBoundingClientRect().right <= width + 0.5) return true;
+      if (getComputedStyle(box).overflowX !== 'visible' && box.getBoundingClientRect().right <= width + 0.5)
+        return true;
     }
     return false;
   };
   const found = [];
-  if (document.documentElement.scrollWidth > width) found.push(`the page is ${document.documentElement.scrollWidth} px wide`);
+  const pageWidth = document.documentElement.scrollWidth;
+  if (pageWidth > width) found.push(`the page is ${pageWidth} px wide`);
   for (const e of document.body.querySelectorAll('*')) {
     const box = e.getBoundingClientRect();
-    if (box.width && box.right > width + 0.5 && !clipped(e)) found.push(`${label(e)} reaches ${Math.round(box.right)} px`);
+    if (box.width && box.right > width + 0.5 && !clipped(e))
+      found.push(`${label(e)} reaches ${Math.round(box.right)} px`);
     const style = getComputedStyle(e);
     if (/auto|scroll/.test(style.overflowX) && e.scrollWidth > e.clientWidth + 1 && e.tabIndex < 0)
       found.push(`${label(e)} scrolls sideways (${e.scrollWidth} px in ${e.clientWidth}) but is not focusable`);
@@ -179,7 +198,8 @@ PATH_BROKEN = """selector => {
       const [before, after] = [letters[i - 1], letters[i]];
       const newLine = after.top >= before.bottom - 1;
       if (newLine && !/[\\/?\\s]/.test(before.letter) && !/[\\/?\\s]/.test(after.letter))
-        broken.push(`${letters.map(l => l.letter).join('')} breaks after “${letters.slice(0, i).map(l => l.letter).join('')}”`);
+        broken.push(`${letters.map(l => l.letter).join('')}`
+                    + ` breaks after “${letters.slice(0, i).map(l => l.letter).join('')}”`);
     }
   }
   return broken;
