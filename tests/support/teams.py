@@ -101,6 +101,12 @@ def restore_content(database_url, content):
         services.restore_rows(connection, content)
 
 
+def member_role(team, name):
+    """The person's role in the team's Acme, or None when not a member."""
+    found = Membership.get_or_none((Membership.org == team.acme.id) & (Membership.user == team.people[name].id))
+    return found and found.role
+
+
 def snapshot():
     """Everything a form of the Members or Security tab could change, to compare before and after."""
     return {

@@ -1,5 +1,6 @@
 """The tests' own Redis (tests/support/services.py): without TEST_REDIS_URL a redis-server of each test
-process's own, never the machine's, and gone with the process; with it, a database a worker."""
+process's own, never the machine's, and gone with the process; with it, a database a worker. And the
+app fixture's database (tests/conftest.py): the schema an app builds, holding nothing of the last test."""
 
 import json
 import os
@@ -7,9 +8,15 @@ import socket
 import subprocess
 import sys
 
+import psycopg
 import pytest
 import services
 from liveserver import ROOT, wait_for
+from services import rows
+
+from accounts import users
+from models import db
+from orgs import keyactions
 
 # A test process's first Redis, and every address it connected to for it (Python's audit events
 # see each connect, whoever makes it).
@@ -76,3 +83,42 @@ def test_a_url_through_a_proxy_keeps_its_user_password_and_database():
     assert services.via("redis://:secret@cache.internal:6380/12", 4000) == "redis://:secret@127.0.0.1:4000/12"
     assert services.via("postgresql://app:pw@db:5433/apitest_1", 4001) == "postgresql://app:pw@127.0.0.1:4001/apitest_1"
     assert services.via("redis://127.0.0.1:6379/3", 4002) == "redis://127.0.0.1:4002/3"
+
+
+def schema_of(database_url):
+    """What a database's tables, columns, indexes and constraints are, and the rows of the schema's version."""
+    if database_url.startswith("sqlite"):
+        return rows(database_url, "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+                                  "ORDER BY name"), rows(database_url, "SELECT * FROM schema_version")
+    import services
+
+    return rows(database_url, services.SCHEMA_FINGERPRINT), rows(database_url, "SELECT * FROM schema_version")
+
+
+def test_the_app_fixture_s_database_is_the_one_an_app_builds_and_holds_nothing_of_the_last_test(app, database_url,
+                                                                                                 tmp_path):
+    """tests/conftest.py builds the app fixture's schema once and copies or empties it for each test."""
+    import services
+    from appconfig import build_schema
+
+    prepared = schema_of(database_url)
+    user = users.create_user("alice", "alice@example.com", "correct horse battery")
+    keyactions.issue_key(user, "key", "development")
+    if database_url.startswith("sqlite"):
+        fresh = f"sqlite:///{tmp_path}/fresh.db"
+        build_schema(fresh)
+        assert schema_of(fresh) == prepared
+        return
+    db.close()
+    emptied = services.postgres_url_as_built(build_schema)
+    assert schema_of(emptied) == prepared
+    assert rows(emptied, "SELECT count(*) FROM users") == [(0,)]
+    assert rows(emptied, "SELECT nextval('users_id_seq')") == [(1,)]
+    with psycopg.connect(emptied, autocommit=True) as connection:
+        connection.execute("UPDATE schema_version SET version = 1")
+    assert schema_of(services.postgres_url_as_built(build_schema)) == prepared
+    with psycopg.connect(emptied, autocommit=True) as connection:
+        connection.execute("DROP TABLE schema_version")
+    assert schema_of(services.postgres_url_as_built(build_schema)) == prepared
+    build_schema(services.postgres_url())
+    assert schema_of(emptied) == prepared

@@ -1,12 +1,11 @@
 """Organisations through the web forms: every role against every action, the allowed ones made and
 the others refused with 403 and nothing changed (orgs/roles.py decides the expectation, so the table
-and the test cannot drift apart); another organisation's ids are 404s; the last owner stays; a
+and the test cannot drift apart); another organisation's ids are 404s; a
 removed member's open session loses the organisation at once; bad input is a 400 with a sentence;
-every form that revokes, removes or leaves asks first."""
+every form that revokes, removes or leaves asks first. The last owner's: test_owners.py."""
 
 import re
 import shutil
-import threading
 from dataclasses import dataclass
 from html.parser import HTMLParser
 
@@ -14,7 +13,7 @@ import pytest
 import services
 from appconfig import APP_SETTINGS, build_schema
 from services import rows
-from teams import ACTORS, OTHERS, make_team, restore_content, saved_content, snapshot
+from teams import ACTORS, OTHERS, make_team, member_role, restore_content, saved_content, snapshot
 
 from models import ROLES, ApiKey, Membership, Organisation, db, utcnow
 from orgs import roles
@@ -55,11 +54,6 @@ def rolled(name):
 
 def revoked(name):
     return lambda team, actor: ApiKey.get_by_id(key_of(name)(team, actor).id).revoked_at is not None
-
-
-def member_role(team, name):
-    found = Membership.get_or_none((Membership.org == team.acme.id) & (Membership.user == team.people[name].id))
-    return found and found.role
 
 
 def invitation(team):
@@ -309,77 +303,6 @@ def test_a_removed_members_open_session_loses_the_organisation_at_once(team, log
     # The key she made stays Acme's, working, listed as a former member's.
     assert ApiKey.get_by_id(key.id).revoked_at is None
     assert "tess, a former member" in owner.get("/settings/members").text
-
-
-@pytest.fixture
-def sole_owner(team, log_in):
-    """olive as Acme's only owner: owen made an admin first."""
-    assert log_in("olive").post(f"/settings/members/{team.people['owen'].id}/role",
-                                data={"role": "admin"}).status_code == 302
-    return log_in("olive")
-
-
-@pytest.mark.parametrize("path, data", [
-    ("/settings/members/leave", {}),
-    ("/settings/members/{olive}/remove", {}),
-    ("/settings/members/{olive}/role", {"role": "admin"}),
-])
-def test_the_last_owner_cannot_leave_be_removed_or_lose_the_role(team, sole_owner, path, data):
-    before = snapshot()
-    response = sole_owner.post(path.format(olive=team.people["olive"].id), data=data)
-    assert response.status_code == 409
-    assert "An organisation always has an owner" in response.text
-    assert snapshot() == before
-
-
-def test_no_one_leaves_a_personal_organisation(team, log_in):
-    client = log_in("tess", org=None)
-    response = client.post("/settings/members/leave")
-    assert response.status_code == 409 and "A personal organisation always keeps its own user" in response.text
-    assert "Leave this organisation" not in client.get("/settings/members").text
-
-
-def test_two_owners_removing_each_other_one_after_the_other_leave_one(team, log_in):
-    olive, owen = log_in("olive"), log_in("owen")
-    assert olive.post(f"/settings/members/{team.people['owen'].id}/remove").status_code == 302
-    # owen's page still showed olive; his session no longer works in Acme.
-    assert owen.post(f"/settings/members/{team.people['olive'].id}/remove").status_code == 404
-    assert member_role(team, "olive") == "owner"
-
-
-def test_two_admins_cannot_remove_the_two_owners(team, log_in):
-    adam = log_in("adam")
-    Membership.update(role="admin").where(Membership.user == team.people["dora"].id).execute()
-    dora = log_in("dora")
-    before = snapshot()
-    for admin, owner in [(adam, "olive"), (dora, "owen")]:
-        assert admin.post(f"/settings/members/{team.people[owner].id}/remove").status_code == 403
-        assert admin.post(f"/settings/members/{team.people[owner].id}/role", data={"role": "viewer"}).status_code == 403
-    assert snapshot() == before
-
-
-@pytest.mark.parametrize("action, data", [("remove", {}), ("role", {"role": "admin"})])
-def test_two_owners_acting_on_each_other_at_once_leave_an_owner(team, log_in, action, data):
-    people = team.people
-    clients = {name: log_in(name) for name in ("olive", "owen")}
-    targets = {"olive": people["owen"].id, "owen": people["olive"].id}
-    start = threading.Barrier(2)
-    statuses = {}
-
-    def act(name):
-        start.wait()
-        statuses[name] = clients[name].post(f"/settings/members/{targets[name]}/{action}", data=data).status_code
-
-    threads = [threading.Thread(target=act, args=(name,)) for name in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    # One of them made the change; the other found itself the last owner (409), or no longer an
-    # owner (403) or a member (404) when its request came after the change.
-    assert sorted(statuses.values())[0] == 302 and list(statuses.values()).count(302) == 1, statuses
-    owners = Membership.select().where((Membership.org == team.acme.id) & (Membership.role == "owner")).count()
-    assert owners == 1
 
 
 @pytest.mark.parametrize("path, data, sentence", [

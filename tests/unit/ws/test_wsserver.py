@@ -1,11 +1,11 @@
-"""The WebSocket adapter: its Outbox (ws/outbox.py) on real (gevent) socket pairs, and the library internals it
-relies on, so that a new simple-websocket, flask-sock or gevent that moves them fails here
-loudly instead of quietly bringing back unbounded buffers."""
+"""The WebSocket adapter: its Outbox (ws/outbox.py) on real (gevent) socket pairs (the reader's
+tests: test_wsreader.py), and the library internals it relies on, so that a new simple-websocket,
+flask-sock or gevent that moves them fails here loudly instead of quietly bringing back unbounded
+buffers."""
 
 import dataclasses
 import datetime
 import inspect
-import select
 
 import flask_sock
 import gevent
@@ -67,14 +67,6 @@ def test_the_library_internals_the_adapter_relies_on():
     for method in (WSConnection.send, WSConnection.receive_data, WSConnection.state.fget):
         assert "if self.connection is None:" in inspect.getsource(method)
     assert inspect.getsource(WSConnection.events).count("self.handshake") == 1
-
-
-@pytest.fixture
-def pair():
-    server, client = socket_pair()
-    yield server, client
-    server.close()
-    client.close()
 
 
 def read_exactly(sock, count):
@@ -380,50 +372,3 @@ def test_under_tls_a_send_to_a_peer_that_reads_nothing_returns_at_once_and_arriv
     with server, client:
         outbox = send_to_a_peer_that_reads_only_afterwards(server, client, stall_timeout=30)
         wait_until(lambda: not outbox.pending)
-
-
-def test_the_reader_waits_for_the_clients_next_bytes_instead_of_reading_an_empty_socket(pair, monkeypatch):
-    server_sock, client_sock = pair
-    empty_reads = []
-    recv = gevent.socket.socket.recv
-
-    def noting_empty_reads(sock, *args):
-        if sock is server_sock and not select.select([sock.fileno()], [], [], 0)[0]:
-            empty_reads.append(1)
-        return recv(sock, *args)
-
-    monkeypatch.setattr(gevent.socket.socket, "recv", noting_empty_reads)
-    server = open_server(server_sock, ping_interval=None)
-    server.thread.start_now()
-    client_frames = FrameProtocol(client=True, extensions=[])
-    for index in range(5):
-        client_sock.sendall(client_frames.send_data(f"message {index}", fin=True))
-        assert server.receive(timeout=30) == f"message {index}"
-        gevent.sleep(0.05)
-    # At most the first read, before any message: each read after a message waited for the next.
-    assert len(empty_reads) <= 1
-    server.close()
-    server.thread.join(timeout=wsserver.LINGER_SECONDS + 30)
-
-
-def test_a_socket_closed_by_another_greenlet_while_the_reader_yields_ends_the_reader(pair):
-    # The reader yields after every YIELD_EVERY_READS reads; a failed write elsewhere (the echo's
-    # send, the ticker, the pinger) closes the socket meanwhile. The reader must end, not wait
-    # for ever on the closed socket's watcher.
-    server_sock, client_sock = pair
-    server = open_server(server_sock, ping_interval=None)
-
-    def handler():
-        for _ in range(wsserver.YIELD_EVERY_READS):
-            server.receive()
-        server.outbox.abort()
-
-    handling = gevent.spawn(handler)
-    server.thread.start_now()
-    client_frames = FrameProtocol(client=True, extensions=[])
-    for index in range(wsserver.YIELD_EVERY_READS):
-        client_sock.sendall(client_frames.send_data(f"message {index}", fin=True))
-        gevent.sleep(0.01)  # one short read a message
-    handling.join(timeout=30)
-    server.thread.join(timeout=30)
-    assert handling.dead and server.thread.thread.dead

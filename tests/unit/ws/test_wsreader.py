@@ -1,0 +1,59 @@
+"""The WebSocket server's reader (ws/wsserver.py) on real (gevent) socket pairs: it waits for the
+client's next bytes rather than reading an empty socket, and ends when another greenlet closes the
+socket while it yields."""
+
+import select
+
+import gevent
+import gevent.socket
+from wsproto.frame_protocol import FrameProtocol
+from wsservers import open_server
+
+from ws import wsserver
+
+
+def test_the_reader_waits_for_the_clients_next_bytes_instead_of_reading_an_empty_socket(pair, monkeypatch):
+    server_sock, client_sock = pair
+    empty_reads = []
+    recv = gevent.socket.socket.recv
+
+    def noting_empty_reads(sock, *args):
+        if sock is server_sock and not select.select([sock.fileno()], [], [], 0)[0]:
+            empty_reads.append(1)
+        return recv(sock, *args)
+
+    monkeypatch.setattr(gevent.socket.socket, "recv", noting_empty_reads)
+    server = open_server(server_sock, ping_interval=None)
+    server.thread.start_now()
+    client_frames = FrameProtocol(client=True, extensions=[])
+    for index in range(5):
+        client_sock.sendall(client_frames.send_data(f"message {index}", fin=True))
+        assert server.receive(timeout=30) == f"message {index}"
+        gevent.sleep(0.05)
+    # At most the first read, before any message: each read after a message waited for the next.
+    assert len(empty_reads) <= 1
+    server.close()
+    server.thread.join(timeout=wsserver.LINGER_SECONDS + 30)
+
+
+def test_a_socket_closed_by_another_greenlet_while_the_reader_yields_ends_the_reader(pair):
+    # The reader yields after every YIELD_EVERY_READS reads; a failed write elsewhere (the echo's
+    # send, the ticker, the pinger) closes the socket meanwhile. The reader must end, not wait
+    # for ever on the closed socket's watcher.
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=None)
+
+    def handler():
+        for _ in range(wsserver.YIELD_EVERY_READS):
+            server.receive()
+        server.outbox.abort()
+
+    handling = gevent.spawn(handler)
+    server.thread.start_now()
+    client_frames = FrameProtocol(client=True, extensions=[])
+    for index in range(wsserver.YIELD_EVERY_READS):
+        client_sock.sendall(client_frames.send_data(f"message {index}", fin=True))
+        gevent.sleep(0.01)  # one short read a message
+    handling.join(timeout=30)
+    server.thread.join(timeout=30)
+    assert handling.dead and server.thread.thread.dead
