@@ -45,7 +45,8 @@ access_log = logging.getLogger(f"{__name__}.access")
 # LOG_FORMAT=json makes each access line gunicorn.conf.py's JSON object; set by prepare_access_log.
 access_json = False
 
-# gunicorn.conf.py's settings, which tests/live/test_devserver.py keeps equal to these.
+# gunicorn.conf.py's settings and serving/accesslog.py's format (which imports gunicorn, as this
+# module may not), kept equal to these by tests/live/test_devserver.py.
 KEEPALIVE_SECONDS = 5
 GRACEFUL_SECONDS = 20
 WORKER_CONNECTIONS = 10_000
