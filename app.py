@@ -73,6 +73,7 @@ from web import (
     home,
     hooks as page_hooks,
     invitations as invitation_pages,
+    keyedit,
     keyforms,
     keypage,
     members as member_pages,
@@ -91,8 +92,8 @@ from webhooks import (
 
 ROOT = Path(__file__).resolve().parent
 # The web application's view modules, each with its own blueprint (web/hooks.py makes them).
-PAGE_MODULES = (home, signin, profile, security, keyforms, keypage, webprotection, address_pages, recovery_pages,
-                member_pages, invitation_pages, webhook_pages)
+PAGE_MODULES = (home, signin, profile, security, keyforms, keyedit, keypage, webprotection, address_pages,
+                recovery_pages, member_pages, invitation_pages, webhook_pages)
 INSTANCE = settings.INSTANCE
 
 log = logging.getLogger(__name__)

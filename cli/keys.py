@@ -1,5 +1,5 @@
-"""The `keys` command group: create, list, roll, revoke, limit a key, its credits, and scan files
-for secrets."""
+"""The `keys` command group: create, list, roll, revoke, update, limit a key, its credits, and scan
+files for secrets."""
 
 import codecs
 import re
@@ -15,7 +15,7 @@ from cli.orgs import org_option, organisation_for
 from keys import keyformat, leaks
 from metering import credits
 from models import SCOPES, ApiKey, User, display_time, iso_seconds
-from orgs import keyactions, roles
+from orgs import keyactions, keyedits, roles
 
 keys_cli = CommandGroup("keys", help="Manage API keys.")
 
@@ -181,6 +181,38 @@ def credits_command(key_id, set_to, add, refill, no_refill):
         raise click.ClickException(str(error)) from None
     warn_if_servers_may_not_hear()
     click.echo(f"Key {key_id} ({key.name!r}): {credits.describe(key)}.")
+
+
+@keys_cli.command("update")
+@click.argument("key_id", type=int)
+@click.option("--name", help="A new name.")
+@click.option("--scopes", metavar="S,S", help="The key's scopes, comma-separated: those not named are taken away.")
+@click.option("--allow-ips", metavar="CIDR,CIDR", help="The addresses or networks it may be used from; '' for any.")
+@click.option("--expires-in", metavar="DURATION", help="A new expiry from now: 30d, 24h, 90m, 45s, or never.")
+@click.option("--tier", help="A tier of RATE_LIMIT_TIERS.")
+def update_key_command(key_id, name, scopes, allow_ips, expires_in, tier):
+    """Change an active key in place; it applies from the next request on, on every server. Credits
+    and the key's own windows keep `keys credits` and `keys limit`."""
+    given = {field: value for field, value in (("name", name), ("allow_ips", allow_ips), ("tier", tier))
+             if value is not None}
+    try:
+        if scopes is not None:
+            if not scopes.strip(","):
+                raise ValueError("Name at least one scope.")
+            given["scopes"] = scopes.split(",")
+        if expires_in is not None:
+            given["expires_in"] = keyactions.parse_duration(expires_in)
+        if not given:
+            raise ValueError("Name what to change: --name, --scopes, --allow-ips, --expires-in or --tier.")
+        changed = keyedits.update_key(find_key(key_id).id, may_widen=True, **given)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    key = ApiKey.get_by_id(key_id)
+    if not changed:
+        click.echo(f"Key {key_id} ({key.name!r}) already has these; nothing changed.")
+        return
+    warn_if_servers_may_not_hear()
+    click.echo(f"Changed {', '.join(changed)} of key {key_id} ({key.name!r}).")
 
 
 # What looks like one of this service's secrets, wherever it stands: escapes (JSON's \n, \u0022,

@@ -12,6 +12,7 @@ A refill is applied by the first spend (or read) of a new period, in the same st
 processes at 00:00 cannot both apply it, and one asleep at 00:00 skips nothing. docs/scaling.md
 gives the order's reasons and the figures behind the choice."""
 
+import contextlib
 import datetime
 import math
 import re
@@ -176,34 +177,45 @@ def grant(key_id, set_to=None, add=None, refill=None, no_refill=False, now=None)
     them (a refill alone starts it at the refill's amount); a refill that was due is applied first,
     and the current period counts as refilled, so what is set stands until the next one."""
     now = now or utcnow()
+    with holding(key_id) as key:
+        ApiKey.update(granted(key, set_to, add, refill, no_refill, now)).where(ApiKey.id == key_id).execute()
+        key = ApiKey.get_by_id(key_id)
+        events.key_changed.send("key.credits_changed", key=key,
+                                detail=f"{key.name} (id {key.id}): {describe(key, now)}")
+    return key
+
+
+@contextlib.contextmanager
+def holding(key_id):
+    """A transaction that holds the key's row from its read to its commit, so that no spend comes
+    between them; yields the row (ApiKey.DoesNotExist when there is no such key)."""
     database = db.obj
-    # The key's row held from the read to the write, so no spend comes between them.
     if isinstance(database, SqliteDatabase):
         transaction, query = database.atomic("IMMEDIATE"), ApiKey.select()
     else:
         transaction, query = database.atomic(), ApiKey.select().for_update()
     with transaction:
-        key = query.where(ApiKey.id == key_id).get()
-        current = effective_remaining(key, now)
-        if set_to is not None:
-            remaining = set_to
-        elif add is not None:
-            remaining = min(MAX_CREDITS, (current or 0) + add)
-        else:
-            remaining = current if current is not None else (refill[0] if refill else 0)
-        changes = {ApiKey.credits_remaining: remaining, ApiKey.credits_granted: remaining}
-        if no_refill:
-            refill = (None, None)
-        elif refill is None and key.credits_refill_amount is not None:
-            refill = (key.credits_refill_amount, key.credits_refill_interval)
-        if refill is not None:
-            changes.update({ApiKey.credits_refill_amount: refill[0], ApiKey.credits_refill_interval: refill[1],
-                            ApiKey.credits_refilled_for: refill[1] and period_start(refill[1], now)})
-        ApiKey.update(changes).where(ApiKey.id == key_id).execute()
-        key = ApiKey.get_by_id(key_id)
-        events.key_changed.send("key.credits_changed", key=key,
-                                detail=f"{key.name} (id {key.id}): {describe(key, now)}")
-    return key
+        yield query.where(ApiKey.id == key_id).get()
+
+
+def granted(key, set_to, add, refill, no_refill, now):
+    """The credit columns of the held key after grant()'s change (its arguments)."""
+    current = effective_remaining(key, now)
+    if set_to is not None:
+        remaining = set_to
+    elif add is not None:
+        remaining = min(MAX_CREDITS, (current or 0) + add)
+    else:
+        remaining = current if current is not None else (refill[0] if refill else 0)
+    changes = {ApiKey.credits_remaining: remaining, ApiKey.credits_granted: remaining}
+    if no_refill:
+        refill = (None, None)
+    elif refill is None and key.credits_refill_amount is not None:
+        refill = (key.credits_refill_amount, key.credits_refill_interval)
+    if refill is not None:
+        changes.update({ApiKey.credits_refill_amount: refill[0], ApiKey.credits_refill_interval: refill[1],
+                        ApiKey.credits_refilled_for: refill[1] and period_start(refill[1], now)})
+    return changes
 
 
 def describe(key, now=None, with_next=False):

@@ -61,6 +61,24 @@ def parse_scopes(names):
     return [scope for scope in SCOPES if scope in names] if names else list(SCOPES)
 
 
+def checked_name(name):
+    """A key's name as it is kept (stripped); ValueError with a sentence when it cannot be one."""
+    name = name.strip()
+    users.refuse_control_characters(name, "A key name")
+    if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
+        raise ValueError(f"A key name is 1 to {MAX_KEY_NAME_LENGTH} characters.")
+    return name
+
+
+def checked_tier(tier):
+    """The tier, when the app's limiter has it configured; ValueError with a sentence otherwise."""
+    tiers = current_app.extensions["ratelimit"].tiers
+    if tier not in tiers:
+        known = ", ".join(sorted(tiers))
+        raise ValueError(f"Unknown rate limit tier {tier!r}; the configured tiers are: {known}.")
+    return tier
+
+
 def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, allow_ips=None, credits_given=None,
               refill=None, org=None):
     """Create an API key made by the user in the organisation (an id; None: the user's personal
@@ -68,16 +86,10 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
     usable from the addresses of allow_ips (allowips.parse's input; None or empty: any), with
     credits_given credits and a refill ((amount, interval); None: neither); return (ApiKey, secret).
     The secret exists only here."""
-    name = name.strip()
-    users.refuse_control_characters(name, "A key name")
-    if not 0 < len(name) <= MAX_KEY_NAME_LENGTH:
-        raise ValueError(f"A key name is 1 to {MAX_KEY_NAME_LENGTH} characters.")
+    name = checked_name(name)
     if key_type not in KEY_PREFIXES:
         raise ValueError("The key type is either development or production.")
-    tiers = current_app.extensions["ratelimit"].tiers
-    if tier not in tiers:
-        known = ", ".join(sorted(tiers))
-        raise ValueError(f"Unknown rate limit tier {tier!r}; the configured tiers are: {known}.")
+    checked_tier(tier)
     scopes = parse_scopes(scopes or [])
     allow_ips = allowips.parse(allow_ips)
     if expires_in is not None and expires_in <= 0:

@@ -6,14 +6,15 @@ from models import OWNER, ROLES
 # What a member can ask to do in its organisation.
 VIEW = "view"  # its keys, usage, endpoints, members and security log
 KEY_CREATE = "key.create"
-KEY_CHANGE = "key.change"  # roll, revoke, or change a key's limits, credits, allow-list or expiry
+KEY_CHANGE = "key.change"  # roll, revoke, or change a key (narrowing it, unless KEY_WIDEN is allowed too)
+KEY_WIDEN = "key.widen"  # give any key a scope, an address, a later expiry, a higher tier or more credits
 WEBHOOK_MANAGE = "webhook.manage"  # add, remove, test endpoints; resend, recover, rotate their secrets
 MEMBER_INVITE = "member.invite"  # invite, and revoke or resend an invitation
 MEMBER_ROLE = "member.role"
 MEMBER_REMOVE = "member.remove"
 MEMBER_REVOKE_KEYS = "member.revoke_keys"  # revoke every key a member, or a former member, created
 LEAVE = "member.leave"
-ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE,
+ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, KEY_WIDEN, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE,
            MEMBER_REVOKE_KEYS, LEAVE)
 # The actions on another member, or giving a role: an admin may take them for members other than
 # owners, and give any role but owner.

@@ -33,7 +33,7 @@ sys.dont_write_bytecode = False
 
 import pytest  # noqa: E402
 import services  # noqa: E402
-from appconfig import APP_SETTINGS, build_schema  # noqa: E402
+from appconfig import APP_SETTINGS, build_schema, share_compiled_templates  # noqa: E402
 from gevent._hub_local import get_hub_if_exists  # noqa: E402
 from mailserver import mail_server  # noqa: E402
 
@@ -126,7 +126,7 @@ def sqlite_schema(tmp_path_factory):
 
 @pytest.fixture
 def app(database_url):
-    app = create_app({**APP_SETTINGS, "DATABASE_URL": database_url})
+    app = share_compiled_templates(create_app({**APP_SETTINGS, "DATABASE_URL": database_url}))
     with app.app_context():
         yield app
     close_app(app)
@@ -138,7 +138,7 @@ def make_app():
     made = []
 
     def make(overrides):
-        made.append(create_app(overrides))
+        made.append(share_compiled_templates(create_app(overrides)))
         return made[-1]
 
     yield make

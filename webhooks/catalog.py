@@ -10,6 +10,7 @@ import openapi
 from keys.keyformat import DISPLAY_PREFIX_LENGTH, KEY_PREFIXES
 from models import SCOPES
 from orgs.keyactions import MAX_KEY_NAME_LENGTH
+from orgs.keyedits import FIELDS as KEY_FIELDS
 from store.slugs import MAX_SLUG_LENGTH
 
 SECONDS = {"type": "string", "format": "date-time",
@@ -58,6 +59,12 @@ CATALOG = {
         "previous_valid_until": {**SECONDS, "type": ["string", "null"],
                                  "description": "The end of the previous secret's grace period; "
                                                 "null: it ended at once."},
+    }),
+    "key.updated": key_event("A key is changed in place (web, command line): name, scopes, allow-list, expiry, tier, "
+                             "windows or credits.", {
+        "changed": {"type": "array", "items": {"type": "string", "enum": list(KEY_FIELDS)}, "minItems": 1,
+                    "uniqueItems": True, "description": "The fields that changed, in this order; never a value.",
+                    "examples": [["name", "tier"]]},
     }),
     "key.revoked": key_event("A key is revoked (web, command line).", {
         "revoked_at": {**SECONDS, "description": "When it was revoked."},

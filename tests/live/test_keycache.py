@@ -1,6 +1,6 @@
 """Revocation against the workers' key caches, on real servers: two instances on PostgreSQL and
-Redis, each holding a key in its cache, and a key revoked, rolled or expired through the other
-instance or the CLI fails on the very next request; the same on one SQLite process with the CLI
+Redis, each holding a key in its cache, and a key revoked, rolled, changed or expired through the
+other instance or the CLI fails (as changed) on the very next request; the same on one SQLite process with the CLI
 revoking from outside. In both run modes (gunicorn, and `python app.py`'s fallback server)."""
 
 import datetime
@@ -101,6 +101,25 @@ def test_a_revoked_key_fails_at_once_on_both_instances(pair, commands, revoke):
         revoke(a, commands, browser, key_id, secret)
         assert status(b, secret) == 401
         assert status(a, secret) == 401
+
+
+def narrow_in_the_web_application(commands, browser, key_id):
+    response = browser.post(f"/settings/security/keys/{key_id}/edit", {"scopes_shown": "1", "scopes": ["usage:read"]})
+    assert response.status_code == 302
+
+
+def narrow_through_the_cli(commands, browser, key_id):
+    commands("keys", "update", str(key_id), "--scopes", "usage:read")
+
+
+@pytest.mark.parametrize("narrow", [narrow_in_the_web_application, narrow_through_the_cli])
+def test_a_key_changed_on_one_instance_is_refused_as_changed_on_the_other_at_once(pair, commands, narrow):
+    a, b, env, browser = pair
+    for key_id, secret in postgres_keys(env, browser.username, 10):
+        hold(a, secret)
+        hold(b, secret)
+        narrow(commands, browser, key_id)
+        assert status(b, secret) == 403 and status(a, secret) == 403
 
 
 def test_a_secret_rolled_out_without_grace_fails_at_once_on_the_other_instance(pair):

@@ -8,7 +8,7 @@ from accounts import securitylog
 from keys import events
 from mail import notices
 from models import ApiKey, SecurityEvent, db, personal_organisation
-from orgs import keyactions
+from orgs import keyactions, keyedits
 from webhooks import outbox
 
 
@@ -30,6 +30,7 @@ def test_each_key_action_sends_one_signal_inside_its_transaction(app, user, sent
     key = ApiKey.get_by_id(key.id)
     keyactions.limit_key(key, "5/second")
     keyactions.grant_credits(key, set_to=10)
+    keyedits.update_key(key.id, True, name="Desk", credits_add=5)
     key = ApiKey.get_by_id(key.id)
     key.presented_hash = key.previous_key_hash
     keyactions.revoke_previous_secret(key)
@@ -37,7 +38,7 @@ def test_each_key_action_sends_one_signal_inside_its_transaction(app, user, sent
     org = personal_organisation(user.id).id
     assert [(event, org_id, in_transaction) for event, org_id, _, _, in_transaction in sent] == [
         ("key.created", org, True), ("key.rolled", org, True), ("key.limit_changed", org, True),
-        ("key.credits_changed", org, True), ("key.previous_secret_revoked", org, True),
+        ("key.credits_changed", org, True), ("key.updated", org, True), ("key.previous_secret_revoked", org, True),
         ("key.revoked", org, True)]
     # What the security log records is the signal's detail, event for event.
     logged = [(row.event, row.detail) for row in SecurityEvent.select().where(SecurityEvent.event.startswith("key."))
@@ -45,7 +46,7 @@ def test_each_key_action_sends_one_signal_inside_its_transaction(app, user, sent
     assert logged == [(event, detail) for event, _, detail, _, _ in sent]
     # The webhook events carry the key, never its secret.
     assert {event: data["key_id"] for event, _, _, data, _ in sent if data} == {
-        "key.created": key.id, "key.rolled": key.id, "key.revoked": key.id}
+        "key.created": key.id, "key.rolled": key.id, "key.updated": key.id, "key.revoked": key.id}
 
 
 def test_a_subscriber_that_fails_rolls_the_change_back(app, user, monkeypatch):

@@ -16,6 +16,7 @@ EXPECTED = [
     (roles.KEY_CREATE, {}, {"owner", "admin", "developer"}),
     (roles.KEY_CHANGE, {"own_key": True}, {"owner", "admin", "developer"}),
     (roles.KEY_CHANGE, {"own_key": False}, {"owner", "admin"}),
+    (roles.KEY_WIDEN, {}, {"owner", "admin"}),
     (roles.WEBHOOK_MANAGE, {}, {"owner", "admin"}),
     (roles.MEMBER_INVITE, {"target_role": None, "new_role": "developer"}, {"owner", "admin"}),
     (roles.MEMBER_INVITE, {"target_role": None, "new_role": "owner"}, {"owner"}),
@@ -56,6 +57,8 @@ DOCUMENTED = {
     "Create a key": (roles.KEY_CREATE, {}),
     "Roll, revoke or change a key it created": (roles.KEY_CHANGE, {"own_key": True}),
     "Roll, revoke or change another member's key": (roles.KEY_CHANGE, {"own_key": False}),
+    "Widen a key it may change: a scope or an address it lacks, a later expiry, a higher tier or more generous "
+    "windows, more credits or a refill": (roles.KEY_WIDEN, {}),
     "Add, remove or test a webhook endpoint; resend or recover its messages, rotate its secret": (
         roles.WEBHOOK_MANAGE, {}),
     "Invite, send again or revoke an invitation as admin, developer or viewer": (

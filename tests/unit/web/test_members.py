@@ -52,6 +52,18 @@ def rolled(name):
     return was_rolled
 
 
+def edit(name, data):
+    return lambda team, actor: (f"/settings/security/keys/{key_of(name)(team, actor).id}/edit", data)
+
+
+def edited(whose, **columns):
+    def was_edited(team, actor):
+        key = ApiKey.get_by_id(key_of(whose)(team, actor).id)
+        return all(getattr(key, column) == value for column, value in columns.items())
+
+    return was_edited
+
+
 def revoked(name):
     return lambda team, actor: ApiKey.get_by_id(key_of(name)(team, actor).id).revoked_at is not None
 
@@ -84,6 +96,12 @@ CASES = [
          lambda team, actor: (f"/settings/security/keys/{team.keys[actor].id}/revoke", {}), revoked("actor")),
     Case("revoke another member's key", [(roles.KEY_CHANGE, {"own_key": False})],
          lambda team, actor: (f"/settings/security/keys/{team.keys['tess'].id}/revoke", {}), revoked("tess")),
+    Case("rename and narrow its own key", [(roles.KEY_CHANGE, {"own_key": True})], edit("actor", {
+        "name": "narrowed", "scopes": ["test:read"]}), edited("actor", name="narrowed", scopes="test:read")),
+    Case("raise its own key's tier", [(roles.KEY_CHANGE, {"own_key": True}), (roles.KEY_WIDEN, {})],
+         edit("actor", {"tier": "pro"}), edited("actor", rate_limit_tier="pro")),
+    Case("raise another member's key's tier", [(roles.KEY_CHANGE, {"own_key": False}), (roles.KEY_WIDEN, {})],
+         edit("tess", {"tier": "pro"}), edited("tess", rate_limit_tier="pro")),
     Case("add a webhook endpoint", [(roles.WEBHOOK_MANAGE, {})],
          lambda team, actor: ("/settings/security/webhooks", {"url": "http://127.0.0.1:9/new", "subscribe": "all"}),
          lambda team, actor: WebhookEndpoint.select().where(WebhookEndpoint.url == "http://127.0.0.1:9/new").exists()),

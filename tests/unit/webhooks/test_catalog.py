@@ -15,7 +15,7 @@ from webhookreceiver import catalog_errors, receiving
 
 import openapi
 from models import ApiKey, utcnow
-from orgs import keyactions
+from orgs import keyactions, keyedits
 from webhooks import catalog, delivery, endpoints, outbox, periodic
 from webhooks.models import WebhookMessage
 
@@ -119,6 +119,7 @@ def make_every_event(app, client, user, endpoint):
                                                      refill=(10, "day"))
     metered, metered_secret = keyactions.issue_key(user, "Metered", "production", credits_given=10)
     ApiKey.update(rate_limits="100/minute").where(ApiKey.id.in_([refilled.id, metered.id])).execute()
+    keyedits.update_key(busy.id, True, name="Busier")
     api = app.test_client()
     for secret, count in ((busy_secret, 5), (refilled_secret, 10), (metered_secret, 10)):
         assert {api.get("/api/v1/protected/test", headers={"X-API-Key": secret}).status_code
@@ -129,6 +130,7 @@ def make_every_event(app, client, user, endpoint):
     assert client.post("/settings/security/keys", data={"name": "Web", "type": "production", "expires_in": "30d",
                                                         "scopes": ["test:read", "usage:read"]}).status_code == 302
     web = ApiKey.get(ApiKey.name == "Web")
+    assert client.post(f"/settings/security/keys/{web.id}/edit", data={"name": "Web app"}).status_code == 302
     assert client.post(f"/settings/security/keys/{web.id}/roll", data={"grace": "1h"}).status_code in (200, 302)
     assert client.post(f"/settings/security/keys/{web.id}/revoke").status_code == 302
 
