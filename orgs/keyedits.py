@@ -1,14 +1,14 @@
 """Changing a key in place: its name, scopes, IP allow-list, expiry, tier, own windows and credits,
 by whoever may roll it. What widens a key (a scope or an address it did not have, a later expiry, a
-higher tier or more generous windows, more credits or a refill) needs a role that may widen keys
-(orgs/roles.py: owners and admins); anyone else may only narrow it."""
+tier that is not tighter in each window, its own windows, more credits or a larger or more frequent
+refill) needs a role that may widen keys (orgs/roles.py: owners and admins); anyone else may only
+narrow it."""
 
 import datetime
 import ipaddress
 
 from flask import current_app
 
-import settings
 from keys import allowips, events, keycache
 from metering import credits
 from models import SCOPES, ApiKey, utcnow
@@ -21,7 +21,6 @@ LABELS = {"name": "name", "scopes": "scopes", "allow_ips": "IP allow-list", "exp
           "rates": "windows", "credits": "credits", "refill": "refill"}
 # Left as the key has it: the default of every field of update_key.
 KEEP = object()
-DAY = 86400
 
 
 class KeyNotChangeable(ValueError):
@@ -79,6 +78,8 @@ def checked(name, scopes, allow_ips, expires_in, tier, now):
     if name is not KEEP:
         columns["name"] = keyactions.checked_name(name)
     if scopes is not KEEP:
+        if not any(scope.strip() for scope in scopes):
+            raise ValueError("Choose at least one scope.")
         listed = keyactions.parse_scopes(scopes)
         columns["scopes"] = None if len(listed) == len(SCOPES) else ",".join(listed)
     if allow_ips is not KEEP:
@@ -118,31 +119,30 @@ def widening(key, columns, now):
     if "expires_at" in columns and key.expires_at is not None and (
             columns["expires_at"] is None or columns["expires_at"] > key.expires_at):
         return "make the key expire later"
-    if "rate_limit_tier" in columns and (daily_allowance(tier_windows(columns["rate_limit_tier"]))
-                                         > daily_allowance(tier_windows(key.rate_limit_tier))):
-        return f"raise its tier to {columns['rate_limit_tier']}"
-    windows_now = own_windows(key.rate_limits) or tier_windows(key.rate_limit_tier)
-    windows_after = (own_windows(columns.get("rate_limits", key.rate_limits))
-                     or tier_windows(columns.get("rate_limit_tier", key.rate_limit_tier)))
-    if daily_allowance(windows_after) > daily_allowance(windows_now):
-        return "give it more generous windows"
+    if "rate_limit_tier" in columns and not no_looser(tier_windows(columns["rate_limit_tier"]),
+                                                      tier_windows(key.rate_limit_tier)):
+        return f"change its tier to {columns['rate_limit_tier']}, which is not tighter in each of its windows"
+    # A window whose amount changes is counted afresh (the limit storage names a window by its
+    # amount), so that even a tighter one would give a new allowance at once, again and again.
+    if "rate_limits" in columns:
+        return "change its own windows"
     left = credits.effective_remaining(key, now)
     # A key without credits may make any number of requests: giving it credits only narrows it.
     if left is not None:
         if columns.get("credits_remaining", left) > left:
             return "give it credits"
-        if "credits_refill_amount" in columns and (monthly(columns["credits_refill_amount"],
-                                                           columns["credits_refill_interval"])
-                                                   > monthly(key.credits_refill_amount, key.credits_refill_interval)):
-            return "give it a larger refill"
+        refill = columns.get("credits_refill_amount"), columns.get("credits_refill_interval")
+        if refill[0] is not None and (key.credits_refill_amount is None or refill[0] > key.credits_refill_amount
+                                      or refill[1] != key.credits_refill_interval):
+            return "give it a larger or more frequent refill"
     return None
 
 
-def monthly(amount, interval):
-    """What a refill gives in a month, to compare two; 0 for none."""
-    if amount is None:
-        return 0
-    return amount * 31 if interval == "day" else amount
+def no_looser(new, old):
+    """True when windows new let through no more than old: each old window has one of the same length
+    in new, of no larger amount (new may add windows)."""
+    lengths = {seconds: amount for amount, seconds in new}
+    return all(seconds in lengths and lengths[seconds] <= amount for amount, seconds in old)
 
 
 def current_refill(key):
@@ -175,16 +175,3 @@ def tier_windows(tier):
     """[(amount, seconds), ...] of a configured tier (an unknown one allows nothing)."""
     items = current_app.extensions["ratelimit"].tiers.get(tier, ())
     return [(item.amount, item.get_expiry()) for item in items]
-
-
-def own_windows(stored):
-    if not stored:
-        return []
-    # second, minute, hour, day: their initials are the duration units.
-    return [(amount, settings.DURATION_SECONDS[period[0]])
-            for amount, period in settings.rates(stored, "A key's limit")]
-
-
-def daily_allowance(windows):
-    """The requests a day the tightest of the windows lets through: how tiers and windows compare."""
-    return min((amount * DAY / seconds for amount, seconds in windows), default=0)

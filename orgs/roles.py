@@ -7,7 +7,7 @@ from models import OWNER, ROLES
 VIEW = "view"  # its keys, usage, endpoints, members and security log
 KEY_CREATE = "key.create"
 KEY_CHANGE = "key.change"  # roll, revoke, or change a key (narrowing it, unless KEY_WIDEN is allowed too)
-KEY_WIDEN = "key.widen"  # give any key a scope, an address, a later expiry, a higher tier or more credits
+KEY_WIDEN = "key.widen"  # give a key a scope, an address, a later expiry, a looser tier, windows, credits
 WEBHOOK_MANAGE = "webhook.manage"  # add, remove, test endpoints; resend, recover, rotate their secrets
 MEMBER_INVITE = "member.invite"  # invite, and revoke or resend an invitation
 MEMBER_ROLE = "member.role"

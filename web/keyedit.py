@@ -58,8 +58,6 @@ def asked_changes(form):
     if "name" in form:
         asked["name"] = form["name"]
     if "scopes_shown" in form or "scopes" in form:
-        if not form.getlist("scopes"):
-            raise ValueError("Choose at least one scope.")
         asked["scopes"] = form.getlist("scopes")
     if "allow_ips" in form:
         asked["allow_ips"] = form["allow_ips"]
@@ -97,9 +95,9 @@ def render_edit_form(key, status=200):
     """The form with the key's current values, or with what was just sent after a refusal."""
     may_widen = roles.allows(g.membership.role, roles.KEY_WIDEN)
     now = utcnow()
-    allowance = keyedits.daily_allowance(keyedits.tier_windows(key.rate_limit_tier))
+    current = keyedits.tier_windows(key.rate_limit_tier)
     tiers = [tier for tier in sorted(keyedits.configured_tiers())
-             if may_widen or keyedits.daily_allowance(keyedits.tier_windows(tier)) <= allowance]
+             if may_widen or tier == key.rate_limit_tier or keyedits.no_looser(keyedits.tier_windows(tier), current)]
     expiries = {value: label for value, label in EXPIRIES.items()
                 if may_widen or not key.expires_at or shortens(key, value, now)}
     return render_template("key_edit.html", key=key, now=now, may_widen=may_widen, scopes=SCOPES, tiers=tiers,

@@ -14,7 +14,7 @@ from keys import events as key_events
 from models import Organisation, iso_ms, utcnow
 from orgs import organisations
 from webhooks import catalog
-from webhooks.models import PENDING, WebhookEndpoint, WebhookMessage, subscribes
+from webhooks.models import PENDING, WebhookEndpoint, WebhookMarker, WebhookMessage, subscribes
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,10 @@ def forget_endpoints(org_ids):
 
 def emit_key_event(event, key, data=None, **_):
     """keys/events.py's key_changed: the messages of a key event webhooks send, in its transaction,
-    with who acted (a username; None for the service itself, the command line or the API)."""
+    with who acted (a username; None for the service itself, the command line or the API). A new
+    expiry is announced afresh: the markers of the old one's key.expiring and key.expired go."""
+    if event == "key.updated" and "expires_at" in data["changed"]:
+        WebhookMarker.delete().where(WebhookMarker.api_key == key.id).execute()
     if event in EVENTS:
         actor = securitylog.acting_user()
         emit(key.org_id, event, {**data, "actor": actor.username if actor is not None else None})

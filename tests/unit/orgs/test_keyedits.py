@@ -12,7 +12,7 @@ import pytest
 
 from models import ApiKey, SecurityEvent, utcnow
 from orgs import keyactions, keyedits
-from webhooks import endpoints
+from webhooks import endpoints, periodic
 from webhooks.models import WebhookMessage
 
 DAY = 86400
@@ -80,10 +80,12 @@ def test_a_key_without_credits_given_only_a_refill_starts_at_its_amount(user):
     {"expires_in": 31 * DAY},
     {"expires_in": None},
     {"rates": "100000/second"},
+    {"rates": "1/second"},
     {"credits_set": 101},
     {"credits_add": 1},
     {"refill": (101, "month")},
     {"refill": (100, "day")},
+    {"refill": (3, "day")},  # less a month, but every day from tomorrow where the month's is spent
 ], ids=lambda change: ",".join(f"{name}={value}" for name, value in change.items()))
 def test_a_role_that_may_only_narrow_is_refused_any_widening_and_nothing_is_written(user, key, change):
     before = ApiKey.select().where(ApiKey.id == key.id).dicts().get()
@@ -96,7 +98,7 @@ def test_a_role_that_may_only_narrow_is_refused_any_widening_and_nothing_is_writ
 
 def test_raising_the_tier_is_widening_and_lowering_it_is_not(user):
     free, _ = keyactions.issue_key(user, "Free", "development")
-    with pytest.raises(keyedits.WideningRefused, match="raise its tier to pro"):
+    with pytest.raises(keyedits.WideningRefused, match="change its tier to pro, which is not tighter"):
         keyedits.update_key(free.id, False, tier="pro")
     assert keyedits.update_key(free.id, True, tier="pro") == ["tier"]
     assert keyedits.update_key(free.id, False, tier="free") == ["tier"]
@@ -106,13 +108,37 @@ def test_raising_the_tier_is_widening_and_lowering_it_is_not(user):
     {"scopes": ["usage:read"]},
     {"allow_ips": "203.0.113.128/25\n203.0.113.7"},
     {"expires_in": DAY},
-    {"rates": "1/second"},
+    {"tier": "free"},
     {"credits_set": 99},
     {"refill": None},
     {"refill": (99, "month")},
 ], ids=lambda change: ",".join(f"{name}={value}" for name, value in change.items()))
 def test_a_role_that_may_only_narrow_may_narrow(user, key, change):
     assert keyedits.update_key(key.id, False, **change)
+
+
+def test_a_tier_narrows_only_when_each_window_of_the_old_has_a_tighter_one_of_the_same_length():
+    minute, hour, day, second = 60, 3600, 86400, 1
+    assert keyedits.no_looser([(2, minute)], [(3, minute)])
+    assert keyedits.no_looser([(2, minute), (10, second)], [(3, minute)])  # a window added
+    assert not keyedits.no_looser([(3 * 24 * 60, day)], [(3, minute)])  # as many a day, all at once
+    assert not keyedits.no_looser([(3, minute)], [(3, minute), (100, hour)])  # a window dropped
+    assert not keyedits.no_looser([(4, minute)], [(3, minute)])
+
+
+def test_blank_scopes_are_refused_not_taken_for_every_scope(user, key):
+    for blank in ([""], [" ", ""], []):
+        with pytest.raises(ValueError, match="Choose at least one scope."):
+            keyedits.update_key(key.id, True, scopes=blank)
+    assert ApiKey.get_by_id(key.id).scopes == "test:read,usage:read"
+
+
+def test_a_new_expiry_is_announced_afresh_seven_days_before_it(user):
+    soon, _ = keyactions.issue_key(user, "Soon", "production", expires_in=3 * DAY)
+    assert periodic.run() == 1  # key.expiring, its marker written
+    keyedits.update_key(soon.id, True, expires_in=30 * DAY)
+    assert periodic.run() == 0
+    assert periodic.run(now=utcnow() + datetime.timedelta(days=24)) == 1
 
 
 def test_a_key_that_may_make_any_request_is_narrowed_by_any_allow_list_expiry_or_credits(user):

@@ -57,8 +57,8 @@ DOCUMENTED = {
     "Create a key": (roles.KEY_CREATE, {}),
     "Roll, revoke or change a key it created": (roles.KEY_CHANGE, {"own_key": True}),
     "Roll, revoke or change another member's key": (roles.KEY_CHANGE, {"own_key": False}),
-    "Widen a key it may change: a scope or an address it lacks, a later expiry, a higher tier or more generous "
-    "windows, more credits or a refill": (roles.KEY_WIDEN, {}),
+    "Widen a key it may change: a scope or an address it lacks, a later expiry, a tier not tighter in each window, "
+    "its own windows, more credits or a larger refill": (roles.KEY_WIDEN, {}),
     "Add, remove or test a webhook endpoint; resend or recover its messages, rotate its secret": (
         roles.WEBHOOK_MANAGE, {}),
     "Invite, send again or revoke an invitation as admin, developer or viewer": (

@@ -58,6 +58,7 @@ def test_a_form_that_sends_only_some_fields_changes_only_those(logged_in, ci_key
 @pytest.mark.parametrize(("data", "message"), [
     ({"name": ""}, "A key name is 1 to 100 characters."),
     ({"scopes_shown": "1"}, "Choose at least one scope."),
+    ({"scopes": ""}, "Choose at least one scope."),
     ({"allow_ips": "10.0.0.0/33"}, "is not an IP address or CIDR network"),
     ({"expires_in": "soon"}, "A duration is a number and a unit"),
     ({"tier": "gold"}, "Unknown rate limit tier"),
@@ -95,7 +96,10 @@ def test_a_developer_is_offered_only_narrowing_and_refused_widening(team, log_in
     form = client.get(edit_path(key)).text
     assert "you may only narrow the key" in form
     assert re.search(r'value="usage:read" disabled>', form) and 'name="credits_add"' not in form
+    assert 'name="rates"' not in form
     assert '<option value="free">' in form and '<option value="pro" selected>' in form
+    windows = client.post(edit_path(key), data={"rates": "1/minute"})
+    assert windows.status_code == 403 and "this change would change its own windows" in windows.text
     refused = client.post(edit_path(key), data={"scopes": ["test:read", "usage:read"], "name": "Wider"})
     assert refused.status_code == 403
     assert "Only owners and admins may widen a key: this change would grant the scope usage:read." in refused.text
