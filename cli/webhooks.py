@@ -1,5 +1,5 @@
-"""The `webhooks` command group: add, list, remove and test an organisation's endpoints; list their
-attempts, resend a message, recover failed ones, rotate a signing secret."""
+"""The `webhooks` command group: add, list, change, pause, resume, remove and test an organisation's
+endpoints; list their attempts, resend a message, recover failed ones, rotate a signing secret."""
 
 import datetime
 
@@ -61,6 +61,50 @@ def list_command(username, org_slug):
     user = find_user(username)
     for endpoint in endpoints.owned(organisation_for(user, org_slug, roles.VIEW).id):
         click.echo(f"{endpoint.id}\t{endpoint.url}\t{endpoint.events}\t{endpoints.state(endpoint)}")
+
+
+@webhooks_cli.command("update")
+@click.argument("endpoint_id", type=int)
+@click.option("--url", help="A new URL, checked as a new endpoint's.")
+@click.option("--events", metavar="E,E", help="The events to send ('' or *: every event).")
+@click.option("--description", help="What the endpoint is for ('' for nothing).")
+def update_command(endpoint_id, url, events, description):
+    """Change an endpoint's URL, events or description; its secret, messages and attempts stay."""
+    if url is None and events is None and description is None:
+        raise click.ClickException("Name what to change: --url, --events or --description.")
+    endpoint = find_endpoint(endpoint_id)
+    try:
+        changed = endpoints.update_endpoint(endpoint, url=url, events=None if events is None else events.split(","),
+                                            description=description)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+    if not changed:
+        click.echo(f"Webhook endpoint {endpoint.id} already has these; nothing changed.")
+        return
+    click.echo(f"Changed {', '.join(changed)} of webhook endpoint {endpoint.id}.")
+
+
+@webhooks_cli.command("pause")
+@click.argument("endpoint_id", type=int)
+def pause_command(endpoint_id):
+    """Pause an endpoint: its messages wait, neither attempted nor failed, until it is resumed (at
+    most the week messages are kept)."""
+    endpoint = find_endpoint(endpoint_id)
+    if not endpoints.pause_endpoint(endpoint):
+        click.echo(f"Webhook endpoint {endpoint.id} was already paused.")
+        return
+    click.echo(f"Paused webhook endpoint {endpoint.id} ({endpoint.url}); its messages wait until it is resumed.")
+
+
+@webhooks_cli.command("resume")
+@click.argument("endpoint_id", type=int)
+def resume_command(endpoint_id):
+    """Resume a paused endpoint: its waiting messages go out in the order they were made."""
+    endpoint = find_endpoint(endpoint_id)
+    if not endpoints.resume_endpoint(endpoint):
+        click.echo(f"Webhook endpoint {endpoint.id} was not paused.")
+        return
+    click.echo(f"Resumed webhook endpoint {endpoint.id} ({endpoint.url}); its waiting messages go out now.")
 
 
 @webhooks_cli.command("remove")

@@ -188,6 +188,21 @@ def add_mail_caps(database, migrator):
             migrate(migrator.add_column("mail_messages", "capped_address", CharField(max_length=254, null=True)))
 
 
+def add_endpoint_controls(database, migrator):
+    """Version 17: an endpoint's description, and who paused it when; the first KiB of each
+    attempt's answer."""
+    columns = {
+        "webhook_endpoints": {"description": CharField(null=True, max_length=200),
+                              "paused_at": DateTimeField(null=True),
+                              "paused_by": CharField(null=True, max_length=40)},
+        "webhook_attempts": {"answer": TextField(null=True)},
+    }
+    for table, wanted in columns.items():
+        if database.table_exists(table):
+            have = {column.name for column in database.get_columns(table)}
+            migrate(*(migrator.add_column(table, name, field) for name, field in wanted.items() if name not in have))
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -280,7 +295,7 @@ STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
          make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation,
          add_leak_reports,
-         add_mail_caps]
+         add_mail_caps, add_endpoint_controls]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

@@ -47,7 +47,8 @@ ATTEMPTS_KEPT = 50
 USER_AGENT = "api-key-demo-service-webhooks/1"
 
 Claimed = collections.namedtuple("Claimed", "pk message_id event body number endpoint_id org_id url")
-Outcome = collections.namedtuple("Outcome", "status error duration_ms")
+# answer: the first ANSWER_BYTES of the receiver's answer, as text (None without one).
+Outcome = collections.namedtuple("Outcome", "status error duration_ms answer", defaults=(None,))
 
 
 class TimedOut(Exception):
@@ -91,7 +92,8 @@ def first_due(database, due, limit, sending, kept, now):
     only to first turns: organisations with nothing under way, one message each. PostgreSQL refuses FOR
     UPDATE beside a window function, so there the rows the windows picked are locked by id."""
     organisation = WebhookEndpoint.org
-    where = due
+    # A message written as its endpoint was being paused may still have a next attempt: it waits too.
+    where = due & WebhookEndpoint.paused_at.is_null()
     if sending and limit <= kept:
         # Only first turns may have a slot: the organisations with something under way are not ranked.
         where &= organisation.not_in(list(sending))
@@ -117,7 +119,7 @@ def first_due(database, due, limit, sending, kept, now):
 def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
     """Make one attempt of a claimed message; return its Outcome (an HTTP status, or an error)."""
     started = time.monotonic()
-    status, error = None, None
+    status, error, answer = None, None, None
     try:
         in_force = secrets_in_force(claimed.endpoint_id)
     finally:
@@ -131,12 +133,12 @@ def send(claimed, allow_private, deadline=DEADLINE_SECONDS):
         try:
             # The socket deadline holds in every process; the Timeout also cuts a lookup under gevent.
             with gevent.Timeout(deadline, TimedOut):
-                status = post(claimed.url, body, headers, allow_private, deadlines.Deadline(deadline))
+                status, answer = post(claimed.url, body, headers, allow_private, deadlines.Deadline(deadline))
         except (TimedOut, TimeoutError):
             error = f"No answer within {deadline} s."
         except Exception as failure:  # a receiver's every way of failing is a failed attempt, never a crash
             error = failures.described(failure)
-    return Outcome(status, error, round((time.monotonic() - started) * 1000))
+    return Outcome(status, error, round((time.monotonic() - started) * 1000), answer)
 
 
 def secrets_in_force(endpoint_id, now=None):
@@ -161,7 +163,7 @@ def secrets_in_force(endpoint_id, now=None):
 
 def post(url, body, headers, allow_private, deadline):
     """POST body to url through a connection made to a checked address; return the answer's status
-    after reading at most ANSWER_BYTES of its body, all before the Deadline (else DeadlinePassed,
+    and at most ANSWER_BYTES of its body as text, all before the Deadline (else DeadlinePassed,
     or TimeoutError). Redirects are answers like any other."""
     scheme, host, port = addresses.parse_url(url)
     parts = urlsplit(url.strip())
@@ -177,8 +179,8 @@ def post(url, body, headers, allow_private, deadline):
         connection.request("POST", target, body=body, headers={
             "Content-Type": "application/json", "User-Agent": USER_AGENT, **headers})
         response = connection.getresponse()
-        response.read(ANSWER_BYTES)
-        return response.status
+        # As text a database keeps: PostgreSQL refuses a NUL in text.
+        return response.status, response.read(ANSWER_BYTES).decode("utf-8", "replace").replace("\x00", "\ufffd")
     finally:
         connection.close()
 
@@ -198,16 +200,21 @@ def record(claimed, outcome, schedule, now=None):
     step, next_at = outbox.after_attempt(claimed.number, schedule, delivered, now)
     state = {outbox.SUCCEEDED: DELIVERED, outbox.RETRY: PENDING, outbox.GIVEN_UP: FAILED}[step]
     with write_transaction(db.obj):
-        if state == PENDING and WebhookEndpoint.select().where(
-                (WebhookEndpoint.id == claimed.endpoint_id) & WebhookEndpoint.disabled_at.is_null(False)).exists():
-            state, next_at = FAILED, None
+        if state == PENDING:
+            endpoint_now = WebhookEndpoint.get_or_none(WebhookEndpoint.id == claimed.endpoint_id)
+            if endpoint_now is not None and endpoint_now.disabled_at is not None:
+                state, next_at = FAILED, None
+            elif endpoint_now is not None and endpoint_now.paused_at is not None:
+                next_at = None  # paused while this attempt was under way: the message waits
+
         updated = (WebhookMessage.update(state=state, next_attempt_at=next_at, claimed_until=None)
                    .where((WebhookMessage.id == claimed.pk) & (WebhookMessage.attempts == claimed.number)).execute())
         if not updated:
             return None
         WebhookAttempt.create(endpoint=claimed.endpoint_id, message_id=claimed.message_id, event=claimed.event,
                               attempted_at=now, number=claimed.number, status=outcome.status,
-                              error=outcome.error and outcome.error[:200], duration_ms=outcome.duration_ms)
+                              error=outcome.error and outcome.error[:200], duration_ms=outcome.duration_ms,
+                              answer=outcome.answer)
         forget_old_attempts(claimed.endpoint_id)
         endpoint = WebhookEndpoint.id == claimed.endpoint_id
         if delivered:

@@ -1,5 +1,6 @@
-"""Each account's webhook endpoints: adding one (its secret made and shown once), listing,
-removing, and asking for a test event; the CLI, the Security tab and the tests call these."""
+"""Each organisation's webhook endpoints: adding one (its secret made and shown once), changing,
+pausing and resuming one, listing, removing, and asking for a test event; the CLI, the Security tab
+and the tests call these."""
 
 import datetime
 
@@ -14,6 +15,7 @@ from webhooks import addresses, outbox, signing
 from webhooks.models import ALL_EVENTS, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 MAX_ENDPOINTS = 10
+MAX_DESCRIPTION_LENGTH = 200
 # How long a rotated-out secret goes on signing beside the new one, unless told otherwise, and at most.
 DEFAULT_OVERLAP = datetime.timedelta(hours=24)
 MAX_OVERLAP = datetime.timedelta(days=7)
@@ -72,6 +74,65 @@ def remove_endpoint(endpoint):
     return bool(removed)
 
 
+def update_endpoint(endpoint, url=None, events=None, description=None):
+    """Change what is given of the endpoint's URL (checked as a new one's), events (parse_events'
+    input; empty: every event) and description ('' for none); return the names of the fields that
+    changed, recorded as one webhook.updated line. Its secret, messages and attempts stay."""
+    asked = {}
+    if url is not None:
+        users.refuse_control_characters(url, "A webhook URL")
+        asked["url"] = addresses.check_url(url, current_app.config["WEBHOOK_ALLOW_PRIVATE"])
+    if events is not None:
+        asked["events"] = parse_events(events)
+    if description is not None:
+        description = description.strip()
+        users.refuse_control_characters(description, "A description")
+        if len(description) > MAX_DESCRIPTION_LENGTH:
+            raise ValueError(f"A description is at most {MAX_DESCRIPTION_LENGTH} characters.")
+        asked["description"] = description or None
+    with write_transaction(db.obj):
+        lock_endpoint(endpoint.id)
+        current = WebhookEndpoint.get_by_id(endpoint.id)
+        changes = {field: value for field, value in asked.items() if getattr(current, field) != value}
+        if changes:
+            WebhookEndpoint.update(**changes).where(WebhookEndpoint.id == endpoint.id).execute()
+            securitylog.record_in(endpoint.org_id, "webhook.updated",
+                                  f"{changes.get('url', current.url)} (id {endpoint.id}): changed {', '.join(changes)}")
+    return list(changes)
+
+
+def pause_endpoint(endpoint, by=None, now=None):
+    """Pause the endpoint: its messages, those written meanwhile included, wait (neither attempted
+    nor failed) until it is resumed. by: the username of who paused it (None: the command line).
+    Return True when this call paused it."""
+    now = now or utcnow()
+    with write_transaction(db.obj):
+        lock_endpoint(endpoint.id)
+        paused = (WebhookEndpoint.update(paused_at=now, paused_by=by)
+                  .where((WebhookEndpoint.id == endpoint.id) & WebhookEndpoint.paused_at.is_null()).execute())
+        if paused:
+            (WebhookMessage.update(next_attempt_at=None)
+             .where((WebhookMessage.endpoint == endpoint.id) & (WebhookMessage.state == PENDING)).execute())
+            securitylog.record_in(endpoint.org_id, "webhook.paused", f"{endpoint.url} (id {endpoint.id})")
+    return bool(paused)
+
+
+def resume_endpoint(endpoint, now=None):
+    """Resume a paused endpoint: its waiting messages go out at once, in the order they were made.
+    Return True when this call resumed it."""
+    now = now or utcnow()
+    with write_transaction(db.obj):
+        lock_endpoint(endpoint.id)
+        resumed = (WebhookEndpoint.update(paused_at=None, paused_by=None)
+                   .where((WebhookEndpoint.id == endpoint.id) & WebhookEndpoint.paused_at.is_null(False)).execute())
+        if resumed:
+            (WebhookMessage.update(next_attempt_at=now)
+             .where((WebhookMessage.endpoint == endpoint.id) & (WebhookMessage.state == PENDING)
+                    & WebhookMessage.next_attempt_at.is_null()).execute())
+            securitylog.record_in(endpoint.org_id, "webhook.resumed", f"{endpoint.url} (id {endpoint.id})")
+    return bool(resumed)
+
+
 def rotate_secret(endpoint, overlap=DEFAULT_OVERLAP, now=None):
     """Give the endpoint a new signing secret; return (it, when the overlap ends or None). The secret
     exists only here. Until the overlap ends the secret it replaces signs each delivery too; a zero
@@ -98,6 +159,9 @@ def send_test(endpoint):
     """Queue a webhook.test message for the endpoint (delivered within seconds); return it. One at
     a time: ValueError while the last one still waits, so a button cannot make the service flood
     a URL."""
+    if WebhookEndpoint.select().where((WebhookEndpoint.id == endpoint.id)
+                                      & WebhookEndpoint.paused_at.is_null(False)).exists():
+        raise ValueError("The endpoint is paused: resume it to send a test event.")
     with db.atomic():
         waiting = WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
                                                 & (WebhookMessage.event == "webhook.test")
@@ -148,7 +212,9 @@ def attempted(endpoint, message_id):
 
 
 def state(endpoint):
-    """The endpoint's state in a word: active, failing or disabled."""
+    """The endpoint's state in a word: paused, disabled, failing or active."""
+    if endpoint.paused_at is not None:
+        return "paused"
     if endpoint.disabled_at is not None:
         return "disabled"
     return "failing" if endpoint.failing_since is not None else "active"

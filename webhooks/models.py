@@ -4,8 +4,9 @@ from peewee import AutoField, BigIntegerField, CharField, DateTimeField, Foreign
 
 from models import ApiKey, BaseModel, Organisation, utcnow
 
-# A message's states: waiting for its next attempt (or in one), delivered, failed for good.
-PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+# A message's states: waiting for its next attempt (or in one), delivered, failed for good. A
+# pending message of a paused endpoint has no next attempt: the pages call it paused.
+PENDING, DELIVERED, FAILED, PAUSED = "pending", "delivered", "failed", "paused"
 # The events of an endpoint subscribed to every event, those of later releases included.
 ALL_EVENTS = "*"
 
@@ -24,6 +25,12 @@ class WebhookEndpoint(BaseModel):
     # Since when every attempt has failed (None after a success or before any attempt).
     failing_since = DateTimeField(null=True)
     disabled_at = DateTimeField(null=True)
+    # What the owner says the endpoint is for.
+    description = CharField(null=True, max_length=200)
+    # Paused by its owner: its messages wait (next_attempt_at NULL) until it is resumed. paused_by is
+    # the username of who paused it in the web application; NULL for the command line.
+    paused_at = DateTimeField(null=True)
+    paused_by = CharField(null=True, max_length=40)
 
     class Meta:
         table_name = "webhook_endpoints"
@@ -72,6 +79,8 @@ class WebhookAttempt(BaseModel):
     status = IntegerField(null=True)
     error = CharField(max_length=200, null=True)
     duration_ms = BigIntegerField()
+    # The first KiB of the receiver's answer, as text (None without an answer).
+    answer = TextField(null=True)
 
     class Meta:
         table_name = "webhook_attempts"

@@ -84,17 +84,19 @@ class DeferredEvents:
             return
         endpoints = collections.defaultdict(list)
         rows = (WebhookEndpoint.select(WebhookEndpoint.org, WebhookEndpoint.id, WebhookEndpoint.events,
-                                       Organisation.slug)
+                                       Organisation.slug, WebhookEndpoint.paused_at)
                 .join(Organisation)
                 .where(WebhookEndpoint.org.in_(list({org_id for org_id, *_ in events}))
                        & WebhookEndpoint.disabled_at.is_null()).tuples())
-        slugs = {}
-        for org_id, endpoint_id, names, slug in rows:
+        slugs, paused = {}, set()
+        for org_id, endpoint_id, names, slug, paused_at in rows:
             endpoints[org_id].append((endpoint_id, names))
             slugs[org_id] = slug
+            if paused_at is not None:
+                paused.add(endpoint_id)
         for org_id, event, data, when in events:
             if subscribed_ids := [endpoint_id for endpoint_id, names in endpoints[org_id] if subscribes(names, event)]:
-                write_messages(subscribed_ids, event, {**data, "org": slugs[org_id]}, when)
+                write_messages(subscribed_ids, event, {**data, "org": slugs[org_id]}, when, paused)
 
 
 def init_app(app):
@@ -128,12 +130,14 @@ def emit(org_id, event, data, now=None):
     with the organisation's slug; call it inside the caller's open transaction (db.atomic()).
     Return how many were written."""
     assert event in EVENTS, event
-    rows = (WebhookEndpoint.select(WebhookEndpoint.id, WebhookEndpoint.events, Organisation.slug).join(Organisation)
+    rows = (WebhookEndpoint.select(WebhookEndpoint.id, WebhookEndpoint.events, Organisation.slug,
+                                   WebhookEndpoint.paused_at).join(Organisation)
             .where((WebhookEndpoint.org == org_id) & WebhookEndpoint.disabled_at.is_null()).tuples())
-    endpoints = [(endpoint_id, slug) for endpoint_id, events, slug in rows if subscribes(events, event)]
+    endpoints = [(endpoint_id, slug, paused_at) for endpoint_id, events, slug, paused_at in rows
+                 if subscribes(events, event)]
     if endpoints:
-        write_messages([endpoint_id for endpoint_id, _ in endpoints], event, {**data, "org": endpoints[0][1]},
-                       now or utcnow())
+        write_messages([endpoint_id for endpoint_id, _, _ in endpoints], event, {**data, "org": endpoints[0][1]},
+                       now or utcnow(), {endpoint_id for endpoint_id, _, paused_at in endpoints if paused_at})
     return len(endpoints)
 
 
@@ -141,17 +145,20 @@ def write_test(endpoint):
     """Write a webhook.test message for the endpoint (inside the caller's transaction); return it."""
     now = utcnow()
     [message_id] = write_messages([endpoint.id], "webhook.test",
-                                  {"endpoint_id": endpoint.id, "url": endpoint.url, "org": endpoint.org.slug}, now)
+                                  {"endpoint_id": endpoint.id, "url": endpoint.url, "org": endpoint.org.slug}, now,
+                                  {endpoint.id} if endpoint.paused_at else ())
     return WebhookMessage.get(WebhookMessage.message_id == message_id)
 
 
-def write_messages(endpoint_ids, event, data, now):
+def write_messages(endpoint_ids, event, data, now, paused=()):
     """Write one message of the event for each endpoint, in one statement (a report of leaked keys
-    may revoke a thousand keys of an organisation with ten endpoints); return their webhook-ids."""
+    may revoke a thousand keys of an organisation with ten endpoints); return their webhook-ids.
+    The messages of the paused endpoints (ids) wait without a next attempt until they are resumed."""
     body = message_body(event, data, now)
     message_ids = [new_message_id() for _ in endpoint_ids]
     WebhookMessage.insert_many([{"endpoint": endpoint_id, "message_id": message_id, "event": event, "body": body,
-                                 "created_at": now, "state": PENDING, "next_attempt_at": now}
+                                 "created_at": now, "state": PENDING,
+                                 "next_attempt_at": None if endpoint_id in paused else now}
                                 for endpoint_id, message_id in zip(endpoint_ids, message_ids)]).execute()
     return message_ids
 

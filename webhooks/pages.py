@@ -1,7 +1,7 @@
-"""The Security tab's Webhooks section: add an endpoint (its secret shown once), send a test event,
-resend a message, recover failed ones, rotate the secret, remove one; templates/_webhooks.html
-shows each endpoint with its last attempts, and webhooks.attempts serves one endpoint's attempts
-alone for the page's script to refresh them."""
+"""The Security tab's Webhooks section: add an endpoint (its secret shown once), change, pause or
+resume one, send a test event, resend a message, recover failed ones, rotate the secret, remove
+one; templates/_webhooks.html shows each endpoint with its last attempts, and webhooks.attempts
+serves one endpoint's attempts alone for the page's script to refresh them."""
 
 import datetime
 import json
@@ -44,14 +44,7 @@ def webhook_section():
 def add_endpoint():
     form = request.form
     try:
-        # "all" (the form's default: ALL_EVENTS) or "chosen" (the events ticked), which a post that
-        # does not say is taken for.
-        subscribe = form.get("subscribe", "chosen")
-        if subscribe not in ("all", "chosen"):
-            raise ValueError("Choose All events or Chosen events.")
-        events = form.getlist("events") if subscribe == "chosen" else []
-        if subscribe == "chosen" and "events_shown" in form and not events:
-            raise ValueError("Choose at least one event.")
+        events = chosen_events(form) or []
         if not roles.allows(g.membership.role, roles.WEBHOOK_MANAGE):
             abort(403)
         endpoint, secret = endpoints.add_endpoint(g.user, form.get("url", ""), events, org=g.org.id)
@@ -62,6 +55,56 @@ def add_endpoint():
     sessions.keep_pending_secret(g.session, session["sid"],
                               json.dumps({"webhook_url": endpoint.url, "webhook_secret": secret}))
     return redirect(url_for("security.settings_security") + SECTION)
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/update")
+@login_required
+def update(endpoint_id):
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
+    form = request.form
+    try:
+        changed = endpoints.update_endpoint(endpoint, url=form.get("url"), events=chosen_events(form),
+                                            description=form.get("description"))
+    except endpoints.EndpointGone:
+        abort(404)
+    except ValueError as error:
+        flash(str(error), "error")
+        return render_security_tab(status=400)
+    flash(f"Changed {' and '.join(changed)} of the webhook endpoint." if changed
+          else "Nothing changed: the endpoint already had these.")
+    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/pause")
+@login_required
+def pause(endpoint_id):
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
+    if endpoints.pause_endpoint(endpoint, by=g.user.username):
+        flash(f"Paused {endpoint.url}: its messages wait until you resume it.")
+    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+
+
+@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/resume")
+@login_required
+def resume(endpoint_id):
+    endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
+    if endpoints.resume_endpoint(endpoint):
+        flash(f"Resumed {endpoint.url}: its waiting messages go out now, oldest first.")
+    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+
+
+def chosen_events(form):
+    """The events an Add or Edit form asks for (None when it does not say): "all" (ALL_EVENTS) or
+    "chosen" (the events ticked), which a post that does not say is taken for."""
+    if not {"subscribe", "events", "events_shown"} & form.keys():
+        return None
+    subscribe = form.get("subscribe", "chosen")
+    if subscribe not in ("all", "chosen"):
+        raise ValueError("Choose All events or Chosen events.")
+    events = form.getlist("events") if subscribe == "chosen" else []
+    if subscribe == "chosen" and "events_shown" in form and not events:
+        raise ValueError("Choose at least one event.")
+    return events
 
 
 @bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/test")

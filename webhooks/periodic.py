@@ -1,6 +1,6 @@
 """What each serving process's sender does once a minute: key.expiring (7 days before a key's
 expiry) and key.expired, each sent once per key (a marker row says it was), and delivered or
-failed messages forgotten after a week."""
+failed messages, and those a paused endpoint held, forgotten after a week."""
 
 import datetime
 import logging
@@ -40,18 +40,20 @@ def run(now=None):
 
 
 def forget_old_messages(now):
-    """Delete the delivered and failed messages older than MESSAGES_KEPT_FOR, BATCH a transaction
+    """Delete the delivered and failed messages older than MESSAGES_KEPT_FOR, and those a paused
+    endpoint held that long, BATCH a transaction
     with a pause between (the write lock is never held long), until fewer than BATCH were left;
     return how many."""
     forgotten = 0
+    # Delivered, failed, or waiting for its paused endpoint (pending without a next attempt).
+    ended = (WebhookMessage.state != PENDING) | WebhookMessage.next_attempt_at.is_null()
     while True:
         with write_transaction(db.obj):
             old = (WebhookMessage.select(WebhookMessage.id)
-                   .where((WebhookMessage.state != PENDING) & (WebhookMessage.created_at < now - MESSAGES_KEPT_FOR))
+                   .where(ended & (WebhookMessage.created_at < now - MESSAGES_KEPT_FOR))
                    .limit(BATCH))
-            # The state asked again: a resend between the two reads makes a message waiting again.
-            deleted = (WebhookMessage.delete()
-                       .where(WebhookMessage.id.in_(old) & (WebhookMessage.state != PENDING)).execute())
+            # Asked again: a resend or a resume between the two reads makes a message waiting again.
+            deleted = WebhookMessage.delete().where(WebhookMessage.id.in_(old) & ended).execute()
         forgotten += deleted
         if deleted < BATCH:
             return forgotten

@@ -5,7 +5,6 @@ label, and an endpoint's path wraps only at a slash; at both sizes key rows, but
 totals line up."""
 
 import itertools
-import threading
 import time
 from pprint import pformat
 
@@ -246,7 +245,8 @@ LABEL_APART = """() => {
   const apart = [];
   for (const input of document.querySelectorAll('input[type=checkbox], input[type=radio]')) {
     const box = input.getBoundingClientRect();
-    if (!box.width) continue;
+    // Chromium lays out a closed <details>'s content too, at a width it is never shown at.
+    if (!box.width || input.closest('details:not([open])')) continue;
     const label = input.labels[0];
     if (!label) { apart.push(`${input.name}=${input.value} has no label`); continue; }
     const texts = [];
@@ -350,64 +350,3 @@ def test_every_page_fits_a_phone_with_labels_beside_their_boxes_and_paths_whole(
 def test_at_1280_px_key_rows_buttons_and_charts_line_up(walks):
     found = walks(DESKTOP)["layout"]
     assert not found, pformat(found, width=120)
-
-
-def add_endpoint(page, server):
-    """Sign up, add an endpoint pointing at the receiver from the Security tab, and reload the tab
-    (the secret's panel gone); return the endpoint's article."""
-    username = next(usernames)
-    sign_up(page, username)
-    page.goto("/settings/security")
-    page.get_by_label("Endpoint URL").fill(f"{server.receiver.url}/{username}")
-    page.get_by_role("button", name="Add endpoint").click()
-    server.receiver.secrets[f"/{username}"] = page.get_by_label("Signing secret").input_value()
-    page.goto("/settings/security")
-    return page.locator("article.webhook")
-
-
-def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_reload(open_page, server):
-    page = open_page(DESKTOP)
-    article = add_endpoint(page, server)
-    assert article.evaluate("a => a.getBoundingClientRect().top + scrollY") > DESKTOP["height"]  # below the fold
-    loads = []
-    page.on("load", lambda loaded: loads.append(loaded.url))
-    # The receiver answers once the waiting event's status has been seen: on a slow machine the
-    # attempt was recorded before the page came back, and the page rightly showed no status.
-    status_seen, answer = threading.Event(), server.receiver.answer
-    server.receiver.answer = lambda delivery: answer(delivery) if status_seen.wait(ATTEMPT_DEADLINE_MS / 1000) else 503
-    try:
-        article.get_by_role("button", name="Send test event").click()
-        page.wait_for_load_state("load")
-        endpoint_id = article.get_attribute("id")
-        assert page.url.endswith(f"/settings/security#{endpoint_id}")
-        expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
-        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
-        expect(article.get_by_role("status")).to_contain_text("A test event")
-        status_seen.set()
-    finally:
-        server.receiver.answer = answer
-    expect(article.locator("tr.attempt")).to_have_count(1, timeout=ATTEMPT_DEADLINE_MS)
-    expect(article.locator("tr.attempt")).to_contain_text("webhook.test")
-    expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
-    expect(article.get_by_role("status")).to_have_count(0)
-    assert len(loads) == 1, loads  # the redirect after the button, and no reload since
-    expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
-
-
-def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_shows_on_reload(browser, server):
-    context = browser.new_context(base_url=server.base, viewport=DESKTOP, java_script_enabled=False)
-    try:
-        page = context.new_page()
-        article = add_endpoint(page, server)
-        article.get_by_role("button", name="Send test event").click()
-        assert page.url.endswith(f"/settings/security#{article.get_attribute('id')}")
-        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
-        expect(article).to_be_focused()
-        expect(article).to_contain_text("reload the page if your browser runs no script")
-        deadline = time.monotonic() + ATTEMPT_DEADLINE_MS / 1000
-        while not article.locator("tr.attempt").count() and time.monotonic() < deadline:
-            page.wait_for_timeout(250)
-            page.reload()
-        expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
-    finally:
-        context.close()

@@ -151,7 +151,7 @@ class PageProblems(dict):
             self[name] = problems
 
 # Elements wider than the phone, or reaching past its right edge, unless inside a box that clips them
-# (a region meant to scroll sideways, or a visually hidden one); and boxes that scroll sideways
+# (a region meant to scroll sideways, or a visually hidden one) or a closed <details>; and boxes that scroll sideways
 # without being meant to (not focusable: cut at the edge for a keyboard or a glance).
 TOO_WIDE = """() => {
   const width = document.documentElement.clientWidth;
@@ -163,10 +163,13 @@ TOO_WIDE = """() => {
     }
     return false;
   };
+  // Chromium lays out a closed <details>'s content too, at a width it is never shown at.
+  const folded = e => e.closest('details:not([open])') && !e.closest('summary');
   const found = [];
   const pageWidth = document.documentElement.scrollWidth;
   if (pageWidth > width) found.push(`the page is ${pageWidth} px wide`);
   for (const e of document.body.querySelectorAll('*')) {
+    if (folded(e)) continue;
     const box = e.getBoundingClientRect();
     if (box.width && box.right > width + 0.5 && !clipped(e))
       found.push(`${label(e)} reaches ${Math.round(box.right)} px`);

@@ -1,0 +1,125 @@
+"""The Security tab's webhook endpoints in headless Chromium against the real server: Send test event
+comes back to its endpoint and shows the attempt without a reload (and on reload without script);
+an endpoint's Edit form, Pause and Resume, fitting 390 and 1280 px with axe-core clean."""
+
+import itertools
+import threading
+import time
+
+import pytest
+from browsing import DESKTOP, PHONE, PageProblems, sign_up
+from webhookreceiver import receiving
+
+try:
+    from playwright.sync_api import expect
+except ImportError:
+    pass
+
+usernames = (f"hook{n}" for n in itertools.count())
+# How long a test event's first attempt may take to show on a loaded machine (the contract: 5 s).
+ATTEMPT_DEADLINE_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    """A webhook receiver the Security tab's endpoints point at, for the module's server."""
+    with receiving() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def server_settings(receiver):
+    return {"WEBHOOK_ALLOW_PRIVATE": "1"}
+
+
+@pytest.fixture(scope="module")
+def server(server, receiver):
+    """The module's server, with server.receiver."""
+    server.receiver = receiver
+    return server
+
+
+def add_endpoint(page, server):
+    """Sign up, add an endpoint pointing at the receiver from the Security tab, and reload the tab
+    (the secret's panel gone); return the endpoint's article."""
+    username = next(usernames)
+    sign_up(page, username)
+    page.goto("/settings/security")
+    page.get_by_label("Endpoint URL").fill(f"{server.receiver.url}/{username}")
+    page.get_by_role("button", name="Add endpoint").click()
+    server.receiver.secrets[f"/{username}"] = page.get_by_label("Signing secret").input_value()
+    page.goto("/settings/security")
+    return page.locator("article.webhook")
+
+
+def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_reload(open_page, server):
+    page = open_page(DESKTOP)
+    article = add_endpoint(page, server)
+    assert article.evaluate("a => a.getBoundingClientRect().top + scrollY") > DESKTOP["height"]  # below the fold
+    loads = []
+    page.on("load", lambda loaded: loads.append(loaded.url))
+    # The receiver answers once the waiting event's status has been seen: on a slow machine the
+    # attempt was recorded before the page came back, and the page rightly showed no status.
+    status_seen, answer = threading.Event(), server.receiver.answer
+    server.receiver.answer = lambda delivery: answer(delivery) if status_seen.wait(ATTEMPT_DEADLINE_MS / 1000) else 503
+    try:
+        article.get_by_role("button", name="Send test event").click()
+        page.wait_for_load_state("load")
+        endpoint_id = article.get_attribute("id")
+        assert page.url.endswith(f"/settings/security#{endpoint_id}")
+        expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
+        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+        expect(article.get_by_role("status")).to_contain_text("A test event")
+        status_seen.set()
+    finally:
+        server.receiver.answer = answer
+    expect(article.locator("tr.attempt")).to_have_count(1, timeout=ATTEMPT_DEADLINE_MS)
+    expect(article.locator("tr.attempt")).to_contain_text("webhook.test")
+    expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
+    expect(article.get_by_role("status")).to_have_count(0)
+    assert len(loads) == 1, loads  # the redirect after the button, and no reload since
+    expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+
+
+def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_shows_on_reload(browser, server):
+    context = browser.new_context(base_url=server.base, viewport=DESKTOP, java_script_enabled=False)
+    try:
+        page = context.new_page()
+        article = add_endpoint(page, server)
+        article.get_by_role("button", name="Send test event").click()
+        assert page.url.endswith(f"/settings/security#{article.get_attribute('id')}")
+        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+        expect(article).to_be_focused()
+        expect(article).to_contain_text("reload the page if your browser runs no script")
+        deadline = time.monotonic() + ATTEMPT_DEADLINE_MS / 1000
+        while not article.locator("tr.attempt").count() and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+            page.reload()
+        expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "390px"])
+def test_an_endpoint_is_edited_paused_and_resumed_through_forms_that_fit_and_pass_axe(open_page, server, viewport):
+    page = open_page(viewport)
+    article = add_endpoint(page, server)
+    article.get_by_text("Edit", exact=True).click()
+    expect(article.get_by_label("Endpoint URL")).to_have_value(article.locator("code.url").inner_text())
+    problems = PageProblems()
+    problems.look(page, "an endpoint's Edit form")
+    article.get_by_role("radio", name="Chosen events").check()
+    article.get_by_role("checkbox", name="key.revoked", exact=True).check()
+    article.get_by_label("Description (optional)").fill("Revocations for the audit trail")
+    article.get_by_role("button", name="Save changes").click()
+    expect(page.get_by_role("status").first).to_contain_text("Changed events and description of the webhook endpoint.")
+    expect(article).to_contain_text("Revocations for the audit trail")
+    expect(article.locator("p.hint").first).to_have_text("Events: key.revoked")
+
+    article.get_by_role("button", name="Pause").click()
+    expect(article).to_contain_text("Paused by hook")
+    expect(article.get_by_role("button", name="Send test event")).to_have_count(0)
+    problems.look(page, "a paused endpoint")
+    article.get_by_role("button", name="Resume").click()
+    expect(article.get_by_role("button", name="Send test event")).to_be_visible()
+    assert problems == {}

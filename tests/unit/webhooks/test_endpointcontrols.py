@@ -1,0 +1,134 @@
+"""An endpoint changed in place, paused and resumed (webhooks/endpoints.py, its forms and commands):
+a paused endpoint's messages wait, neither attempted nor failed, and go out in the order they were
+made on resume; what each attempt's receiver answered is kept, its first KiB."""
+
+import datetime
+import json
+
+import pytest
+
+from models import SecurityEvent, db, utcnow
+from orgs import keyactions
+from webhooks import delivery, endpoints, periodic
+from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
+
+
+def log_lines(event):
+    return [row.detail for row in SecurityEvent.select().where(SecurityEvent.event == event)]
+
+
+def test_an_update_changes_only_what_differs_and_keeps_the_secret_and_messages(app, user, hook, receiver):
+    endpoints.send_test(hook)
+    changed = endpoints.update_endpoint(hook, url=f"{receiver.url}/alice", events=["key.created", "key.revoked"],
+                                        description=" CI notifications ")
+    assert changed == ["events", "description"]
+    row = WebhookEndpoint.get_by_id(hook.id)
+    assert (row.events, row.description, row.sealed_secret) == ("key.created,key.revoked", "CI notifications",
+                                                                hook.sealed_secret)
+    assert WebhookMessage.select().where(WebhookMessage.endpoint == hook.id).count() == 1
+    assert log_lines("webhook.updated") == [f"{receiver.url}/alice (id {hook.id}): changed events, description"]
+    assert endpoints.update_endpoint(hook, events=["key.revoked", "key.created"], description="CI notifications") == []
+    assert endpoints.update_endpoint(hook, events=[], description="") == ["events", "description"]
+    assert WebhookEndpoint.get_by_id(hook.id).events == "*"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"url": "ftp://example.com/"}, "http"),
+    ({"url": "http://10.0.0.7/hook"}, "Webhooks are not sent to 10.0.0.7"),
+    ({"events": ["key.renamed"]}, "Unknown event 'key.renamed'"),
+    ({"description": "x" * 201}, "A description is at most 200 characters."),
+    ({"description": "line\nbreak"}, "control character"),
+])
+def test_an_update_refuses_what_a_new_endpoint_would_be_refused(app, user, hook, change, message):
+    app.config["WEBHOOK_ALLOW_PRIVATE"] = False
+    with pytest.raises(ValueError, match=message):
+        endpoints.update_endpoint(hook, **change)
+    assert log_lines("webhook.updated") == []
+
+
+def test_a_paused_endpoints_messages_wait_and_go_out_in_order_on_resume(app, user, hook, receiver):
+    assert endpoints.pause_endpoint(hook, by="alice") and not endpoints.pause_endpoint(hook)
+    made = [keyactions.issue_key(user, f"Key {number}", "development")[0] for number in range(3)]
+    assert delivery.deliver_due(app) == []
+    waiting = list(WebhookMessage.select().where(WebhookMessage.endpoint == hook.id).order_by(WebhookMessage.id))
+    assert [(message.state, message.next_attempt_at, message.attempts) for message in waiting] == [
+        (PENDING, None, 0)] * 3
+    assert endpoints.state(WebhookEndpoint.get_by_id(hook.id)) == "paused"
+    with pytest.raises(ValueError, match="The endpoint is paused: resume it to send a test event."):
+        endpoints.send_test(hook)
+
+    assert endpoints.resume_endpoint(hook) and not endpoints.resume_endpoint(hook)
+    for _ in range(3):
+        delivery.deliver_due(app, limit=1)
+    received = receiver.wait_for(3)
+    assert [json.loads(sent.body)["data"]["key_name"] for sent in received] == ["Key 0", "Key 1", "Key 2"]
+    assert [key.name for key in made] == ["Key 0", "Key 1", "Key 2"]
+    assert log_lines("webhook.paused") == log_lines("webhook.resumed") == [f"{hook.url} (id {hook.id})"]
+
+
+def test_a_message_claimed_before_the_pause_waits_after_a_failed_attempt(app, user, hook, receiver):
+    receiver.answer = lambda delivery: 503
+    endpoints.send_test(hook)
+    [claimed] = delivery.claim(db.obj, 1)
+    endpoints.pause_endpoint(hook)
+    assert delivery.record(claimed, delivery.send(claimed, True), app.extensions["webhooks"].schedule) == PENDING
+    message = WebhookMessage.get(WebhookMessage.endpoint == hook.id)
+    assert (message.state, message.next_attempt_at) == (PENDING, None)
+
+
+def test_messages_a_paused_endpoint_held_a_week_are_forgotten_with_the_ended_ones(app, user, hook):
+    endpoints.pause_endpoint(hook)
+    keyactions.issue_key(user, "Old", "development")
+    assert periodic.forget_old_messages(utcnow() + datetime.timedelta(days=6)) == 0
+    assert periodic.forget_old_messages(utcnow() + datetime.timedelta(days=8)) == 1
+
+
+def test_each_attempt_keeps_the_first_kib_of_the_answer_as_text(app, user, hook, receiver):
+    body = b"\x00" + "é".encode() + b"x" * 2000
+    receiver.answer = lambda delivery: (b"HTTP/1.1 500 Oops\r\nContent-Type: text/plain\r\nContent-Length: "
+                                        + str(len(body)).encode() + b"\r\n\r\n" + body)
+    endpoints.send_test(hook)
+    delivery.deliver_due(app)
+    [attempt] = WebhookAttempt.select()
+    assert attempt.status == 500
+    assert attempt.answer == "\ufffdé" + "x" * 1021
+
+
+def test_the_commands_update_pause_and_resume(app, user, hook, receiver):
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["webhooks", "update", str(hook.id), "--events", "key.revoked",
+                                 "--description", "Revocations"])
+    assert result.exit_code == 0 and result.output == f"Changed events, description of webhook endpoint {hook.id}.\n"
+    assert "already has these; nothing changed" in runner.invoke(
+        args=["webhooks", "update", str(hook.id), "--events", "key.revoked"]).output
+    assert runner.invoke(args=["webhooks", "update", str(hook.id)]).exit_code == 1
+    refused = runner.invoke(args=["webhooks", "update", str(hook.id), "--url", "gopher://x"])
+    assert refused.exit_code == 1 and "http" in refused.output
+    paused = runner.invoke(args=["webhooks", "pause", str(hook.id)])
+    assert paused.exit_code == 0 and "its messages wait until it is resumed" in paused.output
+    assert WebhookEndpoint.get_by_id(hook.id).paused_by is None
+    assert "was already paused" in runner.invoke(args=["webhooks", "pause", str(hook.id)]).output
+    listed = runner.invoke(args=["webhooks", "list", "alice"]).output
+    assert listed == f"{hook.id}\t{hook.url}\tkey.revoked\tpaused\n"
+    assert "its waiting messages go out now" in runner.invoke(args=["webhooks", "resume", str(hook.id)]).output
+    assert "was not paused" in runner.invoke(args=["webhooks", "resume", str(hook.id)]).output
+    assert "There is no webhook endpoint with id 999" in runner.invoke(args=["webhooks", "pause", "999"]).output
+
+
+def test_the_forms_edit_pause_and_resume_and_the_section_says_who_paused(app, logged_in, hook):
+    section = logged_in.get("/settings/security").text
+    assert f'/webhooks/{hook.id}/pause"' in section and f'/webhooks/{hook.id}/resume"' not in section
+    edited = logged_in.post(f"/settings/security/webhooks/{hook.id}/update", data={
+        "url": hook.url, "events_shown": "1", "subscribe": "chosen", "events": ["key.created"],
+        "description": "Audit trail"})
+    assert edited.status_code == 302
+    assert "Changed events and description of the webhook endpoint." in logged_in.get("/settings/security").text
+    refused = logged_in.post(f"/settings/security/webhooks/{hook.id}/update", data={
+        "url": hook.url, "events_shown": "1", "subscribe": "chosen"})
+    assert refused.status_code == 400 and "Choose at least one event." in refused.text
+    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/pause").status_code == 302
+    section = logged_in.get("/settings/security").text
+    assert "Paused by alice on" in section and "Audit trail" in section
+    assert f'/webhooks/{hook.id}/resume"' in section and f'/webhooks/{hook.id}/test"' not in section
+    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/resume").status_code == 302
+    assert WebhookEndpoint.get_by_id(hook.id).paused_at is None
