@@ -122,3 +122,40 @@ def snapshot():
         "organisations": sorted(Organisation.select(Organisation.id, Organisation.slug).tuples()),
         "org events": SecurityEvent.select().where(SecurityEvent.org.is_null(False)).count(),
     }
+
+
+# The key forms' cases of test_members.py: which key ("actor": the acting member's own), the form
+# that acts on it, and whether the change happened.
+def key_of(name):
+    return lambda team, actor: team.keys[actor if name == "actor" else name]
+
+
+def roll(name):
+    def form(team, actor):
+        key = key_of(name)(team, actor)
+        return f"/settings/security/keys/{key.id}/roll", {"grace": "0", "current": key.display_prefix}
+    return form
+
+
+def rolled(name):
+    def was_rolled(team, actor):
+        key = key_of(name)(team, actor)
+        return ApiKey.get_by_id(key.id).key_hash != key.key_hash
+
+    return was_rolled
+
+
+def edit(name, data):
+    return lambda team, actor: (f"/settings/security/keys/{key_of(name)(team, actor).id}/edit", data)
+
+
+def edited(whose, **columns):
+    def was_edited(team, actor):
+        key = ApiKey.get_by_id(key_of(whose)(team, actor).id)
+        return all(getattr(key, column) == value for column, value in columns.items())
+
+    return was_edited
+
+
+def revoked(name):
+    return lambda team, actor: ApiKey.get_by_id(key_of(name)(team, actor).id).revoked_at is not None

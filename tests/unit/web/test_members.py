@@ -13,7 +13,20 @@ import pytest
 import services
 from appconfig import APP_SETTINGS, build_schema
 from services import rows
-from teams import ACTORS, OTHERS, make_team, member_role, restore_content, saved_content, snapshot
+from teams import (
+    ACTORS,
+    OTHERS,
+    edit,
+    edited,
+    make_team,
+    member_role,
+    restore_content,
+    revoked,
+    roll,
+    rolled,
+    saved_content,
+    snapshot,
+)
 
 from models import ROLES, ApiKey, Membership, Organisation, db, utcnow
 from orgs import roles
@@ -31,41 +44,6 @@ class Case:
     decisions: list
     form: object
     made: object
-
-
-def key_of(name):
-    return lambda team, actor: team.keys[actor if name == "actor" else name]
-
-
-def roll(name):
-    def form(team, actor):
-        key = key_of(name)(team, actor)
-        return f"/settings/security/keys/{key.id}/roll", {"grace": "0", "current": key.display_prefix}
-    return form
-
-
-def rolled(name):
-    def was_rolled(team, actor):
-        key = key_of(name)(team, actor)
-        return ApiKey.get_by_id(key.id).key_hash != key.key_hash
-
-    return was_rolled
-
-
-def edit(name, data):
-    return lambda team, actor: (f"/settings/security/keys/{key_of(name)(team, actor).id}/edit", data)
-
-
-def edited(whose, **columns):
-    def was_edited(team, actor):
-        key = ApiKey.get_by_id(key_of(whose)(team, actor).id)
-        return all(getattr(key, column) == value for column, value in columns.items())
-
-    return was_edited
-
-
-def revoked(name):
-    return lambda team, actor: ApiKey.get_by_id(key_of(name)(team, actor).id).revoked_at is not None
 
 
 def invitation(team):
