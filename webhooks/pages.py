@@ -1,7 +1,8 @@
-"""The Security tab's Webhooks section: add an endpoint (its secret shown once), change, pause or
-resume one, send a test event, resend a message, recover failed ones, rotate the secret, remove
-one; templates/_webhooks.html shows each endpoint with its last attempts, and webhooks.attempts
-serves one endpoint's attempts alone for the page's script to refresh them."""
+"""The Webhooks tab (/settings/webhooks; the Security tab's former section redirects here): add an
+endpoint (its secret shown once), change, pause or resume one, send a test event, resend a message,
+recover failed ones, rotate the secret, remove one; templates/_webhooks.html shows each endpoint
+with its last attempts, and webhooks.attempts serves one endpoint's attempts alone for the page's
+script to refresh them."""
 
 import datetime
 import json
@@ -9,16 +10,18 @@ import json
 from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
 from accounts import sessions
+from models import utcnow
 from orgs import roles
 from orgs.keyactions import parse_duration
 from web.hooks import MAX_ID, login_required, page_blueprint
-from web.security import render_security_tab
 from webhooks import endpoints, outbox, recovery
 from webhooks.models import ALL_EVENTS, WebhookEndpoint
 
 bp = page_blueprint("webhooks", __name__)
 
-SECTION = "#webhooks"
+TAB = "/settings/webhooks"
+# Where the tab's pages and forms were, inside the Security tab: each redirects to its place here.
+FORMER_PREFIX = "/settings/security/webhooks"
 # The choices of the Recover and Rotate forms: how far back, and how long the old secret signs too.
 RECOVER_SINCE = {"1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days"}
 OVERLAPS = {"24h": "for 24 hours", "1h": "for an hour", "7d": "for 7 days", "0": "no longer: stop at once"}
@@ -39,7 +42,28 @@ def webhook_section():
     return {"webhook_section": section}
 
 
-@bp.post("/settings/security/webhooks")
+@bp.get(TAB)
+@login_required
+def settings_webhooks():
+    pending = sessions.take_pending_secret(g.session, session["sid"])
+    return render_webhooks_tab(new_key=json.loads(pending) if pending else None)
+
+
+def render_webhooks_tab(status=200, new_key=None):
+    return render_template("settings_webhooks.html", new_key=new_key, now=utcnow()), status
+
+
+@bp.route(FORMER_PREFIX, methods=["GET", "POST"])
+@bp.route(f"{FORMER_PREFIX}/<path:rest>", methods=["GET", "POST"])
+def former_address(rest=None):
+    """A form or a link of the Security tab's former Webhooks section: 308 keeps a POST a POST, its
+    body (the CSRF token with it) and its query."""
+    target = TAB + (f"/{rest}" if rest else "")
+    query = request.query_string.decode("latin-1")
+    return redirect(target + (f"?{query}" if query else ""), 308)
+
+
+@bp.post(TAB)
 @login_required
 def add_endpoint():
     form = request.form
@@ -50,14 +74,14 @@ def add_endpoint():
         endpoint, secret = endpoints.add_endpoint(g.user, form.get("url", ""), events, org=g.org.id)
     except ValueError as error:
         flash(str(error), "error")
-        return render_security_tab(status=400)
+        return render_webhooks_tab(status=400)
     # Kept with the session on the server, encrypted, and forgotten once the next page shows it.
     sessions.keep_pending_secret(g.session, session["sid"],
                               json.dumps({"webhook_url": endpoint.url, "webhook_secret": secret}))
-    return redirect(url_for("security.settings_security") + SECTION)
+    return redirect(url_for("webhooks.settings_webhooks"))
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/update")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/update")
 @login_required
 def update(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
@@ -69,28 +93,28 @@ def update(endpoint_id):
         abort(404)
     except ValueError as error:
         flash(str(error), "error")
-        return render_security_tab(status=400)
+        return render_webhooks_tab(status=400)
     flash(f"Changed {' and '.join(changed)} of the webhook endpoint." if changed
           else "Nothing changed: the endpoint already had these.")
-    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("webhooks.settings_webhooks") + f"#webhook-{endpoint.id}")
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/pause")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/pause")
 @login_required
 def pause(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     if endpoints.pause_endpoint(endpoint, by=g.user.username):
         flash(f"Paused {endpoint.url}: its messages wait until you resume it.")
-    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("webhooks.settings_webhooks") + f"#webhook-{endpoint.id}")
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/resume")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/resume")
 @login_required
 def resume(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     if endpoints.resume_endpoint(endpoint):
         flash(f"Resumed {endpoint.url}: its waiting messages go out now, oldest first.")
-    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("webhooks.settings_webhooks") + f"#webhook-{endpoint.id}")
 
 
 def chosen_events(form):
@@ -107,7 +131,7 @@ def chosen_events(form):
     return events
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/test")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/test")
 @login_required
 def send_test(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
@@ -115,13 +139,13 @@ def send_test(endpoint_id):
         message = endpoints.send_test(endpoint)
     except ValueError as error:
         flash(str(error), "error")
-        return render_security_tab(status=409)
+        return render_webhooks_tab(status=409)
     flash(f"A test event ({message.message_id}) is on its way to {endpoint.url}.")
     # Back to the endpoint the button belongs to, where its attempts list shows the test's attempt.
-    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("webhooks.settings_webhooks") + f"#webhook-{endpoint.id}")
 
 
-@bp.get(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/attempts")
+@bp.get(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/attempts")
 def attempts(endpoint_id):
     """The endpoint's attempts list alone (templates/_webhook_attempts.html); reading changes nothing,
     so a GET needs no CSRF token, and another account's endpoint is a 404."""
@@ -133,7 +157,7 @@ def attempts(endpoint_id):
                            waiting=endpoints.waiting_test(endpoint))
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/resend")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/resend")
 @login_required
 def resend(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
@@ -144,56 +168,56 @@ def resend(endpoint_id):
             abort(404)
         # Its attempts are still listed, with their button, after the message is forgotten.
         flash(f"{message_id} is no longer kept: messages are forgotten a week after they were made.", "error")
-        return render_security_tab(status=409)
+        return render_webhooks_tab(status=409)
     try:
         recovery.resend(message)
     except ValueError as refused:
         flash(str(refused), "error")
-        return render_security_tab(status=409)
+        return render_webhooks_tab(status=409)
     flash(f"{message.message_id} is being sent again to {endpoint.url}.")
-    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("webhooks.settings_webhooks") + f"#webhook-{endpoint.id}")
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/recover")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/recover")
 @login_required
 def recover(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     since = request.form.get("since", "24h")
     if since not in RECOVER_SINCE:
         flash("Choose how far back to recover failed messages.", "error")
-        return render_security_tab(status=400)
+        return render_webhooks_tab(status=400)
     count = recovery.recover(endpoint, recovery.since_moment(since))
     flash(f"{count} failed message{'' if count == 1 else 's'} of {RECOVER_SINCE[since]} "
           f"{'is' if count == 1 else 'are'} being sent to {endpoint.url} again.")
-    return redirect(url_for("security.settings_security") + f"#webhook-{endpoint.id}")
+    return redirect(url_for("webhooks.settings_webhooks") + f"#webhook-{endpoint.id}")
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/rotate")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/rotate")
 @login_required
 def rotate(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     overlap = request.form.get("overlap", "24h")
     if overlap not in OVERLAPS:
         flash("Choose how long the old secret goes on signing.", "error")
-        return render_security_tab(status=400)
+        return render_webhooks_tab(status=400)
     try:
         secret, until = endpoints.rotate_secret(endpoint, datetime.timedelta(seconds=parse_duration(overlap)))
     except ValueError as error:
         flash(str(error), "error")
-        return render_security_tab(status=409)
+        return render_webhooks_tab(status=409)
     sessions.keep_pending_secret(g.session, session["sid"], json.dumps({
         "webhook_url": endpoint.url, "webhook_secret": secret, "webhook_rotated": True,
         "webhook_previous_until": until and until.strftime("%Y-%m-%d %H:%M")}))
-    return redirect(url_for("security.settings_security") + SECTION)
+    return redirect(url_for("webhooks.settings_webhooks"))
 
 
-@bp.post(f"/settings/security/webhooks/<int(max={MAX_ID}):endpoint_id>/remove")
+@bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/remove")
 @login_required
 def remove_endpoint(endpoint_id):
     endpoint = org_endpoint(endpoint_id, roles.WEBHOOK_MANAGE)
     endpoints.remove_endpoint(endpoint)
     flash(f"Removed the webhook endpoint {endpoint.url}.")
-    return redirect(url_for("security.settings_security") + SECTION)
+    return redirect(url_for("webhooks.settings_webhooks"))
 
 
 def org_endpoint(endpoint_id, action):

@@ -167,26 +167,27 @@ def every_page(page, server):
     page.locator("table.keys tbody tr", has_text="Nightly report").get_by_text("Roll", exact=True).click()
     yield "Security tab with keys, a roll form open"
 
-    page.goto("/settings/security")
+    page.get_by_role("navigation", name="Profile Settings").get_by_role("link", name="Webhooks").click()
+    expect(page.get_by_role("heading", name=f"Webhooks of {username}")).to_be_visible()
     path = f"/{username}"
     page.get_by_label("Endpoint URL").fill(server.receiver.url + path)
     expect(page.get_by_role("radio", name="All events")).to_be_checked()
     expect(page.get_by_role("checkbox", name="usage.threshold")).to_be_hidden()
     page.get_by_role("radio", name="Chosen events").check()
     page.get_by_role("checkbox", name="key.revoked", exact=True).check()
-    yield "Security tab with the webhook form's chosen events"
+    yield "Webhooks tab with the webhook form's chosen events"
     page.get_by_role("radio", name="All events").check()
     page.get_by_role("button", name="Add endpoint").click()
     expect(page.locator("#webhooks article.webhook .hint")).to_have_text("Events: all, including those added later")
     server.receiver.secrets[path] = page.get_by_label("Signing secret").input_value()
-    yield "Security tab with a webhook endpoint's secret"
+    yield "Webhooks tab with a webhook endpoint's secret"
     page.get_by_role("button", name="Send test event").click()
     expect(page.get_by_label("Signing secret")).to_have_count(0)  # shown once
     # The page's script shows the attempt once it is made (within a few seconds; more on a busy machine).
     expect(page.locator("#webhooks tr.attempt").first).to_contain_text("HTTP 204", timeout=ATTEMPT_DEADLINE_MS)
     [delivery] = server.receiver.received(path)
     assert delivery.error is None and delivery.verified["type"] == "webhook.test"
-    yield "Security tab with a webhook endpoint's attempts"
+    yield "Webhooks tab with a webhook endpoint's attempts"
     article = page.locator("#webhooks article.webhook")
     article.locator("tr.attempt").first.get_by_role("button", name="Resend").click()
     expect(page.get_by_text(f"{delivery.message_id} is being sent again")).to_be_visible()
@@ -195,12 +196,13 @@ def every_page(page, server):
     article.get_by_role("button", name="Rotate the secret").click()
     server.receiver.secrets[path] = page.get_by_label("Signing secret").input_value()
     expect(page.get_by_text("each delivery carries two signatures")).to_be_visible()
-    yield "Security tab with a rotated webhook secret"
-    page.goto("/settings/security")
+    yield "Webhooks tab with a rotated webhook secret"
+    page.goto("/settings/webhooks")
     expect(article).to_contain_text("The secret was rotated: the old one signs each delivery too until")
     article.get_by_text("Recover failed messages", exact=True).click()
-    yield "Security tab with the webhook recover form open"
+    yield "Webhooks tab with the webhook recover form open"
 
+    page.goto("/settings/security")
     page.locator("table.keys tbody tr", has_text="Nightly report").get_by_role("link", name="Nightly report").click()
     chart = page.locator("figure", has=page.get_by_role("heading", name="Requests per hour, last 24 hours"))
     deadline = time.monotonic() + 60  # counts reach the page within a second (or a few, on a busy machine)

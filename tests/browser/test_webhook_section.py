@@ -1,13 +1,14 @@
 """The Security tab's webhook endpoints in headless Chromium against the real server: Send test event
 comes back to its endpoint and shows the attempt without a reload (and on reload without script);
-an endpoint's Edit form, Pause and Resume, fitting 390 and 1280 px with axe-core clean."""
+an endpoint's Edit form, Pause and Resume, fitting 390 and 1280 px with axe-core clean. With
+UPDATE_SCREENSHOTS=1 it saves docs/webhooks-tab.png and docs/phone-webhooks-tab.png."""
 
 import itertools
 import threading
 import time
 
 import pytest
-from browsing import DESKTOP, PHONE, PageProblems, sign_up
+from browsing import DESKTOP, PHONE, PageProblems, painted, sign_up
 from webhookreceiver import receiving
 
 try:
@@ -44,18 +45,18 @@ def add_endpoint(page, server):
     (the secret's panel gone); return the endpoint's article."""
     username = next(usernames)
     sign_up(page, username)
-    page.goto("/settings/security")
+    page.goto("/settings/webhooks")
     page.get_by_label("Endpoint URL").fill(f"{server.receiver.url}/{username}")
     page.get_by_role("button", name="Add endpoint").click()
     server.receiver.secrets[f"/{username}"] = page.get_by_label("Signing secret").input_value()
-    page.goto("/settings/security")
+    page.goto("/settings/webhooks")
     return page.locator("article.webhook")
 
 
 def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_reload(open_page, server):
-    page = open_page(DESKTOP)
+    page = open_page({**DESKTOP, "height": 500})  # a window the endpoint's article starts below
     article = add_endpoint(page, server)
-    assert article.evaluate("a => a.getBoundingClientRect().top + scrollY") > DESKTOP["height"]  # below the fold
+    assert article.evaluate("a => a.getBoundingClientRect().top + scrollY") > 500  # below the fold
     loads = []
     page.on("load", lambda loaded: loads.append(loaded.url))
     # The receiver answers once the waiting event's status has been seen: on a slow machine the
@@ -66,9 +67,9 @@ def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_r
         article.get_by_role("button", name="Send test event").click()
         page.wait_for_load_state("load")
         endpoint_id = article.get_attribute("id")
-        assert page.url.endswith(f"/settings/security#{endpoint_id}")
+        assert page.url.endswith(f"/settings/webhooks#{endpoint_id}")
         expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
-        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+        expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
         expect(article.get_by_role("status")).to_contain_text("A test event")
         status_seen.set()
     finally:
@@ -78,17 +79,17 @@ def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_r
     expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
     expect(article.get_by_role("status")).to_have_count(0)
     assert len(loads) == 1, loads  # the redirect after the button, and no reload since
-    expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+    expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
 
 
 def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_shows_on_reload(browser, server):
-    context = browser.new_context(base_url=server.base, viewport=DESKTOP, java_script_enabled=False)
+    context = browser.new_context(base_url=server.base, viewport={**DESKTOP, "height": 500}, java_script_enabled=False)
     try:
         page = context.new_page()
         article = add_endpoint(page, server)
         article.get_by_role("button", name="Send test event").click()
-        assert page.url.endswith(f"/settings/security#{article.get_attribute('id')}")
-        expect(article.get_by_role("heading", level=4)).to_be_in_viewport()
+        assert page.url.endswith(f"/settings/webhooks#{article.get_attribute('id')}")
+        expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
         expect(article).to_be_focused()
         expect(article).to_contain_text("reload the page if your browser runs no script")
         deadline = time.monotonic() + ATTEMPT_DEADLINE_MS / 1000
@@ -101,10 +102,13 @@ def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_s
 
 
 @pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "390px"])
-def test_an_endpoint_is_edited_paused_and_resumed_through_forms_that_fit_and_pass_axe(open_page, server, viewport):
+def test_an_endpoint_is_edited_paused_and_resumed_through_forms_that_fit_and_pass_axe(open_page, server, screenshots,
+                                                                                     viewport):
     page = open_page(viewport)
     article = add_endpoint(page, server)
     article.get_by_text("Edit", exact=True).click()
+    painted(page)
+    page.screenshot(path=screenshots / f"{'phone-' if viewport is PHONE else ''}webhooks-tab.png", full_page=True)
     expect(article.get_by_label("Endpoint URL")).to_have_value(article.locator("code.url").inner_text())
     problems = PageProblems()
     problems.look(page, "an endpoint's Edit form")

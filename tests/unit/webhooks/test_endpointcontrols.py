@@ -116,19 +116,33 @@ def test_the_commands_update_pause_and_resume(app, user, hook, receiver):
 
 
 def test_the_forms_edit_pause_and_resume_and_the_section_says_who_paused(app, logged_in, hook):
-    section = logged_in.get("/settings/security").text
+    section = logged_in.get("/settings/webhooks").text
     assert f'/webhooks/{hook.id}/pause"' in section and f'/webhooks/{hook.id}/resume"' not in section
-    edited = logged_in.post(f"/settings/security/webhooks/{hook.id}/update", data={
+    edited = logged_in.post(f"/settings/webhooks/{hook.id}/update", data={
         "url": hook.url, "events_shown": "1", "subscribe": "chosen", "events": ["key.created"],
         "description": "Audit trail"})
     assert edited.status_code == 302
-    assert "Changed events and description of the webhook endpoint." in logged_in.get("/settings/security").text
-    refused = logged_in.post(f"/settings/security/webhooks/{hook.id}/update", data={
+    assert "Changed events and description of the webhook endpoint." in logged_in.get("/settings/webhooks").text
+    refused = logged_in.post(f"/settings/webhooks/{hook.id}/update", data={
         "url": hook.url, "events_shown": "1", "subscribe": "chosen"})
     assert refused.status_code == 400 and "Choose at least one event." in refused.text
-    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/pause").status_code == 302
-    section = logged_in.get("/settings/security").text
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/pause").status_code == 302
+    section = logged_in.get("/settings/webhooks").text
     assert "Paused by alice on" in section and "Audit trail" in section
     assert f'/webhooks/{hook.id}/resume"' in section and f'/webhooks/{hook.id}/test"' not in section
-    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/resume").status_code == 302
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/resume").status_code == 302
     assert WebhookEndpoint.get_by_id(hook.id).paused_at is None
+
+
+def test_the_webhooks_tab_names_its_organisation_and_the_former_addresses_redirect_there(logged_in, hook):
+    tab = logged_in.get("/settings/webhooks").text
+    assert '<h2 id="webhooks-heading">Webhooks of alice</h2>' in tab and hook.url in tab
+    assert 'aria-current="page">Webhooks</a>' in tab
+    security = logged_in.get("/settings/security").text
+    assert 'article class="webhook"' not in security and 'href="/settings/webhooks">Webhooks</a>' in security
+    moved = logged_in.post(f"/settings/security/webhooks/{hook.id}/pause?from=bookmark")
+    assert moved.status_code == 308 and moved.location == f"/settings/webhooks/{hook.id}/pause?from=bookmark"
+    assert WebhookEndpoint.get_by_id(hook.id).paused_at is None
+    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/pause", follow_redirects=True).status_code == 200
+    assert WebhookEndpoint.get_by_id(hook.id).paused_at is not None
+    assert logged_in.get("/settings/security/webhooks").location == "/settings/webhooks"

@@ -16,16 +16,16 @@ from webhooks.models import FAILED, PENDING, WebhookEndpoint, WebhookMessage
 
 
 def test_send_test_event_returns_to_the_endpoints_section(logged_in, hook):
-    response = logged_in.post(f"/settings/security/webhooks/{hook.id}/test")
+    response = logged_in.post(f"/settings/webhooks/{hook.id}/test")
     assert response.status_code == 302
-    assert response.location.endswith(f"/settings/security#webhook-{hook.id}")
-    page = logged_in.get("/settings/security").text
+    assert response.location.endswith(f"/settings/webhooks#webhook-{hook.id}")
+    page = logged_in.get("/settings/webhooks").text
     assert f'id="webhook-{hook.id}" aria-labelledby="webhook-{hook.id}-url" tabindex="-1"' in page
     assert "is on its way" in page
 
 
 def test_the_attempts_list_waits_for_the_test_events_attempt_then_shows_it(app, logged_in, hook):
-    url = f"/settings/security/webhooks/{hook.id}/attempts"
+    url = f"/settings/webhooks/{hook.id}/attempts"
     before = logged_in.get(url)
     assert before.status_code == 200 and before.mimetype == "text/html"
     assert before.headers["Cache-Control"] == "no-store"
@@ -45,11 +45,11 @@ def test_the_attempts_list_waits_for_the_test_events_attempt_then_shows_it(app, 
 def test_the_attempts_list_is_its_owners_alone(client, logged_in, user, hook):
     bob = users.create_user("bob", "bob@example.com", "correct horse battery")
     bobs, _ = endpoints.add_endpoint(bob, "http://127.0.0.1:9/bob")
-    assert logged_in.get(f"/settings/security/webhooks/{bobs.id}/attempts").status_code == 404
-    assert logged_in.get("/settings/security/webhooks/999999/attempts").status_code == 404
-    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/attempts").status_code == 405
+    assert logged_in.get(f"/settings/webhooks/{bobs.id}/attempts").status_code == 404
+    assert logged_in.get("/settings/webhooks/999999/attempts").status_code == 404
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/attempts").status_code == 405
     logged_in.post("/logout")
-    assert client.get(f"/settings/security/webhooks/{hook.id}/attempts").status_code == 401
+    assert client.get(f"/settings/webhooks/{hook.id}/attempts").status_code == 401
     # A script's question leaves no "log in first" for the next page a person opens.
     assert "Log in first" not in client.get("/login").text
 
@@ -57,12 +57,12 @@ def test_the_attempts_list_is_its_owners_alone(client, logged_in, user, hook):
 def test_each_attempt_has_a_resend_button_that_sends_its_message_again(app, logged_in, hook):
     message = endpoints.send_test(hook)
     delivery.deliver_due(app)
-    attempts = logged_in.get(f"/settings/security/webhooks/{hook.id}/attempts").text
+    attempts = logged_in.get(f"/settings/webhooks/{hook.id}/attempts").text
     assert f'name="message_id" value="{message.message_id}"' in attempts
     assert f'aria-label="Resend {message.message_id}"' in attempts
-    response = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
+    response = logged_in.post(f"/settings/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
     assert response.status_code == 302 and response.location.endswith(f"#webhook-{hook.id}")
-    assert f"{message.message_id} is being sent again" in logged_in.get("/settings/security").text
+    assert f"{message.message_id} is being sent again" in logged_in.get("/settings/webhooks").text
     [(claimed, _, state)] = delivery.deliver_due(app)
     assert (claimed.message_id, claimed.number, state) == (message.message_id, 2, "delivered")
 
@@ -71,7 +71,7 @@ def test_a_resend_of_another_endpoints_or_an_unknown_message_is_a_404(app, logge
     other, _ = endpoints.add_endpoint(user, "http://127.0.0.1:9/other")
     elsewhere = endpoints.send_test(other)
     for message_id in [elsewhere.message_id, "msg_nothing", "", "x" * 5000, "msg_\x00x"]:
-        response = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message_id})
+        response = logged_in.post(f"/settings/webhooks/{hook.id}/resend", data={"message_id": message_id})
         assert response.status_code == 404, message_id
 
 
@@ -79,10 +79,10 @@ def test_an_eleventh_resend_in_a_minute_is_refused_with_its_reason(app, logged_i
     message = endpoints.send_test(hook)
     delivery.deliver_due(app)
     for _ in range(10):
-        assert logged_in.post(f"/settings/security/webhooks/{hook.id}/resend",
+        assert logged_in.post(f"/settings/webhooks/{hook.id}/resend",
                               data={"message_id": message.message_id}).status_code == 302
         delivery.deliver_due(app)
-    refused = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
+    refused = logged_in.post(f"/settings/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
     assert refused.status_code == 409
     assert "This endpoint has had 10 resends in the last minute" in refused.text
 
@@ -90,25 +90,25 @@ def test_an_eleventh_resend_in_a_minute_is_refused_with_its_reason(app, logged_i
 def test_recover_failed_messages_says_how_many(app, logged_in, hook):
     failed = endpoints.send_test(hook)
     WebhookMessage.update(state=FAILED, next_attempt_at=None).execute()
-    response = logged_in.post(f"/settings/security/webhooks/{hook.id}/recover", data={"since": "1h"})
+    response = logged_in.post(f"/settings/webhooks/{hook.id}/recover", data={"since": "1h"})
     assert response.status_code == 302
-    assert "1 failed message of the last hour is being sent to" in logged_in.get("/settings/security").text
+    assert "1 failed message of the last hour is being sent to" in logged_in.get("/settings/webhooks").text
     assert WebhookMessage.get_by_id(failed.id).state == PENDING
-    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/recover", data={"since": "1y"}).status_code == 400
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/recover", data={"since": "1y"}).status_code == 400
 
 
 def test_rotate_shows_the_new_secret_once_and_the_overlap(app, logged_in, hook):
-    response = logged_in.post(f"/settings/security/webhooks/{hook.id}/rotate", data={"overlap": "24h"})
+    response = logged_in.post(f"/settings/webhooks/{hook.id}/rotate", data={"overlap": "24h"})
     assert response.status_code == 302
-    page = logged_in.get("/settings/security").text
+    page = logged_in.get("/settings/webhooks").text
     [secret] = re.findall(r">(whsec_[A-Za-z0-9+/=]+)<", page)
     assert "The new signing secret of" in page and "each delivery carries\n          two signatures" in page
     assert "the old one signs each delivery too until" in page
-    assert secret not in logged_in.get("/settings/security").text
+    assert secret not in logged_in.get("/settings/webhooks").text
     assert delivery.secrets_in_force(hook.id)[0] == secret
-    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/rotate", data={"overlap": "30d"}).status_code == 400
-    assert logged_in.post(f"/settings/security/webhooks/{hook.id}/rotate", data={"overlap": "0"}).status_code == 302
-    assert "The old secret no longer signs" in logged_in.get("/settings/security").text
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/rotate", data={"overlap": "30d"}).status_code == 400
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/rotate", data={"overlap": "0"}).status_code == 302
+    assert "The old secret no longer signs" in logged_in.get("/settings/webhooks").text
     assert len(delivery.secrets_in_force(hook.id)) == 1
 
 
@@ -116,21 +116,21 @@ def test_the_resend_button_of_a_forgotten_message_says_it_is_no_longer_kept(app,
     message = endpoints.send_test(hook)
     delivery.deliver_due(app)
     WebhookMessage.delete().execute()  # forgotten a week on; its attempt is still listed
-    response = logged_in.post(f"/settings/security/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
+    response = logged_in.post(f"/settings/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
     assert response.status_code == 409
     assert (f"{message.message_id} is no longer kept: messages are forgotten a week after they were made."
             in response.text)
 
 
 def test_the_security_tab_adds_an_endpoint_and_shows_its_secret_once(app, logged_in, receiver):
-    response = logged_in.post("/settings/security/webhooks", data={
+    response = logged_in.post("/settings/webhooks", data={
         "url": f"{receiver.url}/web", "events_shown": "1", "events": ["key.created", "usage.threshold"]})
-    assert response.status_code == 302 and response.location.endswith("/settings/security#webhooks")
-    page = logged_in.get("/settings/security").text
+    assert response.status_code == 302 and response.location.endswith("/settings/webhooks")
+    page = logged_in.get("/settings/webhooks").text
     secret = re.search(r'id="webhook-secret"[^>]*>(whsec_[^<]+)<', page)[1]
     assert signing.unseal(WebhookEndpoint.get().sealed_secret) == secret
     assert "key.created, usage.threshold" in page
-    again = logged_in.get("/settings/security").text
+    again = logged_in.get("/settings/webhooks").text
     assert secret not in again and secret[6:] not in again and "webhook-secret" not in again
 
 
@@ -156,46 +156,46 @@ def sent_as_shown(page, action):
 
 
 def test_the_security_tab_form_subscribes_to_all_events_unless_events_are_chosen(app, logged_in, receiver):
-    page = logged_in.get("/settings/security").text
+    page = logged_in.get("/settings/webhooks").text
     assert re.search(r'<label[^>]*><input type="radio" name="subscribe" value="all" checked> All events', page)
-    fields = sent_as_shown(page, "/settings/security/webhooks")
+    fields = sent_as_shown(page, "/settings/webhooks")
     assert [name for name, _ in fields] == ["csrf_token", "events_shown", "subscribe"]
-    response = logged_in.post("/settings/security/webhooks", data=MultiDict([*fields, ("url", f"{receiver.url}/a")]))
+    response = logged_in.post("/settings/webhooks", data=MultiDict([*fields, ("url", f"{receiver.url}/a")]))
     assert response.status_code == 302 and WebhookEndpoint.get().events == "*"
-    assert "Events: all, including those added later" in logged_in.get("/settings/security").text
+    assert "Events: all, including those added later" in logged_in.get("/settings/webhooks").text
 
     chosen = {"url": f"{receiver.url}/b", "events_shown": "1", "subscribe": "chosen"}
-    response = logged_in.post("/settings/security/webhooks", data=chosen)
+    response = logged_in.post("/settings/webhooks", data=chosen)
     assert response.status_code == 400 and "Choose at least one event." in response.text
     assert re.search(r'value="chosen" checked', response.text) and f'value="{receiver.url}/b"' in response.text
-    response = logged_in.post("/settings/security/webhooks", data={**chosen, "subscribe": "some"})
+    response = logged_in.post("/settings/webhooks", data={**chosen, "subscribe": "some"})
     assert response.status_code == 400 and "Choose All events or Chosen events." in response.text
-    response = logged_in.post("/settings/security/webhooks", data={**chosen, "events": ["key.revoked", "key.created"]})
+    response = logged_in.post("/settings/webhooks", data={**chosen, "events": ["key.revoked", "key.created"]})
     assert response.status_code == 302
     assert [endpoint.events for endpoint in WebhookEndpoint.select().order_by(WebhookEndpoint.id)] == [
         "*", "key.created,key.revoked"]
-    assert "Events: key.created, key.revoked" in logged_in.get("/settings/security").text
+    assert "Events: key.created, key.revoked" in logged_in.get("/settings/webhooks").text
 
 
 def test_the_security_tab_sends_a_test_event_and_lists_the_attempt(app, logged_in, user, receiver):
     endpoint, secret = endpoints.add_endpoint(user, f"{receiver.url}/web")
     receiver.secrets["/web"] = secret
-    response = logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test")
+    response = logged_in.post(f"/settings/webhooks/{endpoint.id}/test")
     assert response.status_code == 302
-    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 409  # one at a time
+    assert logged_in.post(f"/settings/webhooks/{endpoint.id}/test").status_code == 409  # one at a time
     delivery.deliver_due(app)
     assert receiver.received()[0].verified["type"] == "webhook.test"
-    page = logged_in.get("/settings/security").text
+    page = logged_in.get("/settings/webhooks").text
     assert re.search(r'<tr class="attempt">.*webhook\.test.*HTTP 204.*ms.*>1<', page, re.S)
     assert secret not in page and secret[6:] not in page
 
 
 def test_the_security_tab_refuses_with_a_sentence(app, logged_in):
     app.config["WEBHOOK_ALLOW_PRIVATE"] = False
-    response = logged_in.post("/settings/security/webhooks", data={"url": "http://10.0.0.7/", "events_shown": "1",
+    response = logged_in.post("/settings/webhooks", data={"url": "http://10.0.0.7/", "events_shown": "1",
                                                                    "events": ["key.created"]})
     assert response.status_code == 400 and "Webhooks are not sent to 10.0.0.7" in response.text
-    response = logged_in.post("/settings/security/webhooks", data={"url": "https://93.184.216.34/",
+    response = logged_in.post("/settings/webhooks", data={"url": "https://93.184.216.34/",
                                                                    "events_shown": "1"})
     assert response.status_code == 400 and "Choose at least one event." in response.text
     assert WebhookEndpoint.select().count() == 0
@@ -204,15 +204,15 @@ def test_the_security_tab_refuses_with_a_sentence(app, logged_in):
 def test_another_accounts_endpoint_is_a_404(app, logged_in, receiver):
     bob = users.create_user("bob", "bob@example.com", "correct horse battery")
     endpoint, _ = endpoints.add_endpoint(bob, f"{receiver.url}/bob")
-    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/test").status_code == 404
-    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 404
+    assert logged_in.post(f"/settings/webhooks/{endpoint.id}/test").status_code == 404
+    assert logged_in.post(f"/settings/webhooks/{endpoint.id}/remove").status_code == 404
     assert WebhookEndpoint.select().count() == 1
 
 
 def test_removing_an_endpoint_drops_its_messages(app, logged_in, user, receiver):
     endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/web")
     endpoints.send_test(endpoint)
-    assert logged_in.post(f"/settings/security/webhooks/{endpoint.id}/remove").status_code == 302
+    assert logged_in.post(f"/settings/webhooks/{endpoint.id}/remove").status_code == 302
     assert WebhookMessage.select().count() == 0 and delivery.deliver_due(app) == []
     assert SecurityEvent.select().where(SecurityEvent.event == "webhook.removed").count() == 1
 
@@ -220,7 +220,7 @@ def test_removing_an_endpoint_drops_its_messages(app, logged_in, user, receiver)
 def test_the_webhook_forms_need_the_csrf_token(app, logged_in, user, receiver):
     app.config["WTF_CSRF_ENABLED"] = True
     endpoint, _ = endpoints.add_endpoint(user, f"{receiver.url}/web")
-    for path in ["/settings/security/webhooks", f"/settings/security/webhooks/{endpoint.id}/test",
-                 f"/settings/security/webhooks/{endpoint.id}/remove"]:
+    for path in ["/settings/webhooks", f"/settings/webhooks/{endpoint.id}/test",
+                 f"/settings/webhooks/{endpoint.id}/remove"]:
         assert logged_in.post(path, data={"url": f"{receiver.url}/x"}).status_code == 400
     assert WebhookEndpoint.select().count() == 1 and WebhookMessage.select().count() == 0
