@@ -1,5 +1,5 @@
 """The `webhooks` command group: add, list, change, pause, resume, remove and test an organisation's
-endpoints; list their attempts, resend a message, recover failed ones, rotate a signing secret."""
+endpoints; list their messages and attempts, resend a message, recover failed ones, rotate a signing secret."""
 
 import datetime
 
@@ -11,7 +11,7 @@ from cli.orgs import org_option, organisation_for
 from models import iso_seconds
 from orgs import roles
 from orgs.keyactions import parse_duration
-from webhooks import delivery, endpoints, recovery
+from webhooks import delivery, endpoints, messagelog, recovery
 from webhooks.models import FAILED, PENDING, WebhookEndpoint
 
 webhooks_cli = CommandGroup("webhooks", help="Manage webhook endpoints.")
@@ -151,6 +151,23 @@ def attempts_command(endpoint_id):
     """The endpoint's last attempts, newest first, one a line: webhook-id, time, event, result, attempt number."""
     for attempt in endpoints.recent_attempts(find_endpoint(endpoint_id)):
         click.echo(recovery.attempt_line(attempt))
+
+
+@webhooks_cli.command("messages")
+@click.argument("endpoint_id", type=int)
+@click.option("--state", type=click.Choice(messagelog.STATES), help="Only the messages in this state.")
+def messages_command(endpoint_id, state):
+    """The endpoint's kept messages, newest first, one a line: webhook-id, time, event, state,
+    attempts, next attempt (- for none)."""
+    endpoint = find_endpoint(endpoint_id)
+    before = None
+    while True:
+        shown, older = messagelog.page(endpoint.id, state, before)
+        for message in shown:
+            click.echo(messagelog.line(message))
+        if not older:
+            return
+        before = shown[-1].id
 
 
 @webhooks_cli.command("resend")

@@ -14,7 +14,7 @@ from models import utcnow
 from orgs import roles
 from orgs.keyactions import parse_duration
 from web.hooks import MAX_ID, login_required, page_blueprint
-from webhooks import endpoints, outbox, recovery
+from webhooks import endpoints, messagelog, outbox, recovery
 from webhooks.models import ALL_EVENTS, WebhookEndpoint
 
 bp = page_blueprint("webhooks", __name__)
@@ -51,6 +51,39 @@ def settings_webhooks():
 
 def render_webhooks_tab(status=200, new_key=None):
     return render_template("settings_webhooks.html", new_key=new_key, now=utcnow()), status
+
+
+@bp.get(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/messages")
+@login_required
+def messages(endpoint_id):
+    """The endpoint's message log, newest first, a page at a time (?before=ID for older ones), in
+    one state with ?state=."""
+    endpoint = org_endpoint(endpoint_id, roles.VIEW)
+    state = request.args.get("state") or None
+    if state is not None and state not in messagelog.STATES:
+        abort(404)
+    before = request.args.get("before", type=int)
+    if before is not None and not 0 < before <= MAX_ID:
+        abort(404)
+    shown, older = messagelog.page(endpoint.id, state, before)
+    return render_template("webhook_messages.html", endpoint=endpoint, messages=shown, state=state,
+                           states=messagelog.STATES, state_of=messagelog.state_of,
+                           older=older and shown[-1].id)
+
+
+@bp.get(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/messages/<message_id>")
+@login_required
+def message(endpoint_id, message_id):
+    """One message: its body as signed, and each kept attempt with what the receiver answered."""
+    endpoint = org_endpoint(endpoint_id, roles.VIEW)
+    if not recovery.MESSAGE_ID.fullmatch(message_id):
+        abort(404)
+    found, attempts = messagelog.message_with_attempts(endpoint.id, message_id)
+    if found is None and not attempts:
+        abort(404)
+    body = found and json.dumps(json.loads(found.body), indent=2, ensure_ascii=False)
+    return render_template("webhook_message.html", endpoint=endpoint, message=found, message_id=message_id,
+                           body=body, attempts=attempts, state=found and messagelog.state_of(found))
 
 
 @bp.route(FORMER_PREFIX, methods=["GET", "POST"])

@@ -127,3 +127,30 @@ def test_an_endpoint_is_edited_paused_and_resumed_through_forms_that_fit_and_pas
     article.get_by_role("button", name="Resume").click()
     expect(article.get_by_role("button", name="Send test event")).to_be_visible()
     assert problems == {}
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "390px"])
+def test_the_message_log_and_a_message_fit_and_pass_axe(open_page, server, screenshots, viewport):
+    page = open_page(viewport)
+    article = add_endpoint(page, server)
+    article.get_by_role("button", name="Send test event").click()
+    expect(article.locator("tr.attempt")).to_contain_text("HTTP 204", timeout=ATTEMPT_DEADLINE_MS)
+    article.get_by_role("link", name="Message log").click()
+    expect(page.get_by_role("heading", level=2)).to_contain_text("Messages to")
+    row = page.locator("table.messages tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("webhook.test")
+    expect(row).to_contain_text("delivered")
+    problems = PageProblems()
+    problems.look(page, "the message log")
+    prefix = "phone-" if viewport is PHONE else ""
+    painted(page)
+    page.screenshot(path=screenshots / f"{prefix}webhook-messages.png", full_page=True)
+    row.locator("a.message-id").click()
+    expect(page.locator("pre.body").first).to_contain_text('"type": "webhook.test"')
+    expect(page.get_by_role("heading", name="Attempt 1,")).to_be_visible()
+    expect(page.locator("section.attempt-detail")).to_contain_text("HTTP 204")
+    problems.look(page, "a message")
+    painted(page)
+    page.screenshot(path=screenshots / f"{prefix}webhook-message.png", full_page=True)
+    assert problems == {}

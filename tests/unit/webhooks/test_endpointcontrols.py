@@ -9,7 +9,7 @@ import pytest
 
 from models import SecurityEvent, db, utcnow
 from orgs import keyactions
-from webhooks import delivery, endpoints, periodic
+from webhooks import delivery, endpoints, outbox, periodic
 from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 
@@ -146,3 +146,38 @@ def test_the_webhooks_tab_names_its_organisation_and_the_former_addresses_redire
     assert logged_in.post(f"/settings/security/webhooks/{hook.id}/pause", follow_redirects=True).status_code == 200
     assert WebhookEndpoint.get_by_id(hook.id).paused_at is not None
     assert logged_in.get("/settings/security/webhooks").location == "/settings/webhooks"
+
+
+def test_the_message_log_pages_newest_first_by_state_and_shows_a_message_with_its_answers(app, logged_in, user, hook,
+                                                                                        receiver):
+    receiver.answer = lambda delivery: b"HTTP/1.1 503 Busy\r\nContent-Length: 9\r\n\r\ntry later"
+    endpoints.send_test(hook)
+    delivery.deliver_due(app)
+    [first] = WebhookMessage.select()
+    endpoints.pause_endpoint(hook)
+    for number in range(25):
+        outbox.emit(hook.org_id, "key.created", {"key_id": number})
+    log = logged_in.get(f"/settings/webhooks/{hook.id}/messages")
+    assert log.status_code == 200 and log.text.count('class="message-id"') == 20
+    ids = [message.message_id for message in WebhookMessage.select().order_by(WebhookMessage.id.desc())]
+    assert log.text.index(ids[0]) < log.text.index(ids[19]) and ids[20] not in log.text
+    older = logged_in.get(f"/settings/webhooks/{hook.id}/messages?before={WebhookMessage.get(message_id=ids[19]).id}")
+    assert older.text.count('class="message-id"') == 6 and first.message_id in older.text and "Older" not in older.text
+    assert logged_in.get(f"/settings/webhooks/{hook.id}/messages?state=paused").text.count('class="message-id"') == 20
+    # The test message waiting for its retry waits for the paused endpoint too.
+    assert "No messages pending." in logged_in.get(f"/settings/webhooks/{hook.id}/messages?state=pending").text
+    assert logged_in.get(f"/settings/webhooks/{hook.id}/messages?state=lost").status_code == 404
+    assert logged_in.get(f"/settings/webhooks/{hook.id}/messages?before=-1").status_code == 404
+
+    page = logged_in.get(f"/settings/webhooks/{hook.id}/messages/{first.message_id}").text
+    assert "&#34;type&#34;: &#34;webhook.test&#34;" in page and "HTTP 503" in page and "try later" in page
+    assert logged_in.get(f"/settings/webhooks/{hook.id}/messages/msg_unknown").status_code == 404
+    assert logged_in.get(f"/settings/webhooks/{hook.id}/messages/<script>").status_code == 404
+
+    runner = app.test_cli_runner()
+    lines = runner.invoke(args=["webhooks", "messages", str(hook.id)]).output.splitlines()
+    assert len(lines) == 26 and lines[-1].split("\t") == [first.message_id, lines[-1].split("\t")[1], "webhook.test",
+                                                         "paused", "1", "-"]
+    assert lines[0].split("\t")[2:] == ["key.created", "paused", "0", "-"]
+    failed_only = runner.invoke(args=["webhooks", "messages", str(hook.id), "--state", "failed"])
+    assert failed_only.exit_code == 0 and failed_only.output == ""
