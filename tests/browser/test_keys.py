@@ -289,7 +289,7 @@ def test_a_keys_page_charts_its_requests_by_outcome_at_1280_and_390_px(browser, 
     page = context.new_page()
     try:
         sign_up(page, "ivy")
-        expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
+        expect(page.get_by_role("heading", name="Create the first key of ivy")).to_be_visible()
         assert axe_violations(page) == []
         secret = create_key(page, "Charted key")
         statuses = [requests.get(server.base + path, headers={"X-API-Key": secret}, timeout=5).status_code

@@ -92,7 +92,7 @@ def test_an_invitee_signs_up_from_the_mailed_link_joins_makes_a_key_and_switches
     page.get_by_label("Organisation", exact=True).select_option(invitee)
     page.get_by_role("button", name="Switch").click()
     expect(page.get_by_text(f"You now work in {invitee}, as owner.")).to_be_visible()
-    expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
+    expect(page.get_by_role("heading", name=f"Create the first key of {invitee}")).to_be_visible()
     expect(page.locator("table.keys")).to_have_count(0)
     found.look(page, "the Security tab after a switch")
     page.get_by_label("Organisation", exact=True).select_option(f"rocket-team-{number}")

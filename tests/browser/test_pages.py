@@ -122,7 +122,7 @@ def every_page(page, server):
     yield "Members tab with an invitation's link"
 
     page.goto("/settings/security")
-    expect(page.get_by_role("heading", name="Create your first key")).to_be_visible()
+    expect(page.get_by_role("heading", name=f"Create the first key of {username}")).to_be_visible()
     yield "Security tab without keys"
 
     page.get_by_role("button", name="Set up an authenticator app").click()

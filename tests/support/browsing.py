@@ -21,7 +21,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync"]
 DOCS = ROOT / "docs"
 AXE = ROOT / "tests" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
-CREATE = re.compile("Create New API Key|Create your first key")
+CREATE = re.compile("Create New API Key|Create the first key")
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 800}
 # Where an endpoint's path is shown: the landing page's list, the reference's headings and contents,

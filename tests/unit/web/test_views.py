@@ -29,7 +29,7 @@ def test_signup_logs_in_and_hashes_the_password(client):
     # Sign-up lands on Security, whose one step is the first key.
     assert response.headers["Location"] == "/settings/security"
     security = page(client.get("/settings/security"))
-    assert "Create your first key" in security and "Log out bob" in security
+    assert "Create the first key of bob" in security and "Log out bob" in security
     assert "bob@example.com" in page(client.get("/settings/profile"))
     user = User.get(User.username == "bob")
     assert user.password_hash.startswith("scrypt:1024:8:1$") and "s3cret pass" not in user.password_hash
