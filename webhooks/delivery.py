@@ -3,6 +3,7 @@ message across every worker and instance, sends each in a greenlet of its own wi
 records the attempt and the next one (the retry schedule), or the delivery."""
 
 import collections
+import contextlib
 import datetime
 import http.client
 import logging
@@ -21,7 +22,7 @@ from models import db, release_connection, utcnow
 from ops import services
 from store import outbox
 from store.writelock import write_transaction
-from webhooks import addresses, deadlines, failures, periodic, signing
+from webhooks import addresses, deadlines, endpoints, failures, periodic, signing
 from webhooks.models import DELIVERED, FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,9 @@ def record(claimed, outcome, schedule, now=None):
     state = {outbox.SUCCEEDED: DELIVERED, outbox.RETRY: PENDING, outbox.GIVEN_UP: FAILED}[step]
     with write_transaction(db.obj):
         if state == PENDING:
+            # Held, so that a pause or resume is wholly before this or wholly after.
+            with contextlib.suppress(endpoints.EndpointGone):
+                endpoints.lock_endpoint(claimed.endpoint_id)
             endpoint_now = WebhookEndpoint.get_or_none(WebhookEndpoint.id == claimed.endpoint_id)
             if endpoint_now is not None and endpoint_now.disabled_at is not None:
                 state, next_at = FAILED, None

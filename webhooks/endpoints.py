@@ -111,8 +111,10 @@ def pause_endpoint(endpoint, by=None, now=None):
         paused = (WebhookEndpoint.update(paused_at=now, paused_by=by)
                   .where((WebhookEndpoint.id == endpoint.id) & WebhookEndpoint.paused_at.is_null()).execute())
         if paused:
+            # A message under an attempt is left to it: delivery.record makes it wait should it fail.
             (WebhookMessage.update(next_attempt_at=None)
-             .where((WebhookMessage.endpoint == endpoint.id) & (WebhookMessage.state == PENDING)).execute())
+             .where((WebhookMessage.endpoint == endpoint.id) & (WebhookMessage.state == PENDING)
+                    & unclaimed(now)).execute())
             securitylog.record_in(endpoint.org_id, "webhook.paused", f"{endpoint.url} (id {endpoint.id})")
     return bool(paused)
 
@@ -123,14 +125,26 @@ def resume_endpoint(endpoint, now=None):
     now = now or utcnow()
     with write_transaction(db.obj):
         lock_endpoint(endpoint.id)
-        resumed = (WebhookEndpoint.update(paused_at=None, paused_by=None)
+        # Its days of failing start afresh: the days it was paused are none of the receiver's.
+        resumed = (WebhookEndpoint.update(paused_at=None, paused_by=None, failing_since=None)
                    .where((WebhookEndpoint.id == endpoint.id) & WebhookEndpoint.paused_at.is_null(False)).execute())
         if resumed:
+            # Every waiting message due now, so that they go out in the order they were made.
             (WebhookMessage.update(next_attempt_at=now)
              .where((WebhookMessage.endpoint == endpoint.id) & (WebhookMessage.state == PENDING)
-                    & WebhookMessage.next_attempt_at.is_null()).execute())
+                    & unclaimed(now)).execute())
             securitylog.record_in(endpoint.org_id, "webhook.resumed", f"{endpoint.url} (id {endpoint.id})")
     return bool(resumed)
+
+
+def unclaimed(now):
+    """No attempt of the message is under way: its last claim's lease ended or was given back."""
+    return WebhookMessage.claimed_until.is_null() | (WebhookMessage.claimed_until <= now)
+
+
+def is_paused(endpoint_id):
+    return WebhookEndpoint.select().where((WebhookEndpoint.id == endpoint_id)
+                                          & WebhookEndpoint.paused_at.is_null(False)).exists()
 
 
 def rotate_secret(endpoint, overlap=DEFAULT_OVERLAP, now=None):
@@ -159,8 +173,7 @@ def send_test(endpoint):
     """Queue a webhook.test message for the endpoint (delivered within seconds); return it. One at
     a time: ValueError while the last one still waits, so a button cannot make the service flood
     a URL."""
-    if WebhookEndpoint.select().where((WebhookEndpoint.id == endpoint.id)
-                                      & WebhookEndpoint.paused_at.is_null(False)).exists():
+    if is_paused(endpoint.id):
         raise ValueError("The endpoint is paused: resume it to send a test event.")
     with db.atomic():
         waiting = WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)

@@ -6,6 +6,7 @@ script to refresh them."""
 
 import datetime
 import json
+from urllib.parse import quote
 
 from flask import abort, flash, g, redirect, render_template, request, session, url_for
 
@@ -91,8 +92,11 @@ def message(endpoint_id, message_id):
 def former_address(rest=None):
     """A form or a link of the Security tab's former Webhooks section: 308 keeps a POST a POST, its
     body (the CSRF token with it) and its query."""
+    if rest is not None and ".." in rest.split("/"):
+        abort(404)
     target = TAB + (f"/{rest}" if rest else "")
-    query = request.query_string.decode("latin-1")
+    # The query as it came, its bytes percent-encoded where they are not URL characters already.
+    query = quote(request.query_string, safe="=&%+;/?:@,$!*'()~")
     return redirect(target + (f"?{query}" if query else ""), 308)
 
 

@@ -40,6 +40,8 @@ def resend(message, now=None):
     now = now or utcnow()
     with write_transaction(db.obj):
         endpoints.lock_endpoint(message.endpoint_id)
+        if endpoints.is_paused(message.endpoint_id):
+            raise ResendRefused("The endpoint is paused: resume it to send its messages.")
         recent = (WebhookResend.select().where((WebhookResend.endpoint == message.endpoint_id)
                                                & (WebhookResend.resent_at > now - RESEND_WINDOW)))
         if recent.count() >= RESENDS_PER_MINUTE:
@@ -65,7 +67,10 @@ def recover(endpoint, since, now=None):
     good at its first attempt, and the sender would hold none back for a failing receiver."""
     now = now or utcnow()
     with write_transaction(db.obj):
-        recovered = (WebhookMessage.update(state=PENDING, attempts=0, next_attempt_at=now)
+        endpoints.lock_endpoint(endpoint.id)
+        # A paused endpoint's recovered messages wait with its others, for its resume.
+        due = None if endpoints.is_paused(endpoint.id) else now
+        recovered = (WebhookMessage.update(state=PENDING, attempts=0, next_attempt_at=due)
                      .where((WebhookMessage.endpoint == endpoint.id) & (WebhookMessage.state == FAILED)
                             & (WebhookMessage.created_at >= since) & not_claimed(now)).execute())
         if recovered:

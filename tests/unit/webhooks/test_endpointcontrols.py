@@ -9,7 +9,7 @@ import pytest
 
 from models import SecurityEvent, db, utcnow
 from orgs import keyactions
-from webhooks import delivery, endpoints, outbox, periodic
+from webhooks import delivery, endpoints, outbox, periodic, recovery
 from webhooks.models import PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 
@@ -181,3 +181,64 @@ def test_the_message_log_pages_newest_first_by_state_and_shows_a_message_with_it
     assert lines[0].split("\t")[2:] == ["key.created", "paused", "0", "-"]
     failed_only = runner.invoke(args=["webhooks", "messages", str(hook.id), "--state", "failed"])
     assert failed_only.exit_code == 0 and failed_only.output == ""
+
+
+def test_a_resume_restarts_the_days_of_failing_so_a_long_pause_never_disables_the_endpoint(app, user, hook,
+                                                                                            receiver):
+    receiver.answer = lambda delivery: 503
+    endpoints.send_test(hook)
+    delivery.deliver_due(app)
+    endpoints.pause_endpoint(hook)
+    WebhookEndpoint.update(failing_since=utcnow() - datetime.timedelta(days=6)).where(
+        WebhookEndpoint.id == hook.id).execute()
+    endpoints.resume_endpoint(hook)
+    assert WebhookEndpoint.get_by_id(hook.id).failing_since is None
+    delivery.deliver_due(app)
+    assert WebhookEndpoint.get_by_id(hook.id).disabled_at is None
+    assert WebhookMessage.get(WebhookMessage.endpoint == hook.id).state == PENDING
+
+
+def test_after_a_resume_the_messages_are_claimed_in_the_order_they_were_made(app, user, hook, receiver):
+    endpoints.pause_endpoint(hook)
+    for number in range(3):
+        outbox.emit(hook.org_id, "key.created", {"key_id": number})
+    made = [message.id for message in WebhookMessage.select().order_by(WebhookMessage.id)]
+    with pytest.raises(ValueError, match="The endpoint is paused: resume it to send its messages."):
+        recovery.resend(WebhookMessage.get_by_id(made[2]))
+    endpoints.resume_endpoint(hook)
+    # Each claim as another process's would be: the oldest first.
+    assert [[claimed.pk for claimed in delivery.claim(db.obj, 50)] for _ in made] == [[pk] for pk in made]
+
+
+def test_a_pause_and_resume_during_an_attempt_leave_it_alone(app, user, hook, receiver):
+    endpoints.send_test(hook)
+    [claimed] = delivery.claim(db.obj, 1)
+    endpoints.pause_endpoint(hook)
+    endpoints.resume_endpoint(hook)
+    assert delivery.claim(db.obj, 1) == []  # the message under its attempt is not due again
+    assert delivery.record(claimed, delivery.send(claimed, True), app.extensions["webhooks"].schedule) == "delivered"
+    assert WebhookAttempt.select().count() == 1 and receiver.wait_for(1)
+
+
+def test_failed_messages_recovered_while_paused_wait_for_the_resume(app, user, hook, receiver):
+    endpoints.send_test(hook)
+    WebhookMessage.update(state="failed", next_attempt_at=None).execute()
+    endpoints.pause_endpoint(hook)
+    assert recovery.recover(hook, utcnow() - datetime.timedelta(hours=1)) == 1
+    assert WebhookMessage.get(WebhookMessage.endpoint == hook.id).next_attempt_at is None
+    endpoints.resume_endpoint(hook)
+    delivery.deliver_due(app)
+    assert receiver.wait_for(1)
+
+
+def test_a_paused_endpoint_disabled_after_failures_says_both(logged_in, hook):
+    WebhookEndpoint.update(disabled_at=utcnow()).where(WebhookEndpoint.id == hook.id).execute()
+    endpoints.pause_endpoint(hook)
+    section = logged_in.get("/settings/webhooks").text
+    assert "Paused from the command" in section and "every attempt failed for" in section
+
+
+def test_a_former_address_keeps_its_query_as_it_came_and_never_climbs_out(logged_in, hook):
+    moved = logged_in.get(f"/settings/security/webhooks/{hook.id}/messages?state=%C3%BF&x=a+b")
+    assert moved.location == f"/settings/webhooks/{hook.id}/messages?state=%C3%BF&x=a+b"
+    assert logged_in.get("/settings/security/webhooks/x/../../logout").status_code == 404
