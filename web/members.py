@@ -11,7 +11,7 @@ from peewee import fn
 from werkzeug.exceptions import HTTPException
 
 from accounts import sessions
-from models import ROLES, ApiKey, Membership, User
+from models import OWNER, ROLES, ApiKey, Membership, User, utcnow
 from orgs import invitations, members as org_members, roles
 from store import slugs
 from web.hooks import MAX_ID, login_required, page_blueprint, status_of
@@ -62,10 +62,17 @@ def render_members_tab(status=200, invitation=None):
                       .group_by(ApiKey.user).order_by().tuples())
     invitable = [role for role in ROLES
                  if roles.allows(g.membership.role, roles.MEMBER_INVITE, target_role=None, new_role=role)]
-    return render_template("settings_members.html", memberships=org_members.members(org_id), key_counts=key_counts,
+    memberships = org_members.members(org_id)
+    owners = [membership.user_id for membership in memberships if membership.role == OWNER]
+    # Whose role no form may change (orgs/members.py would refuse): the last owner, and the user
+    # whose personal organisation this is.
+    role_kept = {g.org.personal_for_id, *(owners if len(owners) == 1 else [])} - {None}
+    return render_template("settings_members.html", memberships=memberships, key_counts=key_counts,
                            invitations=list(invitations.pending_in(org_id)), invitable=invitable,
                            roles_to_give=roles_to_give, former_members=org_members.former_members_keys(org_id),
-                           new_invitation=invitation, max_name_length=org_members.MAX_NAME_LENGTH), status
+                           new_invitation=invitation, max_name_length=org_members.MAX_NAME_LENGTH,
+                           role_kept=role_kept, resend_after=invitations.RESEND_AFTER, now=utcnow(),
+                           invite_sent=request.form if request.endpoint == "invitations.invite" else {}), status
 
 
 def roles_to_give(target_role):

@@ -176,3 +176,15 @@ def test_an_account_at_its_cap_of_memberships_is_told_so(team, owner, log_in, ni
     response = log_in("nina", org=None).post(path)
     assert response.status_code == 400 and "may belong to 1 organisations" in response.text
     assert not member_of_acme(team, nina)
+
+
+def test_send_again_is_offered_once_its_minute_has_passed(team, log_in):
+    client = log_in("olive")
+    assert client.post("/settings/members/invite", data={"email": "late@example.com", "role": "viewer"}
+                       ).status_code == 302
+    invitation = Invitation.get(Invitation.email == "late@example.com")
+    path = f"/settings/members/invitations/{invitation.id}/resend"
+    page = client.get("/settings/members").text
+    assert path not in page and "Send again from" in page
+    Invitation.update(sent_at=utcnow() - datetime.timedelta(minutes=2)).where(Invitation.id == invitation.id).execute()
+    assert path in client.get("/settings/members").text

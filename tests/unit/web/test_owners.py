@@ -79,3 +79,26 @@ def test_two_owners_acting_on_each_other_at_once_leave_an_owner(team, log_in, ac
     assert sorted(statuses.values())[0] == 302 and list(statuses.values()).count(302) == 1, statuses
     owners = Membership.select().where((Membership.org == team.acme.id) & (Membership.role == "owner")).count()
     assert owners == 1
+
+
+def test_the_last_owner_is_offered_neither_leave_nor_a_role_change_and_the_refusal_keeps_the_invite_form(
+        team, log_in, sole_owner):
+    olive = team.people["olive"].id
+    page = sole_owner.get("/settings/members").text
+    assert f'/settings/members/{olive}/role"' not in page and "Leave this organisation" not in page
+    assert "You are the only owner of Acme: make another member an owner before you leave." in page
+    refused = sole_owner.post(f"/settings/members/{olive}/role", data={"role": "viewer"})
+    assert refused.status_code == 409
+    # The invitation form keeps its own default, not the role the refused form asked for.
+    assert '<option value="developer" selected>' in refused.text
+    assert '<option value="viewer" selected>' not in refused.text
+    two_owners = log_in("olive")
+    owen = team.people["owen"].id
+    assert two_owners.post(f"/settings/members/{owen}/role", data={"role": "owner"}).status_code == 302
+    page = two_owners.get("/settings/members").text
+    assert f'/settings/members/{olive}/role"' in page and "Leave this organisation" in page
+
+
+def test_no_one_is_offered_a_role_change_of_a_personal_organisation_s_own_user(team, log_in):
+    page = log_in("tess", org=None).get("/settings/members").text
+    assert f'/settings/members/{team.people["tess"].id}/role"' not in page
