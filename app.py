@@ -77,6 +77,7 @@ from web import (
     keyforms,
     keypage,
     members as member_pages,
+    organisation as organisation_pages,
     profile,
     recovery as recovery_pages,
     security,
@@ -93,7 +94,7 @@ from webhooks import (
 ROOT = Path(__file__).resolve().parent
 # The web application's view modules, each with its own blueprint (web/hooks.py makes them).
 PAGE_MODULES = (home, signin, profile, security, keyforms, keyedit, keypage, webprotection, address_pages,
-                recovery_pages, member_pages, invitation_pages, webhook_pages)
+                recovery_pages, member_pages, organisation_pages, invitation_pages, webhook_pages)
 INSTANCE = settings.INSTANCE
 
 log = logging.getLogger(__name__)

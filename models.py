@@ -130,6 +130,9 @@ class Organisation(BaseModel):
     personal_for = ForeignKeyField(User, null=True, unique=True, on_delete="SET NULL")
     # Who made it (orgs/members.py caps how many one account makes, whoever owns them since).
     created_by = ForeignKeyField(User, null=True, on_delete="SET NULL", backref="organisations_created")
+    # The slug before the last rename, which still finds the organisation until former_slug_until.
+    former_slug = CharField(null=True, max_length=64, index=True)
+    former_slug_until = DateTimeField(null=True)
 
     class Meta:
         table_name = "organisations"

@@ -1,5 +1,5 @@
-"""The `orgs` command group (create, list, members, invite, role, remove), and the organisation in
-which the key and webhook commands act for a member (`--org SLUG`)."""
+"""The `orgs` command group (create, list, members, invite, role, remove, rename, delete), and the
+organisation in which the key and webhook commands act for a member (`--org SLUG`)."""
 
 import contextlib
 
@@ -9,7 +9,7 @@ from accounts import users
 from cli.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
 from mail import outbox
 from models import ROLES, ApiKey, Membership, Organisation, personal_organisation
-from orgs import invitations, members, organisations, roles
+from orgs import invitations, members, orgadmin, organisations, roles
 
 orgs_cli = CommandGroup("orgs", help="Manage organisations and their members.")
 org_option = click.option("--org", "org_slug", metavar="SLUG",
@@ -20,8 +20,9 @@ ACTION_WORDS = {roles.VIEW: "see its keys and endpoints", roles.KEY_CREATE: "cre
 
 
 def find_organisation(slug):
-    """The organisation with this slug, or a ClickException that says there is none."""
-    org = Organisation.get_or_none(Organisation.slug == slug.strip().lower())
+    """The organisation with this slug (or, for 30 days after a rename, its former one), or a
+    ClickException that says there is none."""
+    org = orgadmin.find(slug)
     if org is None:
         raise click.ClickException(f"There is no organisation with the slug {slug!r}.")
     return org
@@ -149,3 +150,35 @@ def remove_command(slug, username, revoke_keys):
     else:
         working = ApiKey.active_in(org.id, created_by=user.id).count()
         click.echo(f"Removed {user.username} from {org.slug}. Keys it created there, still working: {working}.")
+
+
+@orgs_cli.command("rename")
+@click.argument("slug")
+@click.argument("name")
+def rename_command(slug, name):
+    """Rename an organisation; its slug follows, and the former one finds it for 30 days."""
+    org = find_organisation(slug)
+    try:
+        renamed = orgadmin.rename(org.id, name)
+    except ValueError as refused:
+        raise click.ClickException(str(refused)) from None
+    click.echo(f"Renamed {org.slug} to {renamed.name!r}; its slug is {renamed.slug}.")
+
+
+@orgs_cli.command("delete")
+@click.argument("slug")
+@click.option("--yes", is_flag=True, help="Confirm: its keys are revoked, and it cannot be brought back.")
+def delete_command(slug, yes):
+    """Delete an organisation (not a personal one): every key revoked first, then its endpoints,
+    invitations and memberships end."""
+    org = find_organisation(slug)
+    if not yes:
+        raise click.ClickException(f"Deleting {org.slug} revokes its keys and cannot be undone; add --yes to confirm.")
+    revoked = ApiKey.active_in(org.id).count()
+    try:
+        orgadmin.delete(org.id)
+    except orgadmin.PersonalOrganisation as refused:
+        raise click.ClickException(str(refused)) from None
+    click.echo(f"Deleted {org.slug}; {revoked} active key{'' if revoked == 1 else 's'} revoked.")
+    if revoked:
+        warn_if_servers_may_not_hear()

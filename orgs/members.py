@@ -44,13 +44,7 @@ class PersonalOwner(LastOwner):
 def create(name, owner):
     """Make an organisation owned by owner; return it. ValueError with a sentence for a name
     refused or taken, or an account that made MAX_CREATED or belongs to MAX_MEMBERSHIPS already."""
-    name = name.strip()
-    users.refuse_control_characters(name, "An organisation's name")
-    if not 0 < len(name) <= MAX_NAME_LENGTH:
-        raise ValueError(f"An organisation's name is 1 to {MAX_NAME_LENGTH} characters.")
-    slug = slugs.slug_of(name)
-    if not slug:
-        raise ValueError("An organisation's name needs a letter or a digit.")
+    name, slug = checked_name(name)
     taken = ValueError(f"The name {slug!r} is taken; choose another.")
     try:
         with db.atomic():
@@ -58,7 +52,8 @@ def create(name, owner):
             if Organisation.select().where(Organisation.created_by == owner.id).count() >= MAX_CREATED:
                 raise ValueError(f"One account may make {MAX_CREATED} organisations.")
             refuse_beyond_memberships(owner.id)
-            if Organisation.select().where(Organisation.slug == slug).exists():
+            if Organisation.select().where((Organisation.slug == slug) | (
+                    (Organisation.former_slug == slug) & (Organisation.former_slug_until > utcnow()))).exists():
                 raise taken
             org = Organisation.create(name=name, slug=slug, created_by=owner.id)
             Membership.create(org=org.id, user=owner.id, role=OWNER)
@@ -66,6 +61,18 @@ def create(name, owner):
     except IntegrityError:
         raise taken from None  # another request made it meanwhile
     return org
+
+
+def checked_name(name):
+    """(name, its slug) for an organisation's name; ValueError with a sentence for one refused."""
+    name = name.strip()
+    users.refuse_control_characters(name, "An organisation's name")
+    if not 0 < len(name) <= MAX_NAME_LENGTH:
+        raise ValueError(f"An organisation's name is 1 to {MAX_NAME_LENGTH} characters.")
+    slug = slugs.slug_of(name)
+    if not slug:
+        raise ValueError("An organisation's name needs a letter or a digit.")
+    return name, slug
 
 
 def refuse_beyond_memberships(user_id):
@@ -81,8 +88,11 @@ def memberships_of(user):
 
 def find_membership(user, slug):
     """The user's membership of the organisation with this slug; NotMember when there is none."""
+    # A former slug (30 days after a rename) is no other organisation's: at most one matches.
+    named = (Organisation.slug == slug) | (
+        (Organisation.former_slug == slug) & (Organisation.former_slug_until > utcnow()))
     membership = (Membership.select(Membership, Organisation).join(Organisation)
-                  .where((Membership.user == user.id) & (Organisation.slug == slug)).first())
+                  .where((Membership.user == user.id) & named).first())
     if membership is None:
         raise NotMember()
     return membership

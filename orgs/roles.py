@@ -14,8 +14,9 @@ MEMBER_ROLE = "member.role"
 MEMBER_REMOVE = "member.remove"
 MEMBER_REVOKE_KEYS = "member.revoke_keys"  # revoke every key a member, or a former member, created
 LEAVE = "member.leave"
+ORG_MANAGE = "org.manage"  # rename or delete the organisation
 ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, KEY_WIDEN, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE,
-           MEMBER_REVOKE_KEYS, LEAVE)
+           MEMBER_REVOKE_KEYS, LEAVE, ORG_MANAGE)
 # The actions on another member, or giving a role: an admin may take them for members other than
 # owners, and give any role but owner.
 ON_MEMBERS = {MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE, MEMBER_REVOKE_KEYS}
@@ -40,6 +41,8 @@ def allows(role, action, *, own_key=False, target_role=UNSAID, new_role=UNSAID):
     if role == OWNER:
         return True
     if role == "admin":
+        if action == ORG_MANAGE:
+            return False
         if action in ON_MEMBERS:
             return UNSAID not in (target_role, new_role) and OWNER not in (target_role, new_role)
         return True

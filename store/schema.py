@@ -203,6 +203,15 @@ def add_endpoint_controls(database, migrator):
             migrate(*(migrator.add_column(table, name, field) for name, field in wanted.items() if name not in have))
 
 
+def add_former_slugs(database, migrator):
+    """Version 18: a renamed organisation's former slug, which finds it for 30 days."""
+    if database.table_exists("organisations"):
+        have = {column.name for column in database.get_columns("organisations")}
+        wanted = {"former_slug": CharField(null=True, max_length=64), "former_slug_until": DateTimeField(null=True)}
+        migrate(*(migrator.add_column("organisations", name, field) for name, field in wanted.items()
+                  if name not in have))
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -295,7 +304,7 @@ STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
          make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation,
          add_leak_reports,
-         add_mail_caps, add_endpoint_controls]
+         add_mail_caps, add_endpoint_controls, add_former_slugs]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

@@ -22,7 +22,8 @@ MEMBERS_TAB = "members.settings_members"
 # The pages that show whichever organisation is current: a switch stays on them. Any other (a key's
 # page) belongs to the organisation left, and the switch goes to the Security tab instead; but the
 # switch that a key's page offers to the organisation holding the key comes back to it.
-SWITCH_STAYS_ON = ("profile.settings_profile", "security.settings_security", MEMBERS_TAB, "home.playground")
+SWITCH_STAYS_ON = ("profile.settings_profile", "security.settings_security", "webhooks.settings_webhooks", MEMBERS_TAB,
+                   "organisation.settings_organisation", "home.playground")
 KEY_PAGE = "keys.key_page"
 
 

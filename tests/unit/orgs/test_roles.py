@@ -18,6 +18,7 @@ EXPECTED = [
     (roles.KEY_CHANGE, {"own_key": False}, {"owner", "admin"}),
     (roles.KEY_WIDEN, {}, {"owner", "admin"}),
     (roles.WEBHOOK_MANAGE, {}, {"owner", "admin"}),
+    (roles.ORG_MANAGE, {}, {"owner"}),
     (roles.MEMBER_INVITE, {"target_role": None, "new_role": "developer"}, {"owner", "admin"}),
     (roles.MEMBER_INVITE, {"target_role": None, "new_role": "owner"}, {"owner"}),
     (roles.MEMBER_ROLE, {"target_role": "developer", "new_role": "admin"}, {"owner", "admin"}),
@@ -75,6 +76,7 @@ DOCUMENTED = {
         roles.MEMBER_REVOKE_KEYS, {"target_role": None, "new_role": None}),
     "Revoke every key an owner created": (roles.MEMBER_REVOKE_KEYS, {"target_role": "owner", "new_role": None}),
     "Leave the organisation": (roles.LEAVE, {}),
+    "Rename or delete the organisation": (roles.ORG_MANAGE, {}),
 }
 
 

@@ -80,6 +80,9 @@ CASES = [
          edit("actor", {"tier": "pro"}), edited("actor", rate_limit_tier="pro")),
     Case("raise another member's key's tier", [(roles.KEY_CHANGE, {"own_key": False}), (roles.KEY_WIDEN, {})],
          edit("tess", {"tier": "pro"}), edited("tess", rate_limit_tier="pro")),
+    Case("rename the organisation", [(roles.ORG_MANAGE, {})],
+         lambda team, actor: ("/settings/organisation/rename", {"name": "Acme Works"}),
+         lambda team, actor: Organisation.get_by_id(team.acme.id).slug == "acme-works"),
     Case("add a webhook endpoint", [(roles.WEBHOOK_MANAGE, {})],
          lambda team, actor: ("/settings/webhooks", {"url": "http://127.0.0.1:9/new", "subscribe": "all"}),
          lambda team, actor: WebhookEndpoint.select().where(WebhookEndpoint.url == "http://127.0.0.1:9/new").exists()),
@@ -238,8 +241,9 @@ def test_every_role_may_create_an_organisation_and_switch_between_its_own(team, 
     page = client.get("/settings/members").text
     assert f"Members of {actor.title()}&#39;s Lab" in page and f'<option value="{actor}-s-lab" selected>' in page
 
-    response = client.post("/orgs/switch", data={"org": "acme", "next": "/settings/members"})
-    assert response.status_code == 302 and response.location == "/settings/members"
+    for tab in ("/settings/webhooks", "/settings/organisation", "/settings/members"):
+        response = client.post("/orgs/switch", data={"org": "acme", "next": tab})
+        assert response.status_code == 302 and response.location == tab
     assert "Members of Acme" in client.get("/settings/members").text
     key_page = f"/settings/security/keys/{team.keys[actor].id}"
     response = client.post("/orgs/switch", data={"org": actor, "next": key_page})
