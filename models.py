@@ -130,9 +130,6 @@ class Organisation(BaseModel):
     personal_for = ForeignKeyField(User, null=True, unique=True, on_delete="SET NULL")
     # Who made it (orgs/members.py caps how many one account makes, whoever owns them since).
     created_by = ForeignKeyField(User, null=True, on_delete="SET NULL", backref="organisations_created")
-    # The slug before the last rename, which still finds the organisation until former_slug_until.
-    former_slug = CharField(null=True, max_length=64, index=True)
-    former_slug_until = DateTimeField(null=True)
 
     class Meta:
         table_name = "organisations"
@@ -151,11 +148,26 @@ class Membership(BaseModel):
         indexes = ((("org", "user"), True),)
 
 
+class FormerSlug(BaseModel):
+    """A slug an organisation had before a rename: it still finds the organisation until `until`,
+    and no other organisation may take it meanwhile (orgs/orgadmin.py)."""
+
+    id = AutoField()
+    slug = CharField(unique=True, max_length=64)
+    org = ForeignKeyField(Organisation, on_delete="CASCADE", index=True)
+    until = DateTimeField()
+
+    class Meta:
+        table_name = "former_slugs"
+
+
 def free_slug(name):
-    """The slug of name that no organisation has yet (store/slugs.py)."""
+    """The slug of name that no organisation has yet, nor keeps from a rename (store/slugs.py)."""
     base = slugs.slug_of(name) or "org"
     taken = {slug for (slug,) in Organisation.select(Organisation.slug)
              .where(Organisation.slug.startswith(base)).tuples()}
+    taken |= {slug for (slug,) in FormerSlug.select(FormerSlug.slug)
+              .where(FormerSlug.slug.startswith(base) & (FormerSlug.until > utcnow())).tuples()}
     return slugs.first_free(name, taken)
 
 
@@ -349,8 +361,8 @@ def init_app(app, more_models=()):
     database.statements = Statements(database)
     db.initialize(database)
     connect_at_start(database)
-    tables = [User, Organisation, Membership, Session, ApiKey, UsageHour, UsageDay, UsageWriter, SecurityEvent,
-              MaintenanceLock, *more_models]
+    tables = [User, Organisation, FormerSlug, Membership, Session, ApiKey, UsageHour, UsageDay, UsageWriter,
+              SecurityEvent, MaintenanceLock, *more_models]
     app.extensions["schema"] = schema.upgrade(database, tables, after=[add_username_index, schema.keep_key_generation])
     app.teardown_appcontext(release_request_connection)
 

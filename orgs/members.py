@@ -10,7 +10,7 @@ from peewee import JOIN, IntegrityError
 
 from accounts import securitylog, users
 from keys import keycache
-from models import OWNER, ROLES, ApiKey, Membership, Organisation, SecurityEvent, Session, User, db, utcnow
+from models import OWNER, ROLES, ApiKey, FormerSlug, Membership, Organisation, SecurityEvent, Session, User, db, utcnow
 from orgs import keyactions, organisations, roles
 from orgs.models import Invitation
 from store import slugs
@@ -52,8 +52,7 @@ def create(name, owner):
             if Organisation.select().where(Organisation.created_by == owner.id).count() >= MAX_CREATED:
                 raise ValueError(f"One account may make {MAX_CREATED} organisations.")
             refuse_beyond_memberships(owner.id)
-            if Organisation.select().where((Organisation.slug == slug) | (
-                    (Organisation.former_slug == slug) & (Organisation.former_slug_until > utcnow()))).exists():
+            if Organisation.select().where(Organisation.slug == slug).exists() or former_slug_of(slug) is not None:
                 raise taken
             org = Organisation.create(name=name, slug=slug, created_by=owner.id)
             Membership.create(org=org.id, user=owner.id, role=OWNER)
@@ -75,6 +74,11 @@ def checked_name(name):
     return name, slug
 
 
+def former_slug_of(slug):
+    """The kept FormerSlug row of this slug (orgs/orgadmin.py renames), or None."""
+    return FormerSlug.get_or_none((FormerSlug.slug == slug) & (FormerSlug.until > utcnow()))
+
+
 def refuse_beyond_memberships(user_id):
     if Membership.select().where(Membership.user == user_id).count() >= MAX_MEMBERSHIPS:
         raise ValueError(f"One account may belong to {MAX_MEMBERSHIPS} organisations.")
@@ -88,11 +92,11 @@ def memberships_of(user):
 
 def find_membership(user, slug):
     """The user's membership of the organisation with this slug; NotMember when there is none."""
-    # A former slug (30 days after a rename) is no other organisation's: at most one matches.
-    named = (Organisation.slug == slug) | (
-        (Organisation.former_slug == slug) & (Organisation.former_slug_until > utcnow()))
     membership = (Membership.select(Membership, Organisation).join(Organisation)
-                  .where((Membership.user == user.id) & named).first())
+                  .where((Membership.user == user.id) & (Organisation.slug == slug)).first())
+    if membership is None and (former := former_slug_of(slug)) is not None:
+        membership = (Membership.select(Membership, Organisation).join(Organisation)
+                      .where((Membership.user == user.id) & (Organisation.id == former.org_id)).first())
     if membership is None:
         raise NotMember()
     return membership

@@ -204,12 +204,7 @@ def add_endpoint_controls(database, migrator):
 
 
 def add_former_slugs(database, migrator):
-    """Version 18: a renamed organisation's former slug, which finds it for 30 days."""
-    if database.table_exists("organisations"):
-        have = {column.name for column in database.get_columns("organisations")}
-        wanted = {"former_slug": CharField(null=True, max_length=64), "former_slug_until": DateTimeField(null=True)}
-        migrate(*(migrator.add_column("organisations", name, field) for name, field in wanted.items()
-                  if name not in have))
+    """Version 18: the slugs renamed organisations had, kept 30 days (a new table)."""
 
 
 def move_into_personal_organisations(database):

@@ -7,8 +7,9 @@ import datetime
 import pytest
 from teams import PASSWORD, make_org
 
+from accounts import users
 from keys import events
-from models import ApiKey, Membership, Organisation, SecurityEvent, utcnow
+from models import ApiKey, Membership, Organisation, SecurityEvent, User, utcnow
 from orgs import invitations, keyactions, members, orgadmin
 from orgs.models import Invitation
 from webhooks import endpoints
@@ -21,20 +22,37 @@ def acme(app, user):
     return make_org("Acme", user, {"bob": "admin"})
 
 
-def test_a_rename_moves_the_slug_and_the_former_one_finds_it_for_30_days(user, acme):
+def test_a_rename_moves_the_slug_and_each_former_one_finds_it_for_30_days(app, user, acme):
     renamed = orgadmin.rename(acme.id, "Acme Works")
-    assert (renamed.name, renamed.slug, renamed.former_slug) == ("Acme Works", "acme-works", "acme")
+    assert (renamed.name, renamed.slug) == ("Acme Works", "acme-works")
     assert orgadmin.find("acme").id == orgadmin.find("ACME-works ").id == acme.id
     assert members.find_membership(user, "acme").org_id == acme.id
     assert orgadmin.find("acme", now=utcnow() + datetime.timedelta(days=31)) is None
+    assert orgadmin.rename(acme.id, "Acme Three").slug == "acme-three"
+    assert orgadmin.find("acme").id == orgadmin.find("acme-works").id == acme.id  # each its own 30 days
     with pytest.raises(ValueError, match="The name 'acme' is taken"):
         members.create("Acme", user)
     other = members.create("Globex", user)
-    with pytest.raises(ValueError, match="The name 'acme' is taken"):
-        orgadmin.rename(other.id, "ACME")
+    for name in ("ACME", "Acme Works"):
+        with pytest.raises(ValueError, match="is taken"):
+            orgadmin.rename(other.id, name)
+    # A new account's personal organisation does not take a kept slug either.
+    assert Organisation.get(Organisation.personal_for == users.create_user("acme", "a@example.com", PASSWORD).id
+                            ).slug == "acme-2"
     assert orgadmin.rename(acme.id, "Acme").slug == "acme"  # its own former slug, back
-    assert [row.detail for row in SecurityEvent.select().where(SecurityEvent.event == "org.renamed")] == [
-        "Acme (acme) is now Acme Works (acme-works)", "Acme Works (acme-works) is now Acme (acme)"]
+    assert [row.detail for row in SecurityEvent.select().where(SecurityEvent.event == "org.renamed")
+            .order_by(SecurityEvent.id)] == ["Acme (acme) is now Acme Works (acme-works)",
+                                             "Acme Works (acme-works) is now Acme Three (acme-three)",
+                                             "Acme Three (acme-three) is now Acme (acme)"]
+
+
+def test_a_member_whose_role_changed_meanwhile_is_refused_under_the_lock(app, user, acme):
+    bob = User.get(User.username == "bob")  # an admin: renaming and deleting are an owner's
+    with pytest.raises(members.NotAllowed):
+        orgadmin.rename(acme.id, "Bob's now", actor=bob)
+    with pytest.raises(members.NotAllowed):
+        orgadmin.delete(acme.id, actor=bob)
+    assert Organisation.get_by_id(acme.id).name == "Acme"
 
 
 @pytest.mark.parametrize(("name", "message"), [("", "1 to 64 characters"), ("!!!", "needs a letter or a digit"),
@@ -68,22 +86,28 @@ def test_the_tab_renames_and_deletes_after_the_name_is_typed_for_owners_only(app
     assert logged_in.post("/orgs/switch", data={"org": "acme"}).status_code == 302
     tab = logged_in.get("/settings/organisation").text
     assert "<h2>Organisation Acme</h2>" in tab and 'action="/settings/organisation/delete"' in tab
-    assert logged_in.post("/settings/organisation/rename", data={"name": "Acme Works"}).status_code == 302
-    assert "(formerly <code>acme</code>" in logged_in.get("/settings/organisation").text
-    refused = logged_in.post("/settings/organisation/delete", data={"confirm_name": "Acme"})
+    stale = logged_in.post("/settings/organisation/rename", data={"name": "Acme Works", "org_id": "1"})
+    assert stale.status_code == 409 and "This form was for another organisation" in stale.text
+    form = {"org_id": str(acme.id)}
+    assert logged_in.post("/settings/organisation/rename", data={**form, "name": "Acme Works"}).status_code == 302
+    assert "<code>acme</code>, which finds it until" in logged_in.get("/settings/organisation").text
+    refused = logged_in.post("/settings/organisation/delete", data={**form, "confirm_name": "Acme"})
     assert refused.status_code == 400 and "Type the organisation&#39;s name, Acme Works, to delete it." in refused.text
     bob = app.test_client()
     assert bob.post("/login", data={"username": "bob", "password": PASSWORD}).status_code == 302
     assert bob.post("/orgs/switch", data={"org": "acme"}).status_code == 302  # the former slug
     assert "An owner renames or deletes the organisation." in bob.get("/settings/organisation").text
-    assert bob.post("/settings/organisation/delete", data={"confirm_name": "Acme Works"}).status_code == 403
-    deleted = logged_in.post("/settings/organisation/delete", data={"confirm_name": "Acme Works"},
+    assert bob.post("/settings/organisation/delete", data={**form, "confirm_name": "Acme Works"}).status_code == 403
+    deleted = logged_in.post("/settings/organisation/delete", data={**form, "confirm_name": "Acme Works"},
                              follow_redirects=True)
     assert "Deleted Acme Works: its keys are revoked." in deleted.text
     assert Organisation.get_or_none(Organisation.id == acme.id) is None
-    personal = logged_in.get("/settings/organisation").text
-    assert "A personal organisation goes only with its account" in personal
-    assert logged_in.post("/settings/organisation/delete", data={"confirm_name": "alice"}).status_code == 409
+    assert "A personal organisation goes only with its account" in logged_in.get("/settings/organisation").text
+    personal = Organisation.get(Organisation.personal_for == user.id)
+    assert logged_in.post("/settings/organisation/delete", data={"org_id": str(personal.id), "confirm_name": "alice"}
+                          ).status_code == 409
+    deletion = SecurityEvent.get(SecurityEvent.event == "org.deleted")
+    assert deletion.detail == "Acme Works (acme-works), 0 active keys revoked"
 
 
 def test_the_commands_rename_and_delete(runner, user, acme):

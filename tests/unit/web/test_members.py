@@ -81,7 +81,7 @@ CASES = [
     Case("raise another member's key's tier", [(roles.KEY_CHANGE, {"own_key": False}), (roles.KEY_WIDEN, {})],
          edit("tess", {"tier": "pro"}), edited("tess", rate_limit_tier="pro")),
     Case("rename the organisation", [(roles.ORG_MANAGE, {})],
-         lambda team, actor: ("/settings/organisation/rename", {"name": "Acme Works"}),
+         lambda team, actor: ("/settings/organisation/rename", {"name": "Acme Works", "org_id": str(team.acme.id)}),
          lambda team, actor: Organisation.get_by_id(team.acme.id).slug == "acme-works"),
     Case("add a webhook endpoint", [(roles.WEBHOOK_MANAGE, {})],
          lambda team, actor: ("/settings/webhooks", {"url": "http://127.0.0.1:9/new", "subscribe": "all"}),
