@@ -12,7 +12,7 @@ from flask import current_app
 from keys import allowips, events, keycache
 from metering import credits
 from models import SCOPES, ApiKey, utcnow
-from orgs import keyactions
+from orgs import keyactions, members, roles
 
 # The fields a change names, in this order, in its events and its page.
 FIELDS = ("name", "scopes", "allow_ips", "expires_at", "tier", "rates", "credits", "refill")
@@ -31,22 +31,27 @@ class WideningRefused(PermissionError):
     """A change that widens the key, asked by a role that may only narrow it (HTTP 403)."""
 
 
-def update_key(key_id, may_widen, *, name=KEEP, scopes=KEEP, allow_ips=KEEP, expires_in=KEEP, tier=KEEP,
-               rates=KEEP, credits_set=None, credits_add=None, refill=KEEP, now=None):
+def update_key(key_id, may_widen, *, actor=None, name=KEEP, scopes=KEEP, allow_ips=KEEP, expires_in=KEEP,
+               tier=KEEP, rates=KEEP, credits_set=None, credits_add=None, refill=KEEP, now=None):
     """Change the key's fields given (name; scopes, a list; allow_ips, allowips.parse's input;
     expires_in, seconds from now or None for never; tier; rates, ratelimit.parse_limits' form or None
     for its tier's; credits_set and credits_add, numbers; refill, (amount, interval) or None), in one
     transaction holding the key's row with one key.updated event naming what changed. Return the
     names of the fields that changed (none: nothing was written). Raise ValueError for a value the
     key cannot take, KeyNotChangeable for a revoked or expired key, WideningRefused when the change
-    widens the key and may_widen is false. A revoked key stays revoked: the change never writes that
-    column, and a key revoked while the change waits for its row is refused."""
+    widens the key and may_widen is false. With actor (a User), the actor's role is read again with
+    the key's row held and decides both (orgs/members.py's NotAllowed, NotMember): a role changed
+    meanwhile, not the one the page was drawn with. A revoked key stays revoked: the change never
+    writes that column, and a key revoked while the change waits for its row is refused."""
     now = now or utcnow()
     asked = checked(name, scopes, allow_ips, expires_in, tier, now)
     with credits.holding(key_id) as key:
         if key.revoked_at is not None or key.is_expired(now):
             raise KeyNotChangeable(f"{key.name!r} is {'revoked' if key.revoked_at else 'expired'}; it cannot be "
                                    "changed.")
+        if actor is not None:
+            members.require(key.org_id, actor, roles.KEY_CHANGE, own_key=key.user_id == actor.id)
+            may_widen = members.role_allows(key.org_id, actor, roles.KEY_WIDEN)
         columns = {column: value for column, value in asked.items() if getattr(key, column) != value}
         if rates is not KEEP and rates != key.rate_limits:
             columns["rate_limits"] = rates

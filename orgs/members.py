@@ -223,6 +223,12 @@ def require(org_id, actor, action, **context):
         raise NotAllowed()
 
 
+def role_allows(org_id, actor, action, **context):
+    """True when the actor is a member whose role, read now, allows the action."""
+    acting = Membership.get_or_none((Membership.org == org_id) & (Membership.user == actor.id))
+    return acting is not None and roles.allows(acting.role, action, **context)
+
+
 def refuse_beyond_hourly_changes(org_id):
     since = utcnow() - datetime.timedelta(hours=1)
     changes = SecurityEvent.select().where((SecurityEvent.org == org_id) & (SecurityEvent.created_at > since)

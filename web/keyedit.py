@@ -30,7 +30,7 @@ def edit_key(key_id):
 def update_key(key_id):
     key = changeable_key(key_id)
     try:
-        changed = keyedits.update_key(key.id, roles.allows(g.membership.role, roles.KEY_WIDEN),
+        changed = keyedits.update_key(key.id, roles.allows(g.membership.role, roles.KEY_WIDEN), actor=g.user,
                                       **asked_changes(request.form))
     except keyedits.KeyNotChangeable:
         abort(404)

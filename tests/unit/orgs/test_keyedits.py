@@ -9,9 +9,10 @@ import threading
 
 import psycopg
 import pytest
+from teams import make_org
 
-from models import ApiKey, SecurityEvent, utcnow
-from orgs import keyactions, keyedits
+from models import ApiKey, Membership, SecurityEvent, User, utcnow
+from orgs import keyactions, keyedits, members
 from webhooks import endpoints, periodic
 from webhooks.models import WebhookMessage
 
@@ -204,3 +205,15 @@ def test_a_change_waiting_for_a_revocation_is_refused_and_never_brings_the_key_b
     assert isinstance(outcome[0], keyedits.KeyNotChangeable)
     row = ApiKey.get_by_id(key.id)
     assert (row.name, row.revoked_at is not None) == ("CI", True)
+
+
+def test_the_actors_role_read_with_the_keys_row_decides_not_the_one_the_page_was_drawn_with(user):
+    acme = make_org("Acme", user, {"dora": "developer"})
+    dora = User.get(User.username == "dora")
+    own, _ = keyactions.issue_key(dora, "Dora's", "development", org=acme.id)
+    Membership.update(role="viewer").where(Membership.user == dora.id).execute()  # since the page
+    with pytest.raises(members.NotAllowed):
+        keyedits.update_key(own.id, False, actor=dora, name="Still mine?")
+    Membership.update(role="admin").where(Membership.user == dora.id).execute()
+    assert keyedits.update_key(own.id, False, actor=dora, tier="pro") == ["tier"]  # an admin's now: it may widen
+    assert ApiKey.get_by_id(own.id).name == "Dora's"
