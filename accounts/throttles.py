@@ -1,4 +1,4 @@
-"""The web application's throttles: failed log-ins, sign-ups, key creations and rolls, and TOTP
+"""The web application's throttles: failed log-ins, sign-ups, key creations, rolls and changes, and TOTP
 guesses, counted in the rate-limit storage per client IP, username or account.
 
 They count through the app's limiter (ratelimit.py, in `app.extensions`), which refuses with its
@@ -25,6 +25,8 @@ KEY_CREATIONS_PER_ACCOUNT = RateLimitItemPerHour(30)
 TOTP_FAILURES_PER_ACCOUNT = RateLimitItemPerMinute(10, 15)
 # Each roll writes a security event and, on Redis, makes every worker read its keys again.
 KEY_ROLLS_PER_ACCOUNT = RateLimitItemPerHour(30)
+# Each change of a key does as much, and writes a webhook message for each of its organisation's endpoints.
+KEY_CHANGES_PER_ACCOUNT = RateLimitItemPerHour(60)
 
 
 def password_attempt(username):
@@ -107,6 +109,12 @@ def totp_guess_accepted(user):
 def count_key_roll(user):
     """Count a roll in the web application, refused ones too; raise RateLimitExceeded when too many."""
     limiter().hit(KEY_ROLLS_PER_ACCOUNT, f"key-rolls:{user.id}", "key-roll")
+
+
+def count_key_change(user):
+    """Count a key's Edit form sent in the web application, refused ones too; raise
+    RateLimitExceeded when too many."""
+    limiter().hit(KEY_CHANGES_PER_ACCOUNT, f"key-changes:{user.id}", "key-change")
 
 
 def limiter():

@@ -13,6 +13,9 @@ from orgs import keyactions, members, organisations, roles
 from orgs.models import Invitation
 
 FORMER_SLUG_KEPT = datetime.timedelta(days=30)
+# Former slugs an organisation keeps at once: each is a slug no one else may take for 30 days, so
+# renames in a loop would otherwise reserve names without end.
+MAX_FORMER_SLUGS = 5
 
 
 class PersonalOrganisation(organisations.OrganisationError):
@@ -48,6 +51,7 @@ def rename(org_id, name, actor=None, now=None):
             if others.exists() or kept.exists():
                 raise taken
             if slug != org.slug:
+                refuse_beyond_former_slugs(org_id, slug, now)
                 # A former slug of its own comes back; one whose 30 days ended is anyone's again.
                 FormerSlug.delete().where((FormerSlug.slug.in_([slug, org.slug]))
                                           & ((FormerSlug.org == org_id) | (FormerSlug.until <= now))).execute()
@@ -57,6 +61,16 @@ def rename(org_id, name, actor=None, now=None):
     except IntegrityError:
         raise taken from None  # another organisation took the slug meanwhile
     return Organisation.get_by_id(org_id)
+
+
+def refuse_beyond_former_slugs(org_id, new_slug, now):
+    """ValueError when the organisation already keeps MAX_FORMER_SLUGS former slugs (taking one of
+    them back is always allowed)."""
+    kept = list(FormerSlug.select().where((FormerSlug.org == org_id) & (FormerSlug.until > now))
+                .order_by(FormerSlug.until))
+    if len(kept) >= MAX_FORMER_SLUGS and new_slug not in {former.slug for former in kept}:
+        raise ValueError(f"{MAX_FORMER_SLUGS} former names of this organisation are kept for 30 days; rename it "
+                         f"again after {kept[0].until.strftime('%Y-%m-%d %H:%M')} UTC, or take back a former name.")
 
 
 def delete(org_id, actor=None):

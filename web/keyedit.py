@@ -7,6 +7,7 @@ import datetime
 from flask import abort, flash, g, redirect, render_template, request, url_for
 
 import ratelimit
+from accounts import throttles
 from metering import credits
 from models import SCOPES, display_time, utcnow
 from orgs import keyactions, keyedits, roles
@@ -30,8 +31,12 @@ def edit_key(key_id):
 def update_key(key_id):
     key = changeable_key(key_id)
     try:
+        throttles.count_key_change(g.user)
         changed = keyedits.update_key(key.id, roles.allows(g.membership.role, roles.KEY_WIDEN), actor=g.user,
                                       **asked_changes(request.form))
+    except ratelimit.RateLimitExceeded as error:
+        flash(f"Too many key changes in the last hour; try again in {-(-error.retry_after // 60)} minutes.", "error")
+        return render_edit_form(key, status=429)
     except keyedits.KeyNotChangeable:
         abort(404)
     except keyedits.WideningRefused as error:

@@ -46,6 +46,15 @@ def test_a_rename_moves_the_slug_and_each_former_one_finds_it_for_30_days(app, u
                                              "Acme Three (acme-three) is now Acme (acme)"]
 
 
+def test_renames_in_a_loop_reserve_at_most_five_former_slugs(acme):
+    for number in range(orgadmin.MAX_FORMER_SLUGS):
+        orgadmin.rename(acme.id, f"Acme {number}")
+    with pytest.raises(ValueError, match="5 former names of this organisation are kept for 30 days"):
+        orgadmin.rename(acme.id, "Acme Squat")
+    assert orgadmin.rename(acme.id, "Acme").slug == "acme"  # a former name back is always allowed
+    assert orgadmin.rename(acme.id, "Acme Later", now=utcnow() + datetime.timedelta(days=31)).slug == "acme-later"
+
+
 def test_a_member_whose_role_changed_meanwhile_is_refused_under_the_lock(app, user, acme):
     bob = User.get(User.username == "bob")  # an admin: renaming and deleting are an owner's
     with pytest.raises(members.NotAllowed):

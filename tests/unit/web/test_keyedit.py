@@ -7,6 +7,7 @@ import re
 import pytest
 from teams import ACTORS
 
+from accounts import throttles
 from models import ApiKey, SecurityEvent
 from orgs import keyactions, roles
 
@@ -150,3 +151,12 @@ def test_keys_update_refuses_a_revoked_or_unknown_key(runner, ci_key):
     assert result.exit_code == 1 and "'CI' is revoked; it cannot be changed." in result.output
     unknown = runner.invoke(args=["keys", "update", "999999", "--name", "x"])
     assert "There is no API key with id 999999" in unknown.output
+
+
+def test_key_changes_are_throttled_per_account_with_a_429_that_says_when(logged_in, ci_key):
+    key, _ = ci_key
+    for number in range(throttles.KEY_CHANGES_PER_ACCOUNT.amount):
+        assert logged_in.post(edit_path(key), data={"name": f"CI {number}"}).status_code == 302
+    refused = logged_in.post(edit_path(key), data={"name": "One too many"})
+    assert refused.status_code == 429 and "Too many key changes in the last hour; try again in" in refused.text
+    assert ApiKey.get_by_id(key.id).name == f"CI {throttles.KEY_CHANGES_PER_ACCOUNT.amount - 1}"
