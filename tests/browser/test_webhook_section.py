@@ -91,7 +91,10 @@ def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_s
         assert page.url.endswith(f"/settings/webhooks#{article.get_attribute('id')}")
         expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
         expect(article).to_be_focused()
-        expect(article).to_contain_text("reload the page if your browser runs no script")
+        # Without script the page stays as drawn: a delivery quicker than the redirect already shows
+        # its attempt, else the hint says to reload.
+        if not article.locator("tr.attempt").count():
+            expect(article).to_contain_text("reload the page if your browser runs no script")
         deadline = time.monotonic() + ATTEMPT_DEADLINE_MS / 1000
         while not article.locator("tr.attempt").count() and time.monotonic() < deadline:
             page.wait_for_timeout(250)
