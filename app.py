@@ -59,7 +59,7 @@ from cli.usage import usage_cli
 from cli.users import users_cli
 from cli.webhooks import webhooks_cli
 from integrations import github
-from keys import keycache
+from keys import keycache, models as key_models
 from mail import models as mail_models, notices, sender as mail_sender
 from metering import lifecycle, thresholds, usage
 from models import DATABASE_ERRORS, User
@@ -152,7 +152,7 @@ def create_app(overrides=None):
     # Before every room: their init_app register their background services.
     services.init_app(app)
     models.init_app(app, [*account_models.PROTECTION_MODELS, *webhook_models.MODELS, *mail_models.MODELS,
-                          *emailtokens.MODELS, *org_models.MODELS])
+                          *emailtokens.MODELS, *org_models.MODELS, *key_models.MODELS])
     # Key changes reach the security log, webhooks and notices through keys/events.py's signal, account
     # events the notices through the security log's, an account's deletion its invitations through
     # orgs/organisations.py's; the hot path's thresholds wait for the usage flush.

@@ -3,10 +3,11 @@ checked, its request counted."""
 
 import functools
 
+from flask import current_app
 from werkzeug.exceptions import Forbidden, Unauthorized
 
 from keys import allowips
-from keys.keyformat import hash_key, well_formed
+from keys.keyformat import hash_key
 from keys.lookup import find_active_key
 from metering import credits
 from models import SCOPES
@@ -41,14 +42,11 @@ class ApiKeyError(Unauthorized):
 
 
 def authenticate(secret, source="the X-API-Key header"):
-    """Return the active ApiKey for a secret, read from the database, or raise ApiKeyError."""
-    return found_key(find_active_key(secret_hash(secret, source)))
-
-
-def secret_hash(secret, source):
-    """Return the hash of a well-formed secret, None for a malformed one; raise ApiKeyError for none."""
+    """Return the active ApiKey for a secret, read from the database, or raise ApiKeyError. A key
+    awaiting its first use (an imported slow hash) is not checked here."""
     secret = given_secret(secret, source)
-    return hash_key(secret) if well_formed(secret) else None
+    admitted = current_app.extensions["keys"].forms.admit(secret)
+    return found_key(find_active_key(hash_key(secret)) if admitted else None)
 
 
 def given_secret(secret, source):
@@ -111,7 +109,7 @@ def admit(secret, scope, note, source="the X-API-Key header", hold=None):
     secret = given_secret(secret, source)
     key_hash = hash_key(secret)
     # Its form is checked only before the database is read: a kept hash is a real key's.
-    key, generation = keys.find(key_hash, lambda: well_formed(secret))
+    key, generation = keys.find(key_hash, secret)
     key = found_key(key)
     if hold is not None and generation is not None:
         # A kept key may be revoked by now, and hold's refusal (too many sockets) would answer for

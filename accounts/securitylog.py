@@ -16,7 +16,7 @@ from models import Organisation, SecurityEvent, User, utcnow
 EVENTS = {
     "user.signup", "user.login", "user.login_failed", "user.logout", "user.password_changed",
     "user.sessions_revoked", "key.created", "key.rolled", "key.revoked", "key.revoked_as_leaked",
-    "key.previous_secret_revoked", "key.limit_changed", "key.credits_changed", "key.updated",
+    "key.previous_secret_revoked", "key.limit_changed", "key.credits_changed", "key.updated", "key.imported",
     "user.2fa_enabled", "user.2fa_disabled", "user.2fa_failed", "user.recovery_code_used",
     "user.passkey_added", "user.passkey_removed", "user.passkey_login",
     "webhook.added", "webhook.removed", "webhook.disabled", "webhook.secret_rotated", "webhook.updated",

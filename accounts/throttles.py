@@ -27,6 +27,8 @@ TOTP_FAILURES_PER_ACCOUNT = RateLimitItemPerMinute(10, 15)
 KEY_ROLLS_PER_ACCOUNT = RateLimitItemPerHour(30)
 # Each change of a key does as much, and writes a webhook message for each of its organisation's endpoints.
 KEY_CHANGES_PER_ACCOUNT = RateLimitItemPerHour(60)
+# Each import reads and writes up to 10,000 keys (orgs/keyimports.py).
+KEY_IMPORTS_PER_ACCOUNT = RateLimitItemPerHour(10)
 
 
 def password_attempt(username):
@@ -115,6 +117,12 @@ def count_key_change(user):
     """Count a key's Edit form sent in the web application, refused ones too; raise
     RateLimitExceeded when too many."""
     limiter().hit(KEY_CHANGES_PER_ACCOUNT, f"key-changes:{user.id}", "key-change")
+
+
+def count_key_import(user):
+    """Count an Import keys form sent in the web application, refused ones too; raise
+    RateLimitExceeded when too many."""
+    limiter().hit(KEY_IMPORTS_PER_ACCOUNT, f"key-imports:{user.id}", "key-import")
 
 
 def limiter():

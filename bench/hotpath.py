@@ -17,6 +17,11 @@ speed: on the service's side the count is a little high.
     python bench/hotpath.py --against ../before [--rounds 6] [--requests 5000]
     python bench/hotpath.py --against ../before --instructions [--requests 200]   # apt-get install valgrind
     python bench/hotpath.py --against ../before --served [--requests 500]
+
+With --imported (and --instructions), this checkout alone: a key imported by its SHA-256 hash
+(docs/importing-keys.md) against one made here, each counted as above.
+
+    python bench/hotpath.py --imported --instructions [--requests 200]
 """
 
 import argparse
@@ -101,7 +106,16 @@ else:
         pass  # a checkout from before ops/services.py: its first request starts the flusher
     with app.app_context():
         user = users.create_user("bench", "bench@example.com", "bench password")
-        _, secret = keyactions.issue_key(user, "bench", "development")
+        if os.environ.get("BENCH_IMPORTED_KEY"):
+            import hashlib, json
+            from orgs import keyimports
+            secret = "acme_live_" + "Bq7x" * 8
+            line = {"hash": hashlib.sha256(secret.encode()).hexdigest(), "hash_scheme": "sha256-hex",
+                    "prefix": "acme_live_", "name": "bench", "type": "development"}
+            [imported] = keyimports.import_keys(users.personal_organisation_id(user), json.dumps(line).encode())
+            assert imported.refused is None, imported.refused
+        else:
+            _, secret = keyactions.issue_key(user, "bench", "development")
     environ = EnvironBuilder(path="/api/v1/protected/test", headers={"X-API-Key": secret}).get_environ()
 
 def request(_):
@@ -116,7 +130,7 @@ assert len(list(itertools.takewhile(request, range(int(sys.argv[2]))))) == int(s
 """
 
 
-def count_instructions(checkout, requests, bare=False):
+def count_instructions(checkout, requests, bare=False, imported=False):
     """Instructions per request of protected/test in checkout, or of bench/bare.py's route: the main
     thread's count for 3n requests less its count for n, over 2n, so that start-up and the usage
     flusher's thread (valgrind's --separate-threads) are left out and no symbol names are needed."""
@@ -126,7 +140,8 @@ def count_instructions(checkout, requests, bare=False):
             out = f"{workdir}/callgrind.out"
             subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
                             sys.executable, "-c", COUNT_INSTRUCTIONS, f"{workdir}/bench.db", str(measured),
-                            str(ROOT / "bench") if bare else ""], cwd=checkout, capture_output=True, check=True)
+                            str(ROOT / "bench") if bare else ""], cwd=checkout, capture_output=True, check=True,
+                           env={**os.environ, "BENCH_IMPORTED_KEY": "1" if imported else ""})
             main_thread = Path(f"{out}-01").read_text().splitlines()
             totals.append(int(next(line for line in main_thread
                                    if line.startswith(("summary:", "totals:"))).split()[1]))
@@ -233,6 +248,18 @@ def instructions(checkouts, requests, served=False):
     print(json.dumps(counts))
 
 
+def imported_against_native(requests):
+    native = count_instructions(ROOT, requests)
+    imported = count_instructions(ROOT, requests, imported=True)
+    print(f"Instructions per request through the WSGI app (callgrind, {requests} requests after 300 unmeasured)")
+    print("| key | instructions |")
+    print("|---|---|")
+    print(f"| made here (`sk_test_...`) | {native:,.0f} |")
+    print(f"| imported by its SHA-256 hash (`acme_live_...`) | {imported:,.0f} |")
+    print(f"imported ÷ native: {imported / native:.4f}")
+    print(json.dumps({"native": native, "imported": imported}))
+
+
 def measure(checkout, requests):
     with tempfile.TemporaryDirectory(prefix="bench-hotpath-") as workdir:
         output = subprocess.run(["taskset", "-c", "1", sys.executable, "-c", MEASURE, f"{workdir}/bench.db",
@@ -242,12 +269,18 @@ def measure(checkout, requests):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--against", type=Path, metavar="DIR")
+    parser.add_argument("--imported", action="store_true",
+                        help="with --instructions: an imported key against a native one")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, help="per round (default 5000), or counted (default 200; served 500)")
     parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
     parser.add_argument("--served", action="store_true", help="count the served worker's instructions instead")
     args = parser.parse_args()
+    if args.imported:
+        return imported_against_native(args.requests or 200)
+    if args.against is None:
+        parser.error("--against DIR is required, unless --imported")
     checkouts = {"this": ROOT, "other": args.against.resolve()}
     if args.instructions or args.served:
         return instructions(checkouts, args.requests or (500 if args.served else 200), args.served)

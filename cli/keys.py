@@ -11,11 +11,11 @@ from peewee import JOIN
 
 import ratelimit
 from cli.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
-from cli.orgs import org_option, organisation_for
-from keys import keyformat, leaks
+from cli.orgs import find_organisation, org_option, organisation_for
+from keys import imported, keyformat, leaks
 from metering import credits
 from models import SCOPES, ApiKey, User, display_time, iso_seconds
-from orgs import keyactions, keyedits, roles
+from orgs import keyactions, keyedits, keyimports, roles
 
 keys_cli = CommandGroup("keys", help="Manage API keys.")
 
@@ -215,10 +215,32 @@ def update_key_command(key_id, name, scopes, allow_ips, expires_in, tier):
     click.echo(f"Changed {', '.join(changed)} of key {key_id} ({key.name!r}).")
 
 
+@keys_cli.command("import")
+@click.argument("file", type=click.File("rb"))
+@click.option("--org", "org_slug", required=True, metavar="SLUG", help="The organisation the keys join.")
+@click.option("--dry-run", is_flag=True, help="Check every line and write nothing.")
+def import_keys_command(file, org_slug, dry_run):
+    """Import keys another system issued, by their hash, from a JSON Lines FILE (- for standard
+    input; docs/importing-keys.md): one output line per input line, then a summary; exit 1 when a
+    line was refused."""
+    org = find_organisation(org_slug)
+    try:
+        outcomes = keyimports.import_keys(org.id, file.read(keyimports.MAX_BYTES + 1), dry_run=dry_run)
+    except keyimports.ImportTooLarge as error:
+        raise click.ClickException(str(error)) from None
+    for outcome in outcomes:
+        click.echo(outcome)
+    click.echo(keyimports.summary(outcomes, dry_run))
+    if any(outcome.refused for outcome in outcomes):
+        sys.exit(1)
+
+
 # What looks like one of this service's secrets, wherever it stands: escapes (JSON's \n, \u0022,
 # C's \x3d, URL encoding's %3D, an ANSI colour) end in a letter or digit just before a key, so no
 # boundary is asked for before it; the checksum tells a key from a lookalike.
 SECRET_IN_TEXT = re.compile(keyformat.KEY_PATTERN.pattern)
+# What may follow an imported key's declared start: the characters secrets are commonly made of.
+IMPORTED_SECRET_TAIL = re.compile(r"[A-Za-z0-9_\-+/=.~]*")
 # Lines are read in pieces of at most this many characters, so a file without line breaks (a
 # binary, a minified bundle) is not read into memory whole.
 SCAN_PIECE = 1 << 20
@@ -230,9 +252,16 @@ def scan_command(paths):
     """Find secrets in files (folders recursively): print PATH:LINE: <prefix>... checksum ok|bad,
     never the secret; exit 1 when one with a valid checksum was found (for a pre-commit hook)."""
     found, unreadable = False, False
+    forms = imported.DeclaredForms(lambda: None)
+    forms.refresh()
     for path in files_under(paths):
         try:
-            for number, secret in secrets_in(path):
+            for number, secret, declared in secrets_in(path, forms.starts):
+                if declared:
+                    # No checksum tells an imported key from a lookalike: its declared start is enough.
+                    click.echo(f"{path}:{number}: {declared}... an imported key's start")
+                    found = True
+                    continue
                 valid = checksummed(secret)
                 click.echo(f"{path}:{number}: {secret[:keyformat.DISPLAY_PREFIX_LENGTH]}... "
                            f"checksum {'ok' if valid else 'bad'}")
@@ -274,19 +303,36 @@ def encoding_of(path):
     return "utf-16" if start in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else "utf-8"
 
 
-def secrets_in(path):
-    """(line number, text) of each secret-like string in the file."""
+def secrets_in(path, declared_starts):
+    """(line number, text, None) of each secret-like string in the file, and (line number, None,
+    the start) of each string that begins with a start imported keys declared (by length)."""
     with path.open(encoding=encoding_of(path), errors="replace") as lines:
         number, carry = 1, ""
         while piece := lines.readline(SCAN_PIECE):
             text = carry + piece
             cut = len(piece) == SCAN_PIECE and not piece.endswith("\n")
-            for match in SECRET_IN_TEXT.finditer(text):
-                if match.end() < len(carry):
+            found = [(match.end(), found_secret(match[0]), None) for match in SECRET_IN_TEXT.finditer(text)]
+            found += [(end, None, start) for end, start in declared_in(text, declared_starts)]
+            for end, secret, start in sorted(found, key=lambda item: item[0]):
+                if end < len(carry):
                     continue  # found in the previous piece
-                if cut and match.end() == len(text):
+                if cut and end == len(text):
                     continue  # it may go on in the next piece, and is found there
-                yield number, found_secret(match[0])
+                yield number, secret, start
             # A piece cut inside a long line keeps its tail, so a secret across the cut is found.
             carry = text[-200:] if cut else ""
             number += piece.endswith("\n")
+
+
+def declared_in(text, starts):
+    """(end, start) of each run in text that begins with a declared start and, with the key
+    characters after it, is as long as an imported secret may be (16 to 256 characters)."""
+    firsts = {start[0] for same_length in starts.values() for start in same_length}
+    for at, character in enumerate(text):
+        if character not in firsts:
+            continue
+        for length, same_length in starts.items():
+            if text[at:at + length] in same_length:
+                end = IMPORTED_SECRET_TAIL.match(text, at + length).end()
+                if 16 <= end - at <= 256:
+                    yield end, text[at:at + length]

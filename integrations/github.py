@@ -156,8 +156,8 @@ def judge(token, url):
     """What the token is here: "revoked" when this report revoked it (or ended its rolled-out secret),
     "issued" for another secret this service issued (revoked, expired, rolled out), else
     FALSE_POSITIVE. A revocation is made as POST /api/v1/keys/revoke makes it."""
-    if not keyformat.well_formed(token):
-        return FALSE_POSITIVE  # not this service's form, or its checksum fails: no lookup
+    if not current_app.extensions["keys"].forms.admit(token):
+        return FALSE_POSITIVE  # neither this service's form nor a start imports declared: no lookup
     token_hash = keyformat.hash_key(token)
     # A roll or revocation between the lookup and the change makes the secret something else: look again.
     for _ in range(REVOKE_ATTEMPTS):

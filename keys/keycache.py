@@ -25,6 +25,7 @@ from gevent.event import AsyncResult
 from limits.errors import StorageError
 from peewee import SqliteDatabase
 
+from keys import imported
 from keys.lookup import find_active_key
 from models import db
 from store.connections import greenlets_share_thread
@@ -75,6 +76,9 @@ class SqliteGeneration:
     def announce(self):
         """Nothing to tell: every connection sees the commit through its own counters."""
 
+    def latest(self):
+        return self.current()
+
 
 class RedisGeneration:
     """The key generation kept in Redis beside the rate-limit windows. The latest one seen is the
@@ -97,6 +101,14 @@ class RedisGeneration:
         log.error("A key change is committed, but Redis could not be told: %s", failure.storage_error)
         raise ChangeNotAnnounced()
 
+    def latest(self):
+        """The generation as Redis holds it now (a round trip, not a database read): another
+        instance's import counts from the next request here, before this worker counted any."""
+        try:
+            return self.windows.read_generation()
+        except StorageError:
+            return self.windows.generation
+
 
 class KeyCache:
     """Active keys by the hash of their secret, at most `size` (the one kept longest leaves first), each
@@ -106,25 +118,33 @@ class KeyCache:
     already under way: when a busy key's entry ages out, every request in flight misses it at
     once, and 50 reads queued on PostgreSQL's pool of 10 connections put 100-200 ms into the p99."""
 
-    def __init__(self, generation, size=SIZE, max_age=MAX_AGE):
+    def __init__(self, generation, first_use, size=SIZE, max_age=MAX_AGE):
         self.generation = generation
+        self.forms = imported.DeclaredForms(generation.latest)
+        self.first_use = first_use
         self.size = size
         self.max_age = max_age
         self.entries = {}
         self.reading = {} if greenlets_share_thread() else None
 
-    def find(self, key_hash, well_formed=None):
+    def find(self, key_hash, secret=None):
         """Return (the active ApiKey for this hash or None, the generation the count must confirm,
-        or None when nothing needs confirming). A key not kept is read only if well_formed()."""
+        or None when nothing needs confirming). With the secret, a key not kept is read only when the
+        secret has a known form, and a key awaiting its first use is checked and rehashed."""
         generation = self.generation.current()
         entry = self.entries.get(key_hash)
         now = time.time()
         if (entry is not None and entry.generation == generation and now < entry.usable_until
                 and now - entry.read_at < self.max_age):
             return entry.key, self.confirmed(entry.generation)
-        if well_formed is not None and not well_formed():
+        if secret is None:
+            return self.read(key_hash, generation, now)
+        if not self.forms.admit(secret):
             return None, None
-        return self.read(key_hash, generation, now)
+        found = self.read(key_hash, generation, now)
+        if found[0] is None and self.first_use.opens(secret, self.forms.awaiting_first_use(secret)):
+            return self.read(key_hash, self.generation.current(), time.time())
+        return found
 
     def reload(self, key_hash):
         """Read the key again after the count found its generation stale; return the ApiKey or None."""
@@ -173,10 +193,17 @@ class KeyCache:
 class Uncached:
     """Every lookup from the database: where no signal of another process's change is cheap."""
 
-    def find(self, key_hash, well_formed=None):
-        if well_formed is not None and not well_formed():
+    def __init__(self, first_use):
+        self.forms = imported.DeclaredForms(imported.clock_seconds)
+        self.first_use = first_use
+
+    def find(self, key_hash, secret=None):
+        if secret is not None and not self.forms.admit(secret):
             return None, None
-        return find_active_key(key_hash), None
+        key = find_active_key(key_hash)
+        if key is None and secret is not None and self.first_use.opens(secret, self.forms.awaiting_first_use(secret)):
+            key = find_active_key(key_hash)
+        return key, None
 
     def reload(self, key_hash):
         return find_active_key(key_hash)
@@ -187,13 +214,14 @@ class Uncached:
 
 def init_app(app):
     """Choose the cache for this database and limit storage (see the module's docstring)."""
-    windows = app.extensions["ratelimit"].windows
+    limiter = app.extensions["ratelimit"]
+    windows, first_use = limiter.windows, imported.FirstUse(limiter)
     if isinstance(db.obj, SqliteDatabase):
-        cache = KeyCache(SqliteGeneration(db.obj))
+        cache = KeyCache(SqliteGeneration(db.obj), first_use)
     elif windows is not None and windows.generation_key is not None:
-        cache = KeyCache(RedisGeneration(windows))
+        cache = KeyCache(RedisGeneration(windows), first_use)
     else:
-        cache = Uncached()
+        cache = Uncached(first_use)
     app.extensions["keys"] = cache
 
 

@@ -12,6 +12,7 @@ import models
 from accounts import users
 from keys import allowips, events, keycache, leaks
 from keys.keyformat import DISPLAY_PREFIX_LENGTH, KEY_PREFIXES, generate_secret, hash_key
+from keys.models import AWAITING_FIRST_USE, ImportedKey
 from metering import credits
 from models import SCOPES, ApiKey, db, display_time, iso_seconds, utcnow
 from orgs import organisations
@@ -101,7 +102,9 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
         users.lock_user(user)
         organisations.lock_organisation(org_id)
         cap = current_app.config["MAX_KEYS_PER_USER"]
-        if ApiKey.active_in(org_id).count() >= cap:
+        # Imported keys have their own bound (orgs/keyimports.py): a migration must not stop new keys.
+        issued_here = ApiKey.active_in(org_id).where(ApiKey.id.not_in(ImportedKey.select(ImportedKey.key)))
+        if issued_here.count() >= cap:
             raise KeyCapReached(f"An organisation may hold {cap} active keys; revoke one before creating another.")
         key = ApiKey.create(
             org=org_id,
@@ -120,7 +123,7 @@ def issue_key(user, name, key_type, tier="free", expires_in=None, scopes=None, a
             "key.created", key=key,
             detail=f"{key.name} (id {key.id}, {key.display_prefix}...; from {allowips.summary(allow_ips)})",
             data=events.key_data(key, key_type=key_type, scopes=scopes,
-                                 expires_at=expires_at and iso_seconds(expires_at)))
+                                 expires_at=expires_at and iso_seconds(expires_at), imported=False))
         inactive = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= utcnow())
         models.keep_newest(ApiKey, (ApiKey.org == org_id) & inactive, ApiKey.id, ApiKey.id, MAX_INACTIVE_KEYS_KEPT)
     return key, secret
@@ -140,7 +143,9 @@ def roll_key(key, grace, end_previous=False, current=None):
         raise GraceRunning(f"{key.name!r} still has a previous secret, {key.previous_display_prefix}..., which "
                            f"works until {display_time(key.previous_expires_at)}; rolling again ends it now.")
     secret = generate_secret(key.key_type)
-    keep_previous = grace > 0
+    # A key imported with a slow hash and never used has no SHA-256 to keep: its old secret ends now.
+    awaiting_first_use = key.key_hash.startswith(AWAITING_FIRST_USE)
+    keep_previous = grace > 0 and not awaiting_first_use
     until = now + datetime.timedelta(seconds=grace) if keep_previous else None
     with db.atomic():
         rolled = ApiKey.update(
@@ -152,6 +157,8 @@ def roll_key(key, grace, end_previous=False, current=None):
         ).where((ApiKey.id == key.id) & (ApiKey.key_hash == key.key_hash) & ApiKey.revoked_at.is_null()).execute()
         if not rolled:
             raise RollConflict("The key was rolled or revoked meanwhile; reload and try again.")
+        if awaiting_first_use:
+            ImportedKey.update(slow_hash=None).where(ImportedKey.key == key.id).execute()
         events.key_changed.send(
             "key.rolled", key=key,
             detail=f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)",

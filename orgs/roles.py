@@ -8,6 +8,7 @@ VIEW = "view"  # its keys, usage, endpoints, members and security log
 KEY_CREATE = "key.create"
 KEY_CHANGE = "key.change"  # roll, revoke, or change a key (narrowing it, unless KEY_WIDEN is allowed too)
 KEY_WIDEN = "key.widen"  # give a key a scope, an address, a later expiry, a looser tier, windows, credits
+KEY_IMPORT = "key.import"  # import keys another system issued, by their hash
 WEBHOOK_MANAGE = "webhook.manage"  # add, remove, test endpoints; resend, recover, rotate their secrets
 MEMBER_INVITE = "member.invite"  # invite, and revoke or resend an invitation
 MEMBER_ROLE = "member.role"
@@ -15,8 +16,8 @@ MEMBER_REMOVE = "member.remove"
 MEMBER_REVOKE_KEYS = "member.revoke_keys"  # revoke every key a member, or a former member, created
 LEAVE = "member.leave"
 ORG_MANAGE = "org.manage"  # rename or delete the organisation
-ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, KEY_WIDEN, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE,
-           MEMBER_REVOKE_KEYS, LEAVE, ORG_MANAGE)
+ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, KEY_WIDEN, KEY_IMPORT, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE,
+           MEMBER_REMOVE, MEMBER_REVOKE_KEYS, LEAVE, ORG_MANAGE)
 # The actions on another member, or giving a role: an admin may take them for members other than
 # owners, and give any role but owner.
 ON_MEMBERS = {MEMBER_INVITE, MEMBER_ROLE, MEMBER_REMOVE, MEMBER_REVOKE_KEYS}

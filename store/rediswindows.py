@@ -234,6 +234,14 @@ return #KEYS
         self.generation = generation.decode() if isinstance(generation, bytes) else generation
         return [(replies[i], now + replies[i + 1] / 1000) for i in range(1, len(replies), 2)]
 
+    def read_generation(self):
+        """The key generation as Redis holds it now; raise StorageError when Redis cannot tell."""
+        try:
+            generation = self.storage.get_connection().get(self.generation_key)
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+        return generation.decode() if isinstance(generation, bytes) else generation
+
     def announce_key_change(self):
         """Give the key generation a new value, after a change to a key is committed: every process
         then reads again the keys it cached. Raise StorageError when Redis cannot be told."""

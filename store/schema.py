@@ -207,6 +207,10 @@ def add_former_slugs(database, migrator):
     """Version 18: the slugs renamed organisations had, kept 30 days (a new table)."""
 
 
+def add_imported_keys(database, migrator):
+    """Version 19: keys another system issued, brought in by their hash (a new table)."""
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -292,6 +296,10 @@ def keep_key_generation(database):
     database.execute_sql(f"CREATE TRIGGER api_key_changed AFTER UPDATE ON api_keys "
                          f"WHEN {changed} OR {credits_rose} {bump}")
     database.execute_sql(f"CREATE TRIGGER api_key_deleted AFTER DELETE ON api_keys {bump}")
+    # A new imported key declares a start that every worker's form check must learn (keys/imported.py).
+    database.execute_sql("DROP TRIGGER IF EXISTS imported_key_added")
+    if database.table_exists("imported_keys"):
+        database.execute_sql(f"CREATE TRIGGER imported_key_added AFTER INSERT ON imported_keys {bump}")
 
 
 # STEPS[n - 1] brings a database from version n to n + 1. Version 1 is the first release's schema.
@@ -299,7 +307,7 @@ STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
          make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation,
          add_leak_reports,
-         add_mail_caps, add_endpoint_controls, add_former_slugs]
+         add_mail_caps, add_endpoint_controls, add_former_slugs, add_imported_keys]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

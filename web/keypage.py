@@ -4,6 +4,7 @@ a key of another of the user's organisations, which one holds it and the switch 
 
 from flask import abort, g, render_template
 
+from keys.models import ImportedKey
 from metering import analytics, credits
 from models import SCOPES, ApiKey, Membership, Organisation, utcnow
 from orgs import roles
@@ -84,6 +85,7 @@ def key_page(key_id):
     refill = key.credits_refill_interval
     return render_template("key_page.html", key=key, now=now, charts=charts, endpoints=endpoints,
                            creator=security.key_creators(g.org.id).get(key.user_id),
+                           imported=ImportedKey.get_or_none(ImportedKey.key == key.id),
                            credits_left=credits.effective_remaining(key, now),
                            next_refill=refill and credits.next_refill_at(refill, now),
                            outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=security.KEY_TYPES,

@@ -1,14 +1,22 @@
 """Profile Settings' Organisation tab (/settings/organisation): the current organisation's name and
-slug, renamed by an owner, and deleted by an owner after typing its name."""
+slug, renamed by an owner, and deleted by an owner after typing its name; keys another system
+issued imported by an owner or admin (orgs/keyimports.py)."""
 
 from flask import flash, g, redirect, render_template, request, url_for
 
+from accounts import throttles
 from models import ApiKey, FormerSlug, utcnow
-from orgs import orgadmin, roles
+from orgs import keyimports, orgadmin, roles
+from serving import bodylimit
 from web.hooks import login_required, page_blueprint
 from web.members import refuse_unless_allowed
 
 bp = page_blueprint("organisation", __name__)
+IMPORT_PATH = "/settings/organisation/import"
+# The file's own bound and room for the form around it.
+bp.record_once(lambda state: bodylimit.allow_larger_bodies(state.app, IMPORT_PATH, keyimports.MAX_BYTES + 65536))
+# Refused lines the page lists; the rest are counted.
+REFUSALS_SHOWN = 200
 
 
 @bp.get("/settings/organisation")
@@ -17,11 +25,39 @@ def settings_organisation():
     return render_organisation_tab()
 
 
-def render_organisation_tab(status=200):
+def render_organisation_tab(status=200, imported=None):
     former = (FormerSlug.select().where((FormerSlug.org == g.org.id) & (FormerSlug.until > utcnow()))
               .order_by(FormerSlug.until.desc()))
     return render_template("settings_organisation.html", active_keys=ApiKey.active_in(g.org.id).count(),
-                           former_slug_kept_days=orgadmin.FORMER_SLUG_KEPT.days, former_slugs=list(former)), status
+                           former_slug_kept_days=orgadmin.FORMER_SLUG_KEPT.days, former_slugs=list(former),
+                           imported=imported, import_limits=keyimports), status
+
+
+@bp.post(IMPORT_PATH)
+@login_required
+def import_keys():
+    refuse_unless_allowed(roles.KEY_IMPORT)
+    if stale := page_of_another_organisation():
+        return stale
+    throttles.count_key_import(g.user)
+    upload = request.files.get("file")
+    dry_run = request.form.get("dry_run") == "on"
+    try:
+        if upload is None or not upload.filename:
+            raise keyimports.ImportTooLarge("Choose a JSON Lines file to import.")
+        outcomes = keyimports.import_keys(g.org.id, upload.read(keyimports.MAX_BYTES + 1), dry_run=dry_run,
+                                          actor=g.user)
+    except keyimports.ImportTooLarge as refused:
+        flash(str(refused), "error")
+        return render_organisation_tab(status=400)
+    refused = [outcome for outcome in outcomes if outcome.refused]
+    summary = keyimports.summary(outcomes, dry_run)
+    if not refused:
+        flash(summary if dry_run else f"{summary} They work from the next request; the Security tab lists them.")
+        return redirect(url_for("organisation.settings_organisation"))
+    report = {"summary": summary, "dry_run": dry_run,
+              "refused": refused[:REFUSALS_SHOWN], "more_refused": max(0, len(refused) - REFUSALS_SHOWN)}
+    return render_organisation_tab(status=400, imported=report)
 
 
 @bp.post("/settings/organisation/rename")

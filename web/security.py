@@ -4,7 +4,8 @@
 import datetime
 import json
 
-from flask import flash, g, redirect, render_template, session, url_for
+from flask import flash, g, redirect, render_template, request, session, url_for
+from peewee import fn
 
 from accounts import securitylog, sessions
 from keys import allowips
@@ -19,6 +20,9 @@ KEY_TYPES = {"development": "Development", "production": "Production"}
 EXPIRIES = {"7d": "7 days", "30d": "30 days", "90d": "90 days", "365d": "365 days", "never": "Never"}
 # When a rolled key's current secret stops working.
 GRACES = {"0": "now", "1h": "in 1 hour", "24h": "in 24 hours", "7d": "in 7 days"}
+# Keys a page of the tab lists, newest first, of the active ones and of the revoked ones each: an
+# organisation that imported keys (orgs/keyimports.py) may hold 100,000.
+KEYS_SHOWN = 100
 
 # A key's IP allow-list in a few words on the Security tab.
 bp.add_app_template_filter(allowips.summary, "allow_ips_summary")
@@ -32,12 +36,19 @@ def settings_security():
 
 
 def render_security_tab(status=200, new_key=None):
-    keys = list(ApiKey.select().where(ApiKey.org == g.org).order_by(ApiKey.id.desc()))
     now = utcnow()
-    inactive = [key for key in keys if key.revoked_at or key.is_expired(now)]
-    active = [key for key in keys if key not in inactive]
-    return render_template("settings_security.html", keys=keys, active_keys=active, inactive_keys=inactive,
-                           totals=account_totals(keys, now), now=now, creators=key_creators(g.org.id),
+    org_keys = ApiKey.select(ApiKey.id).where(ApiKey.org == g.org)
+    active = ApiKey.active_in(g.org.id).order_by(ApiKey.id.desc())
+    if (before := request.args.get("keys_before", type=int)) is not None:
+        active = active.where(ApiKey.id < before)
+    active = list(active.limit(KEYS_SHOWN + 1))
+    ended = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= now)
+    inactive = ApiKey.select().where((ApiKey.org == g.org) & ended).order_by(ApiKey.id.desc())
+    return render_template("settings_security.html", keys=org_keys.exists(), active_keys=active[:KEYS_SHOWN],
+                           older_keys=active[KEYS_SHOWN - 1].id if len(active) > KEYS_SHOWN else None,
+                           newer_keys=before is not None, inactive_keys=list(inactive.limit(KEYS_SHOWN)),
+                           inactive_count=inactive.count(), active_count=ApiKey.active_in(g.org.id).count(),
+                           totals=account_totals(org_keys, now), now=now, creators=key_creators(g.org.id),
                            new_key=new_key, key_types=KEY_TYPES, scopes=SCOPES, expiries=EXPIRIES,
                            graces=GRACES, events=org_log()), status
 
@@ -64,15 +75,14 @@ def org_log():
     return securitylog.recent_in(g.org.id)
 
 
-def account_totals(keys, now):
-    """The requests of all the account's keys: in the last 24 hours and 30 days, refused in those
-    30 days, and counted over the keys' lives."""
-    key_ids = [key.id for key in keys]
+def account_totals(key_ids, now):
+    """The requests of all the organisation's keys (key_ids: a query of their ids): in the last 24
+    hours and 30 days, refused in those 30 days, and counted over the keys' lives."""
     days = analytics.daily(key_ids, now=now)
     refused = sum(day.requests - day.by_outcome()["success"] for day in days)
+    lifetime = ApiKey.select(fn.COALESCE(fn.SUM(ApiKey.total_requests), 0)).where(ApiKey.id.in_(key_ids)).scalar()
     return {"day": sum(hour.requests for hour in analytics.hourly(key_ids, now=now)),
-            "month": sum(day.requests for day in days), "refused": refused,
-            "lifetime": sum(key.total_requests for key in keys)}
+            "month": sum(day.requests for day in days), "refused": refused, "lifetime": lifetime}
 
 
 @bp.app_template_filter("days_until")

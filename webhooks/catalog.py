@@ -18,6 +18,8 @@ SECONDS = {"type": "string", "format": "date-time",
            "examples": ["2026-11-22T23:20:00Z"]}
 PREFIX = {"type": "string", "pattern": f"^sk_(live|test)_[A-Za-z0-9]{{{DISPLAY_PREFIX_LENGTH - len('sk_live_')}}}$",
           "examples": ["sk_live_3uXP"]}
+# A key's display prefix: this service's form above, or the start an imported key's line gave (docs/importing-keys.md).
+START = {"type": "string", "maxLength": 16, "pattern": "^[!-~]*$", "examples": ["sk_live_3uXP", "acme_live_"]}
 ORG = {"org": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$", "maxLength": MAX_SLUG_LENGTH,
                "description": "The slug of the organisation whose key or endpoint the event is about.",
                "examples": ["acme"]}}
@@ -26,7 +28,8 @@ KEY = {
                "examples": [42]},
     "key_name": {"type": "string", "maxLength": MAX_KEY_NAME_LENGTH, "description": "The key's name.",
                  "examples": ["CI"]},
-    "key_prefix": {**PREFIX, "description": "The key's display prefix, the start of its secret; never the secret."},
+    "key_prefix": {**START, "description": "The key's display prefix, the start of its secret (sk_live_ and 4 "
+                                          "characters; an imported key's as its import gave it); never the secret."},
 }
 ACTOR = {"actor": {"type": ["string", "null"], "examples": ["alice"],
                    "description": "The username of who made the change in the web application; null for the "
@@ -46,15 +49,19 @@ def key_event(summary, fields, optional=(), actor=True):
 
 
 CATALOG = {
-    "key.created": key_event("A key is created (web, command line).", {
+    "key.created": key_event("A key is created (web, command line) or imported (keys import, the Organisation tab).", {
         "key_type": {"type": "string", "enum": list(KEY_PREFIXES), "description": "Its type."},
         "scopes": {"type": "array", "items": {"type": "string", "enum": list(SCOPES)}, "minItems": 1,
                    "uniqueItems": True, "description": "What the key may call.", "examples": [["test:read"]]},
         "expires_at": {**SECONDS, "type": ["string", "null"], "description": "When it expires; null: never."},
-    }),
+        "imported": {"type": "boolean", "examples": [False],
+                     "description": "True for a key another system issued, imported by its hash."},
+        "external_id": {"type": ["string", "null"], "maxLength": 255, "examples": ["cus_4Fq2"],
+                        "description": "An imported key's id in the system that issued it, where its import gave one."},
+    }, optional=("external_id",)),
     "key.rolled": key_event("A key gets a new secret.", {
         "key_prefix": {**PREFIX, "description": "The new secret's display prefix."},
-        "previous_key_prefix": {**PREFIX, "description": "The previous secret's display prefix.",
+        "previous_key_prefix": {**START, "description": "The previous secret's display prefix.",
                                 "examples": ["sk_live_9fQa"]},
         "previous_valid_until": {**SECONDS, "type": ["string", "null"],
                                  "description": "The end of the previous secret's grace period; "

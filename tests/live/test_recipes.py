@@ -1,14 +1,19 @@
 """The docs' recipes for trying the service on one machine, run as written, block by block, in a
 shell: docs/webhooks.md's "Trying it on your own machine" (tools/webhookreceiver.py, `python app.py`,
-an endpoint, key events, a failing receiver's retries, Recover) and docs/leaked-keys.md's
-(tools/githubreport.py's signed report revoking a key). Only the ports, the database's folder and the
-report tool's key file are the test's own."""
+an endpoint, key events, a failing receiver's retries, Recover), docs/leaked-keys.md's
+(tools/githubreport.py's signed report revoking a key) and docs/importing-keys.md's (keys moved
+from Unkey, from an app's bcrypt digests and from SHA-256 hex digests in PostgreSQL). Only the
+ports, the database's folder, the report tool's key file and the source tables are the test's own."""
 
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 
+import bcrypt
+import psycopg
+import services
 from liveserver import ROOT, Server, free_port, service_env, wait_for
 
 SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.M | re.S)
@@ -113,6 +118,52 @@ def test_the_github_recipe_revokes_a_key_with_a_report_signed_by_the_tools_own_k
         service.stop()
     assert "Traceback" not in output
     assert "GitHub reported 2 tokens: 1 of this service's secrets, 1 revoked now." in output
+
+
+def test_the_import_recipes_move_keys_from_unkey_from_bcrypt_digests_and_from_hex_digests(tmp_path):
+    if shutil.which("psql") is None:
+        services.unavailable("psql (PostgreSQL's client) is not installed")
+    port = free_port()
+    env = service_env(tmp_path, PORT=str(port), SOURCE_DATABASE_URL=services.postgres_url())
+    del env["DATABASE_URL"]  # the recipe's own
+    folders = {"$PWD/instance/": f"{tmp_path}/", ":5000/": f":{port}/", "> keys.jsonl": f"> {tmp_path}/keys.jsonl",
+               "import keys.jsonl": f"import {tmp_path}/keys.jsonl"}
+    [start_service] = recipe("importing-keys.md", "Trying it on your own machine",
+                             **{"$PWD/instance/": f"{tmp_path}/", "rm -f instance/": f"rm -f {tmp_path}/"})
+    unkey_export, unkey_import = recipe("importing-keys.md", "From Unkey", **folders, **{
+        "unkey-keys.jsonl": f"{tmp_path}/unkey-keys.jsonl"})
+    [from_bcrypt] = recipe("importing-keys.md", "From a Rails or Django app that kept bcrypt digests", **folders)
+    [from_hex] = recipe("importing-keys.md", "From a table of SHA-256 hex digests", **folders)
+    service = Server(["sh", "-e", "-c", start_service], env, port, tmp_path / "service.log")
+    try:
+        said = run(f"{unkey_export}\n{unkey_import}", env).splitlines()
+        assert said[:4] == ["line 1: ok", "1 of 1 line would be imported, 0 refused.", "line 1: 1",
+                            "1 of 1 line imported, 0 refused."]
+        assert json.loads(said[4])["api_key_name"] == "Customer 1"
+
+        rails_secret, hex_secret = "rails_tok_" + "Qm3x" * 8, "tok_" + "Zp9w" * 8
+        with psycopg.connect(env["SOURCE_DATABASE_URL"], autocommit=True) as source:
+            source.execute("CREATE TABLE api_tokens (id serial, name text, token_prefix text, token_digest text)")
+            source.execute("INSERT INTO api_tokens (name, token_prefix, token_digest) VALUES (%s, %s, %s)",
+                           ("Rails customer", rails_secret[:14],
+                            bcrypt.hashpw(rails_secret.encode(), bcrypt.gensalt(4)).decode()))
+        said = run(from_bcrypt, {**env, "SECRET": rails_secret}).splitlines()
+        assert said[:2] == ["line 1: 2", "1 of 1 line imported, 0 refused."]
+        assert json.loads(said[2])["api_key_name"] == "Rails customer"
+
+        with psycopg.connect(env["SOURCE_DATABASE_URL"], autocommit=True) as source:
+            source.execute("DROP TABLE api_tokens")
+            source.execute("CREATE TABLE api_tokens (id serial, name text, token_sha256 text)")
+            source.execute("INSERT INTO api_tokens (name, token_sha256) VALUES (%s, %s)",
+                           ("Hex customer", hashlib.sha256(hex_secret.encode()).hexdigest()))
+        said = run(from_hex, {**env, "SECRET": hex_secret}).splitlines()
+        assert said[:2] == ["line 1: 3", "1 of 1 line imported, 0 refused."]
+        assert json.loads(said[2])["api_key_name"] == "Hex customer"
+    finally:
+        output = service.output()
+        service.stop()
+    assert "Traceback" not in output
+    assert rails_secret not in output and hex_secret not in output
 
 
 def tools_identifier(key_file):

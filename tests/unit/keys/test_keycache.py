@@ -255,6 +255,8 @@ class FixedGeneration:
     def current(self):
         return "g1"
 
+    latest = current
+
 
 @pytest.fixture
 def slow_reads(monkeypatch):
@@ -277,7 +279,7 @@ def slow_reads(monkeypatch):
 
 def test_requests_missing_the_same_key_at_once_share_one_read(slow_reads):
     read, _ = slow_reads
-    cache = keycache.KeyCache(FixedGeneration())
+    cache = keycache.KeyCache(FixedGeneration(), first_use=None)
     finds = [gevent.spawn(cache.find, "h") for _ in range(50)]
     gevent.joinall(finds, raise_error=True)
     assert read == ["h"]
@@ -289,7 +291,7 @@ def test_requests_missing_the_same_key_at_once_share_one_read(slow_reads):
 def test_a_failed_shared_read_is_tried_again_by_each_waiter(slow_reads):
     read, failing = slow_reads
     failing.append(models.OperationalError("the database went away"))
-    cache = keycache.KeyCache(FixedGeneration())
+    cache = keycache.KeyCache(FixedGeneration(), first_use=None)
     finds = [gevent.spawn(cache.find, "h") for _ in range(5)]
     gevent.joinall(finds)
     assert isinstance(finds[0].exception, models.OperationalError)

@@ -17,6 +17,7 @@ EXPECTED = [
     (roles.KEY_CHANGE, {"own_key": True}, {"owner", "admin", "developer"}),
     (roles.KEY_CHANGE, {"own_key": False}, {"owner", "admin"}),
     (roles.KEY_WIDEN, {}, {"owner", "admin"}),
+    (roles.KEY_IMPORT, {}, {"owner", "admin"}),
     (roles.WEBHOOK_MANAGE, {}, {"owner", "admin"}),
     (roles.ORG_MANAGE, {}, {"owner"}),
     (roles.MEMBER_INVITE, {"target_role": None, "new_role": "developer"}, {"owner", "admin"}),
@@ -60,6 +61,7 @@ DOCUMENTED = {
     "Roll, revoke or change another member's key": (roles.KEY_CHANGE, {"own_key": False}),
     "Widen a key it may change: a scope or an address it lacks, a later expiry, a tier not tighter in each window, "
     "its own windows, more credits or a larger refill": (roles.KEY_WIDEN, {}),
+    "Import keys another system issued, by their hash ([Importing keys](importing-keys.md))": (roles.KEY_IMPORT, {}),
     "Add, remove or test a webhook endpoint; resend or recover its messages, rotate its secret": (
         roles.WEBHOOK_MANAGE, {}),
     "Invite, send again or revoke an invitation as admin, developer or viewer": (

@@ -344,7 +344,7 @@ def test_a_sqlite_database_keeps_a_key_generation_that_only_key_changes_move(tmp
     usage flush's total and last use do not."""
     path = tmp_path / "new.db" if start == "new" else load_version9(tmp_path)
     make_app({"DATABASE_URL": f"sqlite:///{path}"})
-    assert key_generation_of(path) == ([(1,)], {"api_key_changed", "api_key_deleted"})
+    assert key_generation_of(path) == ([(1,)], {"api_key_changed", "api_key_deleted", "imported_key_added"})
     if start == "new":
         with contextlib.closing(sqlite3.connect(path)) as connection, connection:
             connection.execute("INSERT INTO users (username, email, password_hash, created_at) "

@@ -4,6 +4,7 @@ and the test cannot drift apart); another organisation's ids are 404s; a
 removed member's open session loses the organisation at once; bad input is a 400 with a sentence;
 every form that revokes, removes or leaves asks first. The last owner's: test_owners.py."""
 
+import io
 import re
 import shutil
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from html.parser import HTMLParser
 import pytest
 import services
 from appconfig import APP_SETTINGS, build_schema
+from importfiles import jsonl, made_secret, sha256_hex
 from services import rows
 from teams import (
     ACTORS,
@@ -28,6 +30,7 @@ from teams import (
     snapshot,
 )
 
+from keys.models import ImportedKey
 from models import ROLES, ApiKey, Membership, Organisation, db, utcnow
 from orgs import roles
 from orgs.models import Invitation
@@ -83,6 +86,10 @@ CASES = [
     Case("rename the organisation", [(roles.ORG_MANAGE, {})],
          lambda team, actor: ("/settings/organisation/rename", {"name": "Acme Works", "org_id": str(team.acme.id)}),
          lambda team, actor: Organisation.get_by_id(team.acme.id).slug == "acme-works"),
+    Case("import a key", [(roles.KEY_IMPORT, {})],
+         lambda team, actor: ("/settings/organisation/import", {"org_id": str(team.acme.id), "file": (
+             io.BytesIO(jsonl(sha256_hex(made_secret(), external_id="cus_1"))), "keys.jsonl")}),
+         lambda team, actor: ImportedKey.select().where(ImportedKey.external_id == "cus_1").exists()),
     Case("add a webhook endpoint", [(roles.WEBHOOK_MANAGE, {})],
          lambda team, actor: ("/settings/webhooks", {"url": "http://127.0.0.1:9/new", "subscribe": "all"}),
          lambda team, actor: WebhookEndpoint.select().where(WebhookEndpoint.url == "http://127.0.0.1:9/new").exists()),

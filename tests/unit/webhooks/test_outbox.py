@@ -29,7 +29,7 @@ def test_key_events_reach_the_receiver_with_their_data(app, client, user, hook, 
     names = {"key_id": key.id, "key_name": "Laptop", "org": "alice", "actor": None}
     created = by_type["key.created"].verified["data"]
     assert created == {**names, "key_prefix": secret[:12], "key_type": "production", "scopes": ["test:read"],
-                       "expires_at": created["expires_at"]}
+                       "expires_at": created["expires_at"], "imported": False}
     assert created["expires_at"].endswith("Z")
     rolled = by_type["key.rolled"].verified["data"]
     assert rolled == {**names, "key_prefix": new_secret[:12], "previous_key_prefix": secret[:12],
