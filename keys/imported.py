@@ -27,6 +27,7 @@ SECRET_FORM = re.compile(r"[!-~]{16,256}")
 FAILED_CHECKS_PER_PREFIX = RateLimitItemPerMinute(10)
 # Slow checks a worker runs at once (each takes up to ~250 ms of a core and, for argon2id, its memory).
 SLOW_CHECKS_AT_ONCE = 2
+BCRYPT_READS = 72
 
 
 class DeclaredForms:
@@ -122,7 +123,8 @@ def matches(scheme, slow_hash, secret):
     if scheme == "bcrypt":
         import bcrypt
 
-        return bcrypt.checkpw(secret.encode(), slow_hash.encode())
+        # bcrypt reads 72 bytes of a secret: the other system's library cut longer ones there too.
+        return bcrypt.checkpw(secret.encode()[:BCRYPT_READS], slow_hash.encode())
     from argon2 import PasswordHasher
     from argon2.exceptions import InvalidHashError, VerificationError
 

@@ -81,6 +81,14 @@ def test_an_imported_key_of_each_scheme_opens_the_api_from_the_next_request(clie
     assert (row.rehashed_at is not None) == slow
 
 
+def test_a_bcrypt_secret_longer_than_bcrypt_reads_is_checked_as_its_first_72_bytes(client, import_key):
+    secret = made_secret("rails_tok_") + "x" * 100
+    _, key = import_key("bcrypt", secret=secret)
+    assert get(client, secret[:60] + "?" + secret[61:]).status_code == 401
+    assert get(client, secret).status_code == 200
+    assert ApiKey.get_by_id(key.id).key_hash == hashlib.sha256(secret.encode()).hexdigest()
+
+
 def test_a_slow_key_is_rehashed_once_when_two_checks_pass(import_key):
     secret, key = import_key("bcrypt")
     imported.rehash(key.id, key.key_hash, hashlib.sha256(secret.encode()).hexdigest())
