@@ -45,8 +45,16 @@ def authenticate(secret, source="the X-API-Key header"):
     """Return the active ApiKey for a secret, read from the database, or raise ApiKeyError. A key
     awaiting its first use (an imported slow hash) is not checked here."""
     secret = given_secret(secret, source)
-    admitted = current_app.extensions["keys"].forms.admit(secret)
+    admitted = key_cache().forms.admit(secret)
     return found_key(find_active_key(hash_key(secret)) if admitted else None)
+
+
+def key_cache():
+    """The app's key cache: through the request's note where there is one, since a view of the fast
+    lane has no Flask context (ops/note.py); else the app of the context (a command, a test)."""
+    environ = request_note.current_environ.get(None)
+    note = request_note.of(environ) if environ is not None else None
+    return (note.app if note is not None else current_app).extensions["keys"]
 
 
 def given_secret(secret, source):

@@ -124,7 +124,10 @@ def matches(scheme, slow_hash, secret):
         import bcrypt
 
         # bcrypt reads 72 bytes of a secret: the other system's library cut longer ones there too.
-        return bcrypt.checkpw(secret.encode()[:BCRYPT_READS], slow_hash.encode())
+        try:
+            return bcrypt.checkpw(secret.encode()[:BCRYPT_READS], slow_hash.encode())
+        except ValueError:
+            return False  # a hash bcrypt cannot read opens nothing
     from argon2 import PasswordHasher
     from argon2.exceptions import InvalidHashError, VerificationError
 

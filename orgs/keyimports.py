@@ -34,7 +34,8 @@ MAX_START_LENGTH = 16
 MAX_EXTERNAL_ID_LENGTH = 255
 # The slow hashes' work is bounded, so that an imported hash cannot make one check cost seconds or GiBs.
 MAX_BCRYPT_COST = 12
-BCRYPT_HASH = re.compile(r"\$2[abxy]\$(?P<cost>[0-9]{2})\$[./A-Za-z0-9]{53}")
+# The salt's 22nd character carries 2 bits only (one of .Oeu): bcrypt refuses any other as an invalid salt.
+BCRYPT_HASH = re.compile(r"\$2[abxy]\$(?P<cost>[0-9]{2})\$[./A-Za-z0-9]{21}[.Oeu][./A-Za-z0-9]{31}")
 MAX_ARGON2 = {"m": 65536, "t": 10, "p": 8}
 ARGON2ID_HASH = re.compile(r"\$argon2id\$v=19\$m=(?P<m>[0-9]{1,7}),t=(?P<t>[0-9]{1,3}),p=(?P<p>[0-9]{1,2})"
                            r"\$[A-Za-z0-9+/]{11,88}\$[A-Za-z0-9+/]{16,88}")
@@ -144,8 +145,12 @@ def write_line(org_id, number, fields, dry_run, in_savepoint):
 
 
 def hashes_here(key_hashes):
-    """The SHA-256 hashes among key_hashes that a key already has."""
-    return {key_hash for (key_hash,) in ApiKey.select(ApiKey.key_hash).where(ApiKey.key_hash.in_(key_hashes)).tuples()}
+    """The SHA-256 hashes among key_hashes that a key already has, as its secret or as the one it
+    was rolled from (still opening it in its grace period: taken, it would open the importer's key)."""
+    rows = ApiKey.select(ApiKey.key_hash, ApiKey.previous_key_hash).where(
+        ApiKey.key_hash.in_(key_hashes) | ApiKey.previous_key_hash.in_(key_hashes)).tuples()
+    wanted = set(key_hashes)
+    return {key_hash for row in rows for key_hash in row if key_hash in wanted}
 
 
 def parsed(text):
@@ -171,7 +176,7 @@ def parsed(text):
                "allow_ips": allowips.parse(",".join(listed(fields, "allow_ips"))),
                "expires_at": moment(fields, "expires_at"), "created_at": moment(fields, "created_at"),
                "external_id": printable(fields, "external_id", MAX_EXTERNAL_ID_LENGTH),
-               "start": printable(fields, "start", MAX_START_LENGTH)}
+               "start": ascii_start(fields)}
     if checked["key_type"] not in KEY_PREFIXES:
         raise ValueError(f"type is {' or '.join(KEY_PREFIXES)}")
     if checked["expires_at"] is not None and checked["expires_at"] <= utcnow():
@@ -205,6 +210,16 @@ def printable(fields, name, length):
     return value or None
 
 
+def ascii_start(fields):
+    """The start shown for the key: printable ASCII without spaces, as webhooks' key_prefix promises."""
+    start = optional_text(fields, "start", MAX_START_LENGTH)
+    if start and re.fullmatch(r"[!-~]+", start) is None:
+        raise ValueError("start is printable ASCII without spaces")
+    if start and start.startswith(tuple(KEY_PREFIXES.values())):
+        raise ValueError("start may not pass for this service's own secrets (sk_live_, sk_test_)")
+    return start or None
+
+
 def listed(fields, name):
     """A field given as a list of strings or as one comma-separated string."""
     value = fields.get(name)
@@ -223,10 +238,10 @@ def moment(fields, name):
         return None
     try:
         parsed_moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        if parsed_moment.tzinfo is not None:
+            parsed_moment = parsed_moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    except (ValueError, OverflowError):
         raise ValueError(f"{name} is an ISO 8601 time, such as 2027-01-31T00:00:00Z") from None
-    if parsed_moment.tzinfo is not None:
-        parsed_moment = parsed_moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     return parsed_moment
 
 

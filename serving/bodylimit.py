@@ -43,7 +43,9 @@ def refuse_large_bodies():
     if limit is None:
         limit = current_app.config["MAX_BODY_BYTES"]
     else:
-        request.max_content_length = limit
+        # Werkzeug's multipart parser also holds up to max_form_memory_size of a part between reads:
+        # the default, MAX_BODY_BYTES, would refuse a file of many lines well under its path's limit.
+        request.max_content_length = request.max_form_memory_size = limit
     if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
         if request_note.request_method(environ) != "POST":
             return

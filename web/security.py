@@ -12,7 +12,7 @@ from keys import allowips
 from metering import analytics
 from models import SCOPES, ApiKey, utcnow
 from orgs import members as org_members
-from web.hooks import login_required, page_blueprint
+from web.hooks import MAX_ID, login_required, page_blueprint
 
 bp = page_blueprint("security", __name__)
 
@@ -39,8 +39,11 @@ def render_security_tab(status=200, new_key=None):
     now = utcnow()
     org_keys = ApiKey.select(ApiKey.id).where(ApiKey.org == g.org)
     active = ApiKey.active_in(g.org.id).order_by(ApiKey.id.desc())
-    if (before := request.args.get("keys_before", type=int)) is not None:
+    before = request.args.get("keys_before", type=int)
+    if before is not None and 0 < before <= MAX_ID:
         active = active.where(ApiKey.id < before)
+    else:
+        before = None
     active = list(active.limit(KEYS_SHOWN + 1))
     ended = ApiKey.revoked_at.is_null(False) | (ApiKey.expires_at <= now)
     inactive = ApiKey.select().where((ApiKey.org == g.org) & ended).order_by(ApiKey.id.desc())

@@ -6,6 +6,7 @@ import hashlib
 import time
 
 import pytest
+from appconfig import APP_SETTINGS
 from importfiles import argon2id_line, bcrypt_line, jsonl, made_secret, sha256_base64, sha256_hex
 
 from accounts import users
@@ -161,3 +162,21 @@ def test_the_revoke_endpoint_makes_no_slow_check(client, import_key, checks):
     secret, key = import_key("bcrypt")
     assert client.post("/api/v1/keys/revoke", headers={"X-API-Key": secret}).status_code == 401
     assert checks == [] and ApiKey.get_by_id(key.id).revoked_at is None
+
+
+def test_a_bcrypt_hash_that_bcrypt_cannot_read_opens_nothing_and_is_no_500(client, import_key, monkeypatch):
+    secret, key = import_key("bcrypt")
+    ImportedKey.update(slow_hash="$2b$04$" + "z" * 53).where(ImportedKey.key == key.id).execute()
+    assert get(client, secret).status_code == 401
+
+
+def test_the_fast_lane_s_status_endpoint_tells_an_imported_key_outside_any_app_context(make_app, tmp_path):
+    app = make_app({**APP_SETTINGS, "DATABASE_URL": f"sqlite:///{tmp_path}/status.db"})
+    secret = made_secret()
+    with app.app_context():
+        user = users.create_user("sam", "sam@example.com", "correct horse battery")
+        keyimports.import_keys(users.personal_organisation_id(user), jsonl(sha256_hex(secret)))
+    client = app.test_client()
+    for sent, authenticated in [(secret, True), (made_secret(), False), ("x" * 30, False)]:
+        response = client.get("/api/v1/status", headers={"X-API-Key": sent})
+        assert (response.status_code, response.json["authenticated"]) == (200, authenticated)

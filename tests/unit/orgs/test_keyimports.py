@@ -15,8 +15,8 @@ from webhooks import endpoints
 from webhooks.models import WebhookMessage
 
 GOOD_HEX = "a" * 64
-BCRYPT_COST_13 = "$2b$13$" + "a" * 53
-BCRYPT = "$2b$10$" + "a" * 53
+BCRYPT_COST_13 = "$2b$13$" + "a" * 21 + "." + "a" * 31
+BCRYPT = "$2b$10$" + "a" * 21 + "." + "a" * 31
 ARGON2_HUGE = "$argon2id$v=19$m=4194304,t=3,p=4$c29tZXNhbHRzb21lc2FsdA$" + "a" * 43
 
 HOSTILE = [
@@ -50,7 +50,17 @@ HOSTILE = [
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "bad\u0000name"}, "control characters"),
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "n" * 101}, "1 to 100 characters"),
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "x", "start": "ab\ncd"},
-     "control characters"),
+     "printable ASCII without spaces"),
+    ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "x", "start": "ключ ключ"},
+     "printable ASCII without spaces"),
+    ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "x", "start": "sk_live_AbCd"},
+     "pass for this service's own secrets"),
+    ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "x",
+      "expires_at": "9999-12-31T23:59:59-01:00"}, "ISO 8601"),
+    ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "x",
+      "created_at": "0001-01-01T00:00:00+01:00"}, "ISO 8601"),
+    ({"hash": "$2b$04$" + "z" * 53, "hash_scheme": "bcrypt", "lookup_prefix": "rails_tok_abc", "name": "x"},
+     "a bcrypt hash"),
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "x", "external_id": "e" * 256},
      "at most 255"),
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "", "name": "x", "expires_at": "2001-01-01T00:00:00Z"},
@@ -228,3 +238,17 @@ def test_a_hash_another_import_took_meanwhile_refuses_its_line_and_the_batch_is_
     outcomes = keyimports.import_keys(org_id, jsonl(sha256_hex(free), sha256_hex(taken)))
     assert [outcome.refused for outcome in outcomes] == [None, keyimports.ALREADY_HERE]
     assert len(imported_rows()) == 2
+
+
+def test_the_hash_of_a_secret_rolled_out_in_its_grace_is_refused_so_no_one_takes_its_holders(app, user, org_id):
+    key, old_secret = keyactions.issue_key(user, "rolled", "production")
+    keyactions.roll_key(key, grace=7 * 86400)
+    mallory = users.create_user("mallory", "mallory@example.com", "correct horse battery")
+    [outcome] = keyimports.import_keys(users.personal_organisation_id(mallory),
+                                       jsonl(sha256_hex(old_secret, prefix="sk_")))
+    assert outcome.refused is not None
+    [outcome] = keyimports.import_keys(users.personal_organisation_id(mallory),
+                                       jsonl(sha256_hex(old_secret, prefix="mal_")))
+    assert outcome.refused == keyimports.ALREADY_HERE
+    response = app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": old_secret})
+    assert response.json["api_key_name"] == "rolled"

@@ -100,3 +100,17 @@ def test_the_security_tab_lists_a_page_of_keys_with_the_totals_of_all(logged_in,
     older = re.search(r'href="(/settings/security\?keys_before=\d+)#keys-heading">Older keys', page)[1]
     rest = logged_in.get(older).text
     assert rest.count('<tr id="key-') == 5 and "customer 0<" in rest and "Newest keys" in rest
+
+
+def test_a_page_of_keys_past_any_id_is_the_first_page(logged_in):
+    for before in ("99999999999999999999", "-99999999999999999999", "9223372036854775808", "0"):
+        assert logged_in.get(f"/settings/security?keys_before={before}").status_code == 200
+
+
+def test_a_file_of_many_lines_past_max_body_bytes_is_taken_whole(logged_in):
+    lines = [sha256_hex(made_secret(), name=f"customer {n}") for n in range(1500)]
+    data = jsonl(*lines)
+    assert len(data) > 3 * logged_in.application.config["MAX_BODY_BYTES"]
+    response = form(logged_in, data)
+    assert response.status_code == 302, response.text
+    assert ImportedKey.select().count() == 1500
