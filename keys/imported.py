@@ -16,6 +16,8 @@ from werkzeug.exceptions import TooManyRequests
 from keys.keyformat import hash_key, well_formed
 from keys.models import AWAITING_FIRST_USE, ImportedKey
 from models import ApiKey, db, utcnow
+from ops import note as request_note
+from ops.clientaddress import client_identity
 from store.connections import greenlets_share_thread
 
 log = logging.getLogger(__name__)
@@ -23,21 +25,32 @@ log = logging.getLogger(__name__)
 # Any 16 to 256 printable ASCII characters without spaces: the secrets another system may have issued.
 SECRET_FORM = re.compile(r"[!-~]{16,256}")
 # Failed slow checks on one lookup prefix, across workers and instances: past them, its secrets
-# are refused as unknown ones are, without a check, until the minute ends.
+# are refused as unknown ones are, without a check, until the minute ends. The same on all of an
+# organisation's lookup prefixes (which its owners choose, as many as they import) and from one
+# client address.
 FAILED_CHECKS_PER_PREFIX = RateLimitItemPerMinute(10)
-# Slow checks a worker runs at once (each takes up to ~250 ms of a core and, for argon2id, its memory).
+FAILED_CHECKS_PER_ORGANISATION = RateLimitItemPerMinute(100)
+FAILED_CHECKS_PER_CLIENT = RateLimitItemPerMinute(30)
+# Slow checks a worker runs at once (each takes up to ~250 ms of a core and, for argon2id, up to
+# 64 MiB), and how long a secret waits for a turn before it is refused as an unknown one.
 SLOW_CHECKS_AT_ONCE = 2
+SLOW_CHECK_WAIT = 5.0
 BCRYPT_READS = 72
 
 
 class DeclaredForms:
     """The starts that imported keys declared (their prefix, or lookup prefix), by length, and the
-    lookup prefixes of keys still awaiting their first use; read again whenever `version()` (the key
-    generation, or the second on a clock) no longer is the one they were read under."""
+    lookup prefixes of keys awaiting their first use. Keys imported since the last read are read
+    (by id, past the highest read: an index range that is empty but after an import) whenever
+    `version()` (the key generation, or the second on a clock) moved, by one request at a time
+    while the others go on with the starts as they are. A start stays while the worker runs, its
+    key revoked or not: it only lets secrets through to a read by hash."""
 
     def __init__(self, version):
         self.version = version
         self.read_under = object()
+        self.read_past = 0
+        self.reading = False
         self.any_start = False
         self.starts = {}
         self.awaiting = {}
@@ -56,66 +69,102 @@ class DeclaredForms:
         """The lookup prefixes of keys awaiting their first use that the secret starts with."""
         return [secret[:length] for length, prefixes in self.awaiting.items() if secret[:length] in prefixes]
 
+    def forget_awaiting(self, lookup_prefix):
+        """A lookup prefix whose key no longer awaits its first use (rehashed, rolled, revoked)."""
+        self.awaiting.get(len(lookup_prefix), set()).discard(lookup_prefix)
+
     def refresh(self):
+        if self.reading:
+            return
         version = self.version()
         if version == self.read_under:
             return
-        any_start, starts, awaiting = False, {}, {}
-        rows = (ImportedKey.select(ImportedKey.prefix, ImportedKey.lookup_prefix, ImportedKey.slow_hash.is_null(False))
-                .join(ApiKey).where(ApiKey.revoked_at.is_null()).distinct().tuples())
-        for prefix, lookup_prefix, slow in rows:
-            start = prefix if lookup_prefix is None else lookup_prefix
-            if start == "":
-                any_start = True
-                continue
-            starts.setdefault(len(start), set()).add(start)
-            if slow:
-                awaiting.setdefault(len(start), set()).add(start)
-        self.any_start, self.starts, self.awaiting = any_start, starts, awaiting
-        self.read_under = version
+        self.reading = True
+        try:
+            rows = (ImportedKey.select(ImportedKey.key, ImportedKey.prefix, ImportedKey.lookup_prefix,
+                                       ImportedKey.slow_hash.is_null(False))
+                    .where(ImportedKey.key > self.read_past).order_by(ImportedKey.key).tuples())
+            for key_id, prefix, lookup_prefix, slow in rows:
+                self.read_past = key_id
+                start = prefix if lookup_prefix is None else lookup_prefix
+                if start == "":
+                    self.any_start = True
+                    continue
+                self.starts.setdefault(len(start), set()).add(start)
+                if slow:
+                    self.awaiting.setdefault(len(start), set()).add(start)
+            self.read_under = version
+        finally:
+            self.reading = False
 
 
 class FirstUse:
     """The one slow check of a key imported with a bcrypt or argon2id hash: found by its lookup
     prefix, checked against its hash, and on success rehashed to the SHA-256 of its secret in one
-    transaction (two workers racing rehash it once). Checks are counted per lookup prefix in the
-    rate-limit storage before they are made, and run in the worker's thread pool."""
+    transaction (two workers racing rehash it once). Checks are counted before they are made, in
+    the rate-limit storage (shared by workers and instances with Redis), per lookup prefix, per
+    organisation and per client address, given back on success; they run in the worker's thread
+    pool, SLOW_CHECKS_AT_ONCE at a time, and a secret that waits SLOW_CHECK_WAIT for a turn is refused."""
 
     def __init__(self, limiter):
         self.limiter = limiter
         self.running = threading.BoundedSemaphore(SLOW_CHECKS_AT_ONCE)
 
-    def opens(self, secret, lookup_prefixes):
+    def opens(self, secret, forms):
         """True when the key may now be found by the SHA-256 of the secret: this check rehashed it,
         or another worker did since this one looked the hash up; False otherwise."""
-        for lookup_prefix in lookup_prefixes:
-            identity = f"key-check:{lookup_prefix}"
-            try:
-                self.limiter.hit(FAILED_CHECKS_PER_PREFIX, identity, "key-check")
-            except TooManyRequests:
+        for lookup_prefix in forms.awaiting_first_use(secret):
+            if not self.counted(FAILED_CHECKS_PER_PREFIX, f"key-check:{lookup_prefix}"):
                 continue
             awaiting = ((ImportedKey.lookup_prefix == lookup_prefix) & ImportedKey.slow_hash.is_null(False)
                         & ApiKey.key_hash.startswith(AWAITING_FIRST_USE) & ApiKey.revoked_at.is_null())
-            row = (ImportedKey.select(ImportedKey.key, ImportedKey.hash_scheme, ImportedKey.slow_hash, ApiKey.key_hash)
-                   .join(ApiKey).where(awaiting).tuples().first())
+            row = (ImportedKey.select(ImportedKey.key, ImportedKey.hash_scheme, ImportedKey.slow_hash, ApiKey.key_hash,
+                                      ApiKey.org).join(ApiKey).where(awaiting).tuples().first())
             if row is None:
-                # Rehashed (or revoked) meanwhile: the caller's second read by hash tells which.
-                self.limiter.give_back(FAILED_CHECKS_PER_PREFIX, identity)
+                # Rehashed (the caller's second read by hash finds it), rolled or revoked meanwhile:
+                # this worker stops checking the prefix; the attempt stays counted.
+                forms.forget_awaiting(lookup_prefix)
                 return True
-            key_id, scheme, slow_hash, placeholder = row
-            if self.check(scheme, slow_hash, secret):
-                self.limiter.give_back(FAILED_CHECKS_PER_PREFIX, identity)
-                rehash(key_id, placeholder, hash_key(secret))
-                return True
+            key_id, scheme, slow_hash, placeholder, org_id = row
+            windows = [(FAILED_CHECKS_PER_PREFIX, f"key-check:{lookup_prefix}")]
+            for item, identity in [(FAILED_CHECKS_PER_ORGANISATION, f"key-check-org:{org_id}"),
+                                   (FAILED_CHECKS_PER_CLIENT, f"key-check-ip:{client()}")]:
+                if not self.counted(item, identity):
+                    break
+                windows.append((item, identity))
+            else:
+                if self.check(scheme, slow_hash, secret):
+                    for item, identity in windows:
+                        self.limiter.give_back(item, identity)
+                    rehash(key_id, placeholder, hash_key(secret))
+                    return True
         return False
 
+    def counted(self, item, identity):
+        """Count an attempt in the window; False when the window's allowance is spent."""
+        try:
+            self.limiter.hit(item, identity, "key-check")
+        except TooManyRequests:
+            return False
+        return True
+
     def check(self, scheme, slow_hash, secret):
-        with self.running:
+        if not self.running.acquire(timeout=SLOW_CHECK_WAIT):
+            return False
+        try:
             if greenlets_share_thread():
                 import gevent
 
                 return gevent.get_hub().threadpool.apply(matches, (scheme, slow_hash, secret))
             return matches(scheme, slow_hash, secret)
+        finally:
+            self.running.release()
+
+
+def client():
+    """The client address of the request under way, as the per-IP limits name it."""
+    environ = request_note.current_environ.get(None) or {}
+    return client_identity(environ.get("REMOTE_ADDR") or "")
 
 
 def matches(scheme, slow_hash, secret):

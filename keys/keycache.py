@@ -142,7 +142,7 @@ class KeyCache:
         if not self.forms.admit(secret):
             return None, None
         found = self.read(key_hash, generation, now)
-        if found[0] is None and self.first_use.opens(secret, self.forms.awaiting_first_use(secret)):
+        if found[0] is None and self.first_use.opens(secret, self.forms):
             return self.read(key_hash, self.generation.current(), time.time())
         return found
 
@@ -201,7 +201,7 @@ class Uncached:
         if secret is not None and not self.forms.admit(secret):
             return None, None
         key = find_active_key(key_hash)
-        if key is None and secret is not None and self.first_use.opens(secret, self.forms.awaiting_first_use(secret)):
+        if key is None and secret is not None and self.first_use.opens(secret, self.forms):
             key = find_active_key(key_hash)
         return key, None
 

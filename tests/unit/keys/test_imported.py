@@ -8,6 +8,7 @@ import time
 import pytest
 from appconfig import APP_SETTINGS
 from importfiles import argon2id_line, bcrypt_line, jsonl, made_secret, sha256_base64, sha256_hex
+from limits import RateLimitItemPerMinute
 
 from accounts import users
 from keys import imported, keycache
@@ -180,3 +181,31 @@ def test_the_fast_lane_s_status_endpoint_tells_an_imported_key_outside_any_app_c
     for sent, authenticated in [(secret, True), (made_secret(), False), ("x" * 30, False)]:
         response = client.get("/api/v1/status", headers={"X-API-Key": sent})
         assert (response.status_code, response.json["authenticated"]) == (200, authenticated)
+
+
+def test_failed_checks_are_also_bounded_per_organisation_and_per_client(client, import_key, checks, monkeypatch):
+    monkeypatch.setattr(imported, "FAILED_CHECKS_PER_ORGANISATION", RateLimitItemPerMinute(3))
+    monkeypatch.setattr(imported, "FAILED_CHECKS_PER_CLIENT", RateLimitItemPerMinute(5))
+    secrets = [import_key("bcrypt")[0] for _ in range(3)]
+    for secret in secrets:
+        for _ in range(2):
+            assert get(client, secret[:-1] + "!").status_code == 401
+    assert len(checks) == 3
+    monkeypatch.setattr(imported, "FAILED_CHECKS_PER_ORGANISATION", RateLimitItemPerMinute(100))
+    for secret in secrets:
+        assert get(client, secret[:-1] + "?").status_code == 401
+    assert len(checks) == 5
+    assert get(client, secrets[0]).status_code == 401 and len(checks) == 5
+
+
+def test_a_worker_stops_checking_a_prefix_another_worker_rehashed(app, make_app, import_key, checks):
+    other_app = make_app({**app.config})
+    other = other_app.test_client()
+    secret, _ = import_key("bcrypt")
+    assert get(other, secret[:-1] + "!").status_code == 401
+    assert get(app.test_client(), secret).status_code == 200
+    assert get(other, secret[:-1] + "?").status_code == 401
+    assert secret[:14] not in other_app.extensions["keys"].forms.awaiting.get(14, set())
+    assert get(other, secret[:-1] + "#").status_code == 401
+    assert checks == [("bcrypt", False), ("bcrypt", True)]
+    assert get(other, secret).status_code == 200

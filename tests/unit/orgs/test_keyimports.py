@@ -10,7 +10,7 @@ from importfiles import argon2id_line, bcrypt_line, jsonl, made_secret, sha256_b
 from accounts import users
 from keys.models import ImportedKey
 from models import ApiKey, SecurityEvent
-from orgs import keyactions, keyimports
+from orgs import importlines, keyactions, keyimports
 from webhooks import endpoints
 from webhooks.models import WebhookMessage
 
@@ -18,6 +18,7 @@ GOOD_HEX = "a" * 64
 BCRYPT_COST_13 = "$2b$13$" + "a" * 21 + "." + "a" * 31
 BCRYPT = "$2b$10$" + "a" * 21 + "." + "a" * 31
 ARGON2_HUGE = "$argon2id$v=19$m=4194304,t=3,p=4$c29tZXNhbHRzb21lc2FsdA$" + "a" * 43
+ARGON2_SLOW = "$argon2id$v=19$m=65536,t=10,p=4$c29tZXNhbHRzb21lc2FsdA$" + "a" * 43
 
 HOSTILE = [
     ("not json {", "not a JSON object"),
@@ -34,6 +35,8 @@ HOSTILE = [
     ({"hash": "plain", "hash_scheme": "bcrypt", "lookup_prefix": "rails_tok_abc", "name": "x"}, "a bcrypt hash"),
     ({"hash": ARGON2_HUGE, "hash_scheme": "argon2id", "lookup_prefix": "rails_tok_abc", "name": "x"},
      "at most m=65536"),
+    ({"hash": ARGON2_SLOW, "hash_scheme": "argon2id", "lookup_prefix": "rails_tok_abc", "name": "x"},
+     "t=4"),
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "sk_live_", "name": "x"}, "this service's own form"),
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "sk_", "name": "x"}, "this service's own form"),
     ({"hash": GOOD_HEX, "hash_scheme": "sha256-hex", "prefix": "sk_test_abcd", "name": "x"},
@@ -252,3 +255,15 @@ def test_the_hash_of_a_secret_rolled_out_in_its_grace_is_refused_so_no_one_takes
     assert outcome.refused == keyimports.ALREADY_HERE
     response = app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": old_secret})
     assert response.json["api_key_name"] == "rolled"
+
+
+def test_a_lookup_prefix_another_import_committed_since_the_file_was_read_is_seen_under_the_lock(org_id):
+    taken = keyimports.TakenStarts()
+    taken.read_new()
+    first = made_secret("nestnestnest")
+    keyimports.import_keys(org_id, jsonl({**bcrypt_line(first), "lookup_prefix": "nestnestnest"}))
+    second = bcrypt_line("nestnestnest_X" + made_secret(""))
+    outcomes = keyimports.write_batch(org_id, [(1, importlines.parsed(json.dumps(second)))], False,
+                                      keyimports.ImportLog(org_id, None), taken)
+    assert [outcome.refused for outcome in outcomes] == [
+        "lookup_prefix equals, starts or is the start of another key's lookup prefix."]
