@@ -35,6 +35,8 @@ FAILED_CHECKS_PER_CLIENT = RateLimitItemPerMinute(30)
 # 64 MiB), and how long a secret waits for a turn before it is refused as an unknown one.
 SLOW_CHECKS_AT_ONCE = 2
 SLOW_CHECK_WAIT = 5.0
+# How long a request waits for another's read of the declared starts before it goes on without it.
+READ_WAIT = 5.0
 BCRYPT_READS = 72
 
 
@@ -43,14 +45,15 @@ class DeclaredForms:
     lookup prefixes of keys awaiting their first use. Keys imported since the last read are read
     (by id, past the highest read: an index range that is empty but after an import) whenever
     `version()` (the key generation, or the second on a clock) moved, by one request at a time
-    while the others go on with the starts as they are. A start stays while the worker runs, its
-    key revoked or not: it only lets secrets through to a read by hash."""
+    while the others that need it wait for its read. A start stays while the worker runs, its key
+    revoked or not: it only lets secrets through to a read by hash."""
 
     def __init__(self, version):
         self.version = version
         self.read_under = object()
         self.read_past = 0
-        self.reading = False
+        # The read under way (a threading.Event, gevent's in a served worker), or None.
+        self.reading = None
         self.any_start = False
         self.starts = {}
         self.awaiting = {}
@@ -74,12 +77,13 @@ class DeclaredForms:
         self.awaiting.get(len(lookup_prefix), set()).discard(lookup_prefix)
 
     def refresh(self):
-        if self.reading:
+        if (reading := self.reading) is not None:
+            reading.wait(READ_WAIT)
             return
         version = self.version()
         if version == self.read_under:
             return
-        self.reading = True
+        self.reading = reading = threading.Event()
         try:
             rows = (ImportedKey.select(ImportedKey.key, ImportedKey.prefix, ImportedKey.lookup_prefix,
                                        ImportedKey.slow_hash.is_null(False))
@@ -95,7 +99,8 @@ class DeclaredForms:
                     self.awaiting.setdefault(len(start), set()).add(start)
             self.read_under = version
         finally:
-            self.reading = False
+            self.reading = None
+            reading.set()
 
 
 class FirstUse:
@@ -109,10 +114,30 @@ class FirstUse:
     def __init__(self, limiter):
         self.limiter = limiter
         self.running = threading.BoundedSemaphore(SLOW_CHECKS_AT_ONCE)
+        # Under gevent, the checks under way by the secret's hash: requests with the same secret at
+        # once (a client's first burst) wait for one check rather than each count and make one.
+        self.under_way = {} if greenlets_share_thread() else None
 
     def opens(self, secret, forms):
         """True when the key may now be found by the SHA-256 of the secret: this check rehashed it,
         or another worker did since this one looked the hash up; False otherwise."""
+        if self.under_way is None:
+            return self.check_first_use(secret, forms)
+        secret_hash = hash_key(secret)
+        if secret_hash in self.under_way:
+            return self.under_way[secret_hash].get()
+        from gevent.event import AsyncResult
+
+        self.under_way[secret_hash] = result = AsyncResult()
+        opened = False
+        try:
+            opened = self.check_first_use(secret, forms)
+            return opened
+        finally:
+            del self.under_way[secret_hash]
+            result.set(opened)
+
+    def check_first_use(self, secret, forms):
         for lookup_prefix in forms.awaiting_first_use(secret):
             if not self.counted(FAILED_CHECKS_PER_PREFIX, f"key-check:{lookup_prefix}"):
                 continue
