@@ -5,7 +5,8 @@ for less; the test client's own cost is in both.
 
 With --instructions, the machine's load does not count at all: valgrind's callgrind counts the
 CPU instructions of one request through the WSGI app (no server, no test client), for this
-checkout, the other and bench/bare.py's route, the same count on every run of the same code.
+checkout, the other and bench/bare.py's route (a count moves by up to ~5 % between runs of the
+same code on a noisy machine: compare the checkouts within one run).
 
 With --served, callgrind counts the instructions of the gunicorn worker itself (gevent, parsing,
 the app, the access line, writing; the kernel's work is not counted) per request from one
