@@ -92,6 +92,7 @@ def usage_stats(api_key):
     }
     if key.has_credits:
         stats["credits"] = credits.summary(key, request_note.of(request.environ).credits_remaining)
+        stats["credits_spent_today"] = usage.credits_spent_today(key)
     return stats
 
 

@@ -8,6 +8,7 @@ import math
 import time
 
 from peewee import (
+    SQL,
     AutoField,
     BigIntegerField,
     CharField,
@@ -299,6 +300,9 @@ class UsageHour(BaseModel):
     endpoint = CharField(max_length=64, default="")
     status = IntegerField(default=200)
     requests = IntegerField(default=0)
+    # The credits those requests spent (metering/credits.py): the ledger billing reads. A default in
+    # the database too: rows written without it (an older process, by hand) spent none.
+    credits = IntegerField(default=0, constraints=[SQL("DEFAULT 0")])
 
     class Meta:
         table_name = "usage_hours"
@@ -314,6 +318,7 @@ class UsageDay(BaseModel):
     endpoint = CharField(max_length=64, default="")
     status = IntegerField(default=200)
     requests = IntegerField(default=0)
+    credits = IntegerField(default=0, constraints=[SQL("DEFAULT 0")])
 
     class Meta:
         table_name = "usage_days"

@@ -23,20 +23,22 @@ def outcome(status):
 
 
 class Period:
-    """One hour or day's requests, by status and by endpoint."""
+    """One hour or day's requests, by status and by endpoint, and the credits they spent."""
 
     def __init__(self, start):
         self.start = start
         self.by_status = collections.Counter()
         self.by_endpoint = collections.Counter()
+        self.credits = 0
 
     @property
     def requests(self):
         return sum(self.by_status.values())
 
-    def add(self, endpoint, status, requests):
+    def add(self, endpoint, status, requests, credits=0):
         self.by_status[str(status)] += requests
         self.by_endpoint[endpoint or "(not recorded)"] += requests
+        self.credits += credits
 
     def by_outcome(self):
         counts = collections.Counter()
@@ -53,11 +55,12 @@ def hourly(key_ids, hours=HOURS, now=None):
     """The last `hours` UTC hours (the current one last), every hour present, for the keys."""
     last = start_of_hour(now or utcnow())
     periods = {last - HOUR * back: Period(last - HOUR * back) for back in reversed(range(hours))}
-    rows = (UsageHour.select(UsageHour.hour, UsageHour.endpoint, UsageHour.status, UsageHour.requests)
+    rows = (UsageHour.select(UsageHour.hour, UsageHour.endpoint, UsageHour.status, UsageHour.requests,
+                             UsageHour.credits)
             .where(UsageHour.api_key.in_(key_ids) & (UsageHour.hour >= min(periods))).tuples())
-    for hour, endpoint, status, requests in rows:
+    for hour, endpoint, status, requests, credits in rows:
         if hour in periods:
-            periods[hour].add(endpoint, status, requests)
+            periods[hour].add(endpoint, status, requests, credits)
     return list(periods.values())
 
 
@@ -65,11 +68,11 @@ def daily(key_ids, days=DAYS, now=None):
     """The last `days` UTC days (today last), every day present, for the keys."""
     today = (now or utcnow()).date()
     periods = {today - DAY * back: Period(today - DAY * back) for back in reversed(range(days))}
-    rows = (UsageDay.select(UsageDay.day, UsageDay.endpoint, UsageDay.status, UsageDay.requests)
+    rows = (UsageDay.select(UsageDay.day, UsageDay.endpoint, UsageDay.status, UsageDay.requests, UsageDay.credits)
             .where(UsageDay.api_key.in_(key_ids) & (UsageDay.day >= min(periods))).tuples())
-    for day, endpoint, status, requests in rows:
+    for day, endpoint, status, requests, credits in rows:
         if day in periods:
-            periods[day].add(endpoint, status, requests)
+            periods[day].add(endpoint, status, requests, credits)
     return list(periods.values())
 
 

@@ -88,6 +88,7 @@ def spend(key, note, now=None):
         used_up(key, now)
         raise exhausted(key, now)
     note.credits_remaining = row[0]
+    note.credit_spent = True
     if row[0] == 0:
         used_up(key, now)
     return row[0], row[1]

@@ -73,10 +73,11 @@ class UsageCounter:
         self.sequence = 0
         self.in_doubt = None
 
-    def add(self, key_id, endpoint, status, counted):
-        """Record one request of the key; counted: it passed the key's allowance (total_requests)."""
+    def add(self, key_id, endpoint, status, counted, spent=False):
+        """Record one request of the key; counted: it passed the key's allowance (total_requests);
+        spent: it spent one of the key's credits."""
         with self.pending_lock:
-            self.pending[key_id, endpoint, status, counted] += 1
+            self.pending[key_id, endpoint, status, counted, spent] += 1
 
     def start(self):
         """Write what is pending every interval from now on, in a thread of its own; until then (a
@@ -95,8 +96,19 @@ class UsageCounter:
             if row is None:
                 return None
             with self.pending_lock:
-                return row[0] + sum(n for (pending_id, *_, counted), n in self.pending.items()
+                return row[0] + sum(n for (pending_id, _, _, counted, _), n in self.pending.items()
                                     if pending_id == key_id and counted)
+
+    def credits_spent_today(self, key_id):
+        """Return the credits the key spent today (UTC): what the database holds plus what is pending here."""
+        self.database.connect(reuse_if_open=True)  # before the lock, as in flush_pending
+        with self.write_lock:
+            self.settle_doubt()
+            row = self.database.execute_sql(self.database.statements.credits_spent_on, (key_id, utcnow().date()))
+            written = row.fetchone()[0] or 0
+            with self.pending_lock:
+                return written + sum(n for (pending_id, _, _, _, spent), n in self.pending.items()
+                                     if pending_id == key_id and spent)
 
     def flush(self):
         """Write what is pending (and what the riders hand over), KEYS_PER_TRANSACTION keys a
@@ -180,16 +192,20 @@ class UsageCounter:
         self.in_doubt = None
 
     def write(self, batch, used_at):
-        """Add a batch of counts, {(key_id, endpoint, status, counted): n}, to the keys' totals, hours
-        and days: one statement a table, its rows in the order every process uses."""
+        """Add a batch of counts, {(key_id, endpoint, status, counted, spent): n}, to the keys'
+        totals, hours and days (with the credits they spent): one statement a table, its rows in
+        the order every process uses."""
         statements = self.database.statements
         hour = start_of_hour(used_at)
         totals = collections.Counter()
         breakdown = collections.Counter()
-        for (key_id, endpoint, status, counted), count in batch.items():
+        spent_credits = collections.Counter()
+        for (key_id, endpoint, status, counted, spent), count in batch.items():
             if counted:
                 totals[key_id] += count
             breakdown[key_id, endpoint, status] += count
+            if spent:
+                spent_credits[key_id, endpoint, status] += count
         rows = sorted(breakdown.items())
         cursor = self.database.cursor()
         # peewee's own errors (OperationalError, IntegrityError, ...) from the driver's, as execute_sql gives.
@@ -201,12 +217,10 @@ class UsageCounter:
             if totals:
                 cursor.executemany(statements.add_usage,
                                    [(count, used_at, key_id) for key_id, count in sorted(totals.items())])
-            cursor.executemany(statements.add_usage_hours,
-                               [(key_id, hour, endpoint, status, count, key_id)
-                                for (key_id, endpoint, status), count in rows])
-            cursor.executemany(statements.add_usage_days,
-                               [(key_id, hour.date(), endpoint, status, count, key_id)
-                                for (key_id, endpoint, status), count in rows])
+            for statement, period in ((statements.add_usage_hours, hour), (statements.add_usage_days, hour.date())):
+                cursor.executemany(statement, [(key_id, period, endpoint, status, count,
+                                                spent_credits[key_id, endpoint, status], key_id)
+                                               for (key_id, endpoint, status), count in rows])
 
     def flush_periodically(self):
         # Each process's own jitter keeps several processes' flushes from staying in step.
@@ -250,8 +264,15 @@ def record_handshake(key):
     """Record a time socket's accepted handshake now: its response comes only when the socket ends."""
     note = request_note.of(request.environ)
     note.usage_key_id = None
-    current_app.extensions["usage"].add(key.id, request.url_rule.rule, SWITCHING_PROTOCOLS, note.counted)
-    note.counted = False
+    current_app.extensions["usage"].add(key.id, request.url_rule.rule, SWITCHING_PROTOCOLS, note.counted,
+                                        note.credit_spent)
+    note.counted = note.credit_spent = False
+
+
+def credits_spent_today(key):
+    """Return the credits the key spent today (UTC), this request's included (recorded with its answer)."""
+    note = request_note.of(request.environ)
+    return current_app.extensions["usage"].credits_spent_today(key.id) + (1 if note.credit_spent else 0)
 
 
 def total_requests(key):

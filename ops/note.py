@@ -19,7 +19,7 @@ class Note:
     """What one request learned on its way through; None where it learned nothing of the kind."""
 
     __slots__ = ("app", "request_id", "route", "socket_route", "rate_limit", "usage_key_id", "counted",
-                 "credits_remaining")
+                 "credits_remaining", "credit_spent")
 
     def __init__(self, app, request_id):
         self.app = app
@@ -34,8 +34,10 @@ class Note:
         # allowance (total_requests counts only those).
         self.usage_key_id = None
         self.counted = False
-        # The key's credits after the request's spend, for X-Credits-Remaining.
+        # The key's credits after the request's spend, for X-Credits-Remaining; whether it spent one
+        # (the usage counts' ledger).
         self.credits_remaining = None
+        self.credit_spent = False
 
 
 def of(environ):

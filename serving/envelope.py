@@ -53,7 +53,8 @@ class Envelope:
             if key_id is not None and code != 401:
                 # A request that passed the limit but failed (503: the database went away) was
                 # not served: it stays in the history, not in total_requests.
-                self.usage_counter.add(key_id, metrics.route(environ), code, code < 500 and note.counted)
+                self.usage_counter.add(key_id, metrics.route(environ), code, code < 500 and note.counted,
+                                       note.credit_spent)
             metrics.count(environ, code, time.perf_counter() - started)
             return start_response(status, headers, exc_info)
 

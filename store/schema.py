@@ -6,7 +6,7 @@ import collections
 import contextlib
 import logging
 
-from peewee import BigIntegerField, CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
+from peewee import SQL, BigIntegerField, CharField, DateTimeField, IntegerField, PostgresqlDatabase, TextField
 from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 from store import ids, slugs
@@ -211,6 +211,14 @@ def add_imported_keys(database, migrator):
     """Version 19: keys another system issued, brought in by their hash (a new table)."""
 
 
+def add_credits_ledger(database, migrator):
+    """Version 20: the credits each hour's and day's requests spent (0 for the counts before)."""
+    for table in ("usage_hours", "usage_days"):
+        # A database from before version 5 gets usage_days from the model, with the column.
+        if database.table_exists(table) and "credits" not in {column.name for column in database.get_columns(table)}:
+            migrate(migrator.add_column(table, "credits", IntegerField(default=0, constraints=[SQL("DEFAULT 0")])))
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -307,7 +315,8 @@ STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage
          keep_totp_setups_with_their_session, add_usage_writers, add_metering, add_webhooks,
          make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation,
          add_leak_reports,
-         add_mail_caps, add_endpoint_controls, add_former_slugs, add_imported_keys]
+         add_mail_caps, add_endpoint_controls, add_former_slugs, add_imported_keys,
+         add_credits_ledger]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

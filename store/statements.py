@@ -37,6 +37,7 @@ class Statements:
         self.credits_of = ("SELECT credits_remaining, credits_refill_amount, credits_refill_interval, "
                            f"credits_refilled_for FROM api_keys WHERE id = {p} AND credits_remaining IS NOT NULL")
         self.total_requests = f"SELECT total_requests FROM api_keys WHERE id = {p}"
+        self.credits_spent_on = f"SELECT sum(credits) FROM usage_days WHERE api_key_id = {p} AND day = {p}"
         self.add_usage = (
             f"UPDATE api_keys SET total_requests = total_requests + {p}, last_used_at = {p} "
             f"WHERE id = {p}"
@@ -53,7 +54,7 @@ class Statements:
         # also tells SQLite that ON CONFLICT is not part of the SELECT.
         for table, period in (("usage_hours", "hour"), ("usage_days", "day")):
             setattr(self, f"add_{table}", (
-                f"INSERT INTO {table} (api_key_id, {period}, endpoint, status, requests) "
-                f"SELECT {p}, {p}, {p}, {p}, {p} WHERE EXISTS (SELECT 1 FROM api_keys WHERE id = {p}) "
+                f"INSERT INTO {table} (api_key_id, {period}, endpoint, status, requests, credits) "
+                f"SELECT {p}, {p}, {p}, {p}, {p}, {p} WHERE EXISTS (SELECT 1 FROM api_keys WHERE id = {p}) "
                 f"ON CONFLICT (api_key_id, {period}, endpoint, status) DO UPDATE "
-                f"SET requests = {table}.requests + excluded.requests"))
+                f"SET requests = {table}.requests + excluded.requests, credits = {table}.credits + excluded.credits"))

@@ -86,6 +86,8 @@ def key_page(key_id):
     return render_template("key_page.html", key=key, now=now, charts=charts, endpoints=endpoints,
                            creator=security.key_creators(g.org.id).get(key.user_id),
                            imported=ImportedKey.get_or_none(ImportedKey.key == key.id),
+                           spent={"today": days[-1].credits, "week": sum(day.credits for day in days[-7:]),
+                                  "month": sum(day.credits for day in days)},
                            credits_left=credits.effective_remaining(key, now),
                            next_refill=refill and credits.next_refill_at(refill, now),
                            outcomes=analytics.OUTCOMES, scopes=SCOPES, key_types=security.KEY_TYPES,

@@ -3,6 +3,7 @@ on Redis (SQLite), and two instances of two workers on PostgreSQL + Redis."""
 
 import collections
 import concurrent.futures
+import hashlib
 import itertools
 import re
 import threading
@@ -57,6 +58,15 @@ def new_key(cli, *options, username=None):
     return re.search(r"\(id (\d+)\)", "\n".join(lines)).group(1), lines[-1]
 
 
+def credits_spent(env, secret):
+    """The credits the key's usage hours, then its days, record as spent."""
+    [(hours, days)] = rows(env["DATABASE_URL"], (
+        "SELECT (SELECT coalesce(sum(credits), 0) FROM usage_hours WHERE api_key_id = k.id), "
+        "(SELECT coalesce(sum(credits), 0) FROM usage_days WHERE api_key_id = k.id) "
+        f"FROM api_keys k WHERE k.key_hash = '{hashlib.sha256(secret.encode()).hexdigest()}'"))
+    return hours, days
+
+
 def hammer(servers, secrets, requests_in_all=200, threads=HAMMER_THREADS, answers=None):
     """requests_in_all GETs from `threads` threads, spread over the servers and the secrets; return
     a Counter of (status, error code). answers: a list that gets each response."""
@@ -104,6 +114,8 @@ def test_credits_admit_exactly_their_number(deployment):
     outcomes = hammer(servers, [secret])
     assert outcomes == {(200, None): credits, (429, "credits_exhausted"): 200 - credits}
     wait_for(lambda: stored_total(env["DATABASE_URL"], secret) == credits)
+    # The ledger: every spent credit in the key's hours and days, written by the workers' flushes.
+    wait_for(lambda: credits_spent(env, secret) == (credits, credits))
     # Refused for credits, charged to no window: the account's allowance lost only the successes.
     answer = requests.get(f"{servers[0].base}/api/v1/usage/stats", headers={"X-API-Key": secret}, timeout=10)
     assert answer.status_code == 429 and answer.headers["X-Credits-Remaining"] == "0"

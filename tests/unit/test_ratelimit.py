@@ -71,7 +71,7 @@ def test_storage_failure_is_503_and_lets_nothing_through(app, client, api_key, m
     assert response.status_code == 503
     assert response.get_json()["error"]["code"] == "service_unavailable"
     # The refusal is recorded as the key's 503, but counts nothing against total_requests.
-    assert app.extensions["usage"].pending == {(key_id(api_key), "/api/v1/protected/test", 503, False): 1}
+    assert app.extensions["usage"].pending == {(key_id(api_key), "/api/v1/protected/test", 503, False, False): 1}
 
 
 ENDPOINT = "/api/v1/protected/test"

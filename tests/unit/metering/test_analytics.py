@@ -118,13 +118,14 @@ def test_usage_report_prints_each_day_by_outcome(app, runner, outcomes, user):
     table = runner.invoke(args=["usage", "report", "alice", "--days", "2"])
     assert table.exit_code == 0, table.output
     lines = table.output.splitlines()
-    assert lines[0].split() == ["day", "requests", "Success", "Refused", "for", "scope", "Rate", "limited", "Other"]
-    assert lines[-1].split() == [today, "6", "4", "1", "1", "0"]
-    assert len(lines) == 3 and lines[1].split()[1:] == ["0", "0", "0", "0", "0"]
+    assert lines[0].split() == ["day", "requests", "credits", "spent", "Success", "Refused", "for", "scope", "Rate",
+                                "limited", "Other"]
+    assert lines[-1].split() == [today, "6", "0", "4", "1", "1", "0"]
+    assert len(lines) == 3 and lines[1].split()[1:] == ["0", "0", "0", "0", "0", "0"]
     rows = list(csv.reader(io.StringIO(runner.invoke(args=["usage", "report", "alice", "--key", str(narrow.id),
                                                            "--format", "csv"]).output)))
-    assert rows[0] == ["day", "requests", "success", "insufficient_scope", "rate_limited", "other"]
-    assert len(rows) == 31 and rows[-1] == [today, "2", "1", "1", "0", "0"]
+    assert rows[0] == ["day", "requests", "credits", "success", "insufficient_scope", "rate_limited", "other"]
+    assert len(rows) == 31 and rows[-1] == [today, "2", "0", "1", "1", "0", "0"]
     days = json.loads(runner.invoke(args=["usage", "report", "alice", "--key", str(free.id), "--days", "7",
                                           "--format", "json"]).output)
     assert len(days) == 7
