@@ -24,10 +24,10 @@ log = logging.getLogger(__name__)
 
 # Any 16 to 256 printable ASCII characters without spaces: the secrets another system may have issued.
 SECRET_FORM = re.compile(r"[!-~]{16,256}")
-# Failed slow checks on one lookup prefix, across workers and instances: past them, its secrets
-# are refused as unknown ones are, without a check, until the minute ends. The same on all of an
-# organisation's lookup prefixes (which its owners choose, as many as they import) and from one
-# client address.
+# Failed slow checks on one lookup prefix (in the rate-limit storage: across workers and instances
+# with Redis): past them, its secrets are refused as unknown ones are, without a check, until the
+# minute ends. The same on all of an organisation's lookup prefixes (which its owners choose, as
+# many as they import) and from one client address.
 FAILED_CHECKS_PER_PREFIX = RateLimitItemPerMinute(10)
 FAILED_CHECKS_PER_ORGANISATION = RateLimitItemPerMinute(100)
 FAILED_CHECKS_PER_CLIENT = RateLimitItemPerMinute(30)
