@@ -3,6 +3,7 @@ request, a slow hash is checked once and rehashed, failed checks are bounded per
 without telling a known prefix from an unknown one, and a secret of no known form costs no read."""
 
 import hashlib
+import logging
 import time
 
 import pytest
@@ -209,3 +210,18 @@ def test_a_worker_stops_checking_a_prefix_another_worker_rehashed(app, make_app,
     assert get(other, secret[:-1] + "#").status_code == 401
     assert checks == [("bcrypt", False), ("bcrypt", True)]
     assert get(other, secret).status_code == 200
+
+
+def test_a_worker_reads_only_the_keys_imported_since_its_last_read(app, client, user, import_key, caplog):
+    forms = app.extensions["keys"].forms
+    _, first = import_key("sha256-hex")
+    assert get(client, made_secret("nobody_")).status_code == 401
+    assert forms.read_past == first.id
+    keyactions.revoke_key(keyactions.issue_key(user, "moves the generation", "development")[0])
+    if not app.config["DATABASE_URL"].startswith("sqlite"):
+        time.sleep(1.1)  # PostgreSQL with limits in memory: the starts are read again each second
+    with caplog.at_level(logging.DEBUG, logger="peewee"):
+        assert get(client, made_secret("nobody_")).status_code == 401
+    # One read, of the keys past the last one read: none since, however many were imported before.
+    [read] = [record.getMessage() for record in caplog.records if 'FROM "imported_keys"' in record.getMessage()]
+    assert '"key_id" > ' in read and read.endswith(f"[{first.id}])")
