@@ -29,8 +29,5 @@ class ImportedKey(BaseModel):
     class Meta:
         table_name = "imported_keys"
 
-    def declared_prefix(self):
-        return self.prefix if self.lookup_prefix is None else self.lookup_prefix
-
 
 MODELS = [ImportedKey]

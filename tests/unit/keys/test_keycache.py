@@ -23,20 +23,6 @@ from orgs import keyactions
 from store import rediswindows
 
 
-@pytest.fixture
-def lookups(monkeypatch):
-    """The hashes the cache reads from the database, in order."""
-    read = []
-    find = keycache.find_active_key
-
-    def counting_find(key_hash):
-        read.append(key_hash)
-        return find(key_hash)
-
-    monkeypatch.setattr(keycache, "find_active_key", counting_find)
-    return read
-
-
 def find(key_hash):
     """The app's cache lookup, as auth.admit makes it (with no form check)."""
     return current_app.extensions["keys"].find(key_hash)
