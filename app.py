@@ -50,7 +50,9 @@ import ratelimit
 import settings
 import sockets
 from accounts import emailtokens, models as account_models, securitylog, users
+from billing import models as billing_models, sealing, sender as billing_sender
 from cli.audit import audit_command
+from cli.billing import billing_cli
 from cli.db import db_cli
 from cli.keys import keys_cli
 from cli.mail import mail_cli
@@ -152,7 +154,7 @@ def create_app(overrides=None):
     # Before every room: their init_app register their background services.
     services.init_app(app)
     models.init_app(app, [*account_models.PROTECTION_MODELS, *webhook_models.MODELS, *mail_models.MODELS,
-                          *emailtokens.MODELS, *org_models.MODELS, *key_models.MODELS])
+                          *emailtokens.MODELS, *org_models.MODELS, *key_models.MODELS, *billing_models.MODELS])
     # Key changes reach the security log, webhooks and notices through keys/events.py's signal, account
     # events the notices through the security log's, an account's deletion its invitations through
     # orgs/organisations.py's; the hot path's thresholds wait for the usage flush.
@@ -162,7 +164,9 @@ def create_app(overrides=None):
     webhook_events = webhook_outbox.init_app(app)
     ratelimit.init_app(app, thresholds.Watcher(webhook_events.add))
     keycache.init_app(app)
-    usage.init_app(app, riders=[webhook_events])
+    # With the export on, an hour read for billing never grows (billing/sealing.py).
+    usage.init_app(app, riders=[webhook_events],
+                   open_hour=sealing.open_hour if app.config["BILLING_EXPORT"] != "off" else None)
     lifecycle.init_app(app)
     app.register_blueprint(api.api)
     github.init_app(app)
@@ -175,11 +179,13 @@ def create_app(overrides=None):
         app.register_blueprint(view_module.bp)
     webhook_delivery.init_app(app)
     mail_sender.init_app(app)
+    billing_sender.init_app(app)
     app.register_error_handler(HTTPException, render_http_error)
     for database_error in DATABASE_ERRORS:
         app.register_error_handler(database_error, render_database_error)
     app.register_error_handler(Exception, render_unexpected_error)
-    for command in (users_cli, keys_cli, db_cli, usage_cli, audit_command, webhooks_cli, mail_cli, orgs_cli):
+    for command in (users_cli, keys_cli, db_cli, usage_cli, audit_command, webhooks_cli, mail_cli, orgs_cli,
+                    billing_cli):
         app.cli.add_command(command)
 
     # Last: the lane serves only while every hook registered by now would do nothing for its requests.

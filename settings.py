@@ -42,6 +42,11 @@ MAX_RETRIES = 20
 # scrypt's N: 32 MiB and about 0.1 s of one core a hash (werkzeug's default).
 DEFAULT_PASSWORD_HASH_COST = 32768
 DEFAULT_GITHUB_KEYS_URL = "https://api.github.com/meta/public_keys/secret_scanning"
+BILLING_TARGETS = ("off", "stripe", "lago", "openmeter", "cloudevents")
+DEFAULT_BILLING_URLS = {"stripe": "https://api.stripe.com"}
+BILLING_QUANTITIES = ("requests", "credits")
+# A meter's event name or code as all four targets take it.
+METER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 STORAGE_SCHEMES = frozenset({
     "memory", "redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel", "valkey", "valkeys",
     "valkey+unix", "valkey+cluster", "valkey+sentinel", "memcached", "mongodb", "mongodb+srv"})
@@ -88,8 +93,9 @@ def load(environ):
                                        or DEFAULT_MAIL_RETRY_SCHEDULE),
         "WEBHOOK_ALLOW_PRIVATE": switch(environ, "WEBHOOK_ALLOW_PRIVATE"),
         "GITHUB_SECRET_SCANNING": on_off(environ, "GITHUB_SECRET_SCANNING"),
-        "GITHUB_SECRET_SCANNING_KEYS_URL": keys_url(environ.get("GITHUB_SECRET_SCANNING_KEYS_URL")
-                                                    or DEFAULT_GITHUB_KEYS_URL),
+        "GITHUB_SECRET_SCANNING_KEYS_URL": http_url(environ.get("GITHUB_SECRET_SCANNING_KEYS_URL")
+                                                    or DEFAULT_GITHUB_KEYS_URL, "GITHUB_SECRET_SCANNING_KEYS_URL"),
+        **billing(environ),
     }
     if mail_url(config["MAIL_URL"]).scheme in MAIL_SCHEMES and not (config["PUBLIC_URL"] or webauthn_origin):
         raise ConfigError("PUBLIC_URL must be the site's address, such as https://api.example.com, when MAIL_URL "
@@ -315,21 +321,56 @@ def on_off(environ, name):
     return text == "on"
 
 
-def keys_url(text):
-    """GITHUB_SECRET_SCANNING_KEYS_URL: an http or https URL with a host. Only its scheme is ever
-    quoted: the operator's URL may carry a token."""
+def http_url(text, setting):
+    """An http or https URL with a host. Only its scheme is ever quoted: the operator's URL may carry a token."""
     url = text.strip()
     parts = urlsplit(url)
     if parts.scheme not in ("https", "http"):
-        raise ConfigError("GITHUB_SECRET_SCANNING_KEYS_URL must be an http or https URL such as "
-                          f"{DEFAULT_GITHUB_KEYS_URL}, not {described(parts.scheme)}.")
+        raise ConfigError(f"{setting} must be an http or https URL, not {described(parts.scheme)}.")
     try:
         _ = parts.port  # read for its ValueError alone
     except ValueError:
         parts = parts._replace(netloc="")
     if not parts.hostname:
-        raise ConfigError("GITHUB_SECRET_SCANNING_KEYS_URL must name a host (and a port from 0 to 65535, if any).")
+        raise ConfigError(f"{setting} must name a host (and a port from 0 to 65535, if any).")
     return url
+
+
+def billing(environ):
+    """The BILLING_* settings: the export's target, address, secret, meters and retry schedule."""
+    target = (environ.get("BILLING_EXPORT") or "off").strip().lower()
+    if target not in BILLING_TARGETS:
+        raise ConfigError(f"BILLING_EXPORT must be one of {', '.join(BILLING_TARGETS)}, "
+                          f"not {environ['BILLING_EXPORT']!r}.")
+    url = (environ.get("BILLING_URL") or DEFAULT_BILLING_URLS.get(target, "")).strip().rstrip("/")
+    if url:
+        http_url(url, "BILLING_URL")
+    elif target != "off":
+        raise ConfigError(f"BILLING_URL must be the address of the {target} service when BILLING_EXPORT is {target}.")
+    api_key = (environ.get("BILLING_API_KEY") or "").strip()
+    if target in ("stripe", "lago") and not api_key:
+        raise ConfigError(f"BILLING_API_KEY must be the {target} secret key when BILLING_EXPORT is {target}.")
+    return {"BILLING_EXPORT": target, "BILLING_URL": url, "BILLING_API_KEY": api_key,
+            "BILLING_METERS": checked(billing_meters, environ.get("BILLING_METERS")
+                                      or "requests=api_requests,credits=api_credits"),
+            "BILLING_RETRY_SCHEDULE": checked(billing_retry_schedule, environ.get("BILLING_RETRY_SCHEDULE")
+                                              or "1m,5m,30m,2h,6h,12h,24h")}
+
+
+def billing_meters(text):
+    """BILLING_METERS as {quantity: meter name}: requests=NAME and credits=NAME, one or both."""
+    meters = {}
+    for entry in text.split(","):
+        quantity, _, name = (part.strip() for part in entry.partition("="))
+        if quantity not in BILLING_QUANTITIES or quantity in meters or not METER_NAME.fullmatch(name):
+            raise ConfigError("BILLING_METERS must be requests=NAME, credits=NAME or both, comma-separated, each "
+                              f"name letters, digits, _ . : or - (up to 100), not {text.strip()!r}.")
+        meters[quantity] = name
+    return meters
+
+
+def billing_retry_schedule(text):
+    return retry_schedule(text, "BILLING_RETRY_SCHEDULE")
 
 
 def mail_retry_schedule(text):

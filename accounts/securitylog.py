@@ -23,7 +23,8 @@ EVENTS = {
     "webhook.paused", "webhook.resumed",
     "user.password_reset_requested", "user.password_reset", "user.email_verified", "user.email_change_requested",
     "user.email_changed",
-    "org.created", "org.renamed", "org.deleted", "member.invited", "member.joined", "member.role_changed",
+    "org.created", "org.renamed", "org.deleted", "org.billing_customer_set", "org.billing_customer_removed",
+    "member.invited", "member.joined", "member.role_changed",
     "member.removed", "member.left", "invitation.revoked",
 }
 signals = Namespace()

@@ -1,4 +1,4 @@
-"""The `orgs` command group (create, list, members, invite, role, remove, rename, delete), and the
+"""The `orgs` command group (create, list, members, invite, role, remove, rename, delete, billing), and the
 organisation in which the key and webhook commands act for a member (`--org SLUG`)."""
 
 import contextlib
@@ -6,6 +6,7 @@ import contextlib
 import click
 
 from accounts import users
+from billing import customers
 from cli.commands import CommandGroup, find_user, warn_if_servers_may_not_hear
 from mail import outbox
 from models import ROLES, ApiKey, Membership, Organisation, personal_organisation
@@ -182,3 +183,24 @@ def delete_command(slug, yes):
     click.echo(f"Deleted {org.slug}; {revoked} active key{'' if revoked == 1 else 's'} revoked.")
     if revoked:
         warn_if_servers_may_not_hear()
+
+
+@orgs_cli.command("billing")
+@click.argument("slug")
+@click.option("--customer", metavar="ID", help="Its id in the billing system: a Stripe customer, a Lago external "
+              "subscription id, an OpenMeter or CloudEvents subject.")
+@click.option("--remove", is_flag=True, help="Stop exporting its usage.")
+def billing_command(slug, customer, remove):
+    """Give an organisation its billing customer: its usage from the current hour on is exported."""
+    org = find_organisation(slug)
+    if (customer is not None) == remove:
+        raise click.ClickException("Give either --customer ID or --remove.")
+    try:
+        row = customers.set_customer(org.id, None if remove else customer)
+    except ValueError as refused:
+        raise click.ClickException(str(refused)) from None
+    if row is None:
+        click.echo(f"{org.slug} is no longer exported; the hours closed already are still sent.")
+    else:
+        click.echo(f"{org.slug} is exported as customer {row.customer}, its hours from "
+                   f"{row.since.strftime('%Y-%m-%d %H:00')} UTC on.")

@@ -81,13 +81,14 @@ def delete_in_batches(model, key, condition, pause):
         time.sleep(pause)
 
 
-def take_lock(seconds, now=None):
-    """True when this process may prune for the next `seconds`: no other holds the lock."""
+def take_lock(seconds, now=None, name=LOCK_NAME):
+    """True when this process may run the periodic job `name` (pruning, unless named) for the next
+    `seconds`: no other holds its lock."""
     now = now or utcnow()
     with write_transaction(db.obj):
-        MaintenanceLock.insert(name=LOCK_NAME, until=now).on_conflict_ignore().execute()
+        MaintenanceLock.insert(name=name, until=now).on_conflict_ignore().execute()
         taken = (MaintenanceLock.update(until=now + datetime.timedelta(seconds=seconds))
-                 .where((MaintenanceLock.name == LOCK_NAME) & (MaintenanceLock.until <= now)).execute())
+                 .where((MaintenanceLock.name == name) & (MaintenanceLock.until <= now)).execute())
     return taken == 1
 
 

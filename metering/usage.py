@@ -49,9 +49,12 @@ class UsageCounter:
     two processes flushing the same keys wait at most for each other's one transaction and never
     deadlock."""
 
-    def __init__(self, database, interval=FLUSH_INTERVAL, riders=()):
+    def __init__(self, database, interval=FLUSH_INTERVAL, riders=(), open_hour=None):
         self.database = database
         self.interval = interval
+        # Inside each transaction, when its counts are written: open_hour(database, time taken)
+        # gives the time to write them at (billing/sealing.py keeps a read hour from growing).
+        self.open_hour = open_hour
         # What each flush carries in its first transaction besides the counts: objects with take(),
         # write(taken) inside the transaction and give_back(taken) when it did not commit
         # (webhooks' deferred events, which app.py hands in).
@@ -148,7 +151,8 @@ class UsageCounter:
                     try:
                         with write_transaction(self.database):
                             if batch:
-                                self.write(batch, used_at)
+                                self.write(batch, self.open_hour(self.database, used_at)
+                                           if self.open_hour else used_at)
                             for rider, taken in carried:
                                 rider.write(taken)
                             self.database.execute_sql(self.database.statements.mark_usage_written,
@@ -253,10 +257,10 @@ def give_back_carried(carried):
         rider.give_back(taken)
 
 
-def init_app(app, riders=()):
-    """The app's usage counter, carrying riders (see UsageCounter); serving/envelope.py records
-    each request's answer with it."""
-    counter = app.extensions["usage"] = UsageCounter(db.obj, riders=riders)
+def init_app(app, riders=(), open_hour=None):
+    """The app's usage counter, carrying riders and asking open_hour (see UsageCounter);
+    serving/envelope.py records each request's answer with it."""
+    counter = app.extensions["usage"] = UsageCounter(db.obj, riders=riders, open_hour=open_hour)
     services.register(app, "usage", counter)
 
 

@@ -38,6 +38,11 @@ USAGE_PENDING = Gauge("usage_counts_pending", "Requests counted in memory and no
                       "database, as the last flush left them.", multiprocess_mode="livesum")
 USAGE_FLUSH = Histogram("usage_flush_duration_seconds",
                         "Seconds each attempt to write the usage counts took, failed ones included.")
+BILLING_SENT = Counter("billing_events_sent", "Billing events the billing system accepted.")
+BILLING_FAILED = Counter("billing_events_failed", "Billing events given up after their retries.")
+BILLING_OLDEST_PENDING = Gauge("billing_oldest_pending_hour_seconds",
+                               "Seconds since the end of the oldest hour with a billing event not yet accepted "
+                               "(0 with none).", multiprocess_mode="livemax")
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UNMATCHED = "unmatched"
@@ -188,6 +193,18 @@ def usage_pending(count):
 
 def usage_flushed(seconds):
     USAGE_FLUSH.observe(seconds)
+
+
+def billing_sent(count):
+    BILLING_SENT.inc(count)
+
+
+def billing_failed(count):
+    BILLING_FAILED.inc(count)
+
+
+def billing_oldest_pending(seconds):
+    BILLING_OLDEST_PENDING.set(seconds)
 
 
 @bp.get("/metrics")

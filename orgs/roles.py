@@ -15,7 +15,7 @@ MEMBER_ROLE = "member.role"
 MEMBER_REMOVE = "member.remove"
 MEMBER_REVOKE_KEYS = "member.revoke_keys"  # revoke every key a member, or a former member, created
 LEAVE = "member.leave"
-ORG_MANAGE = "org.manage"  # rename or delete the organisation
+ORG_MANAGE = "org.manage"  # rename or delete the organisation, give its billing customer
 ACTIONS = (VIEW, KEY_CREATE, KEY_CHANGE, KEY_WIDEN, KEY_IMPORT, WEBHOOK_MANAGE, MEMBER_INVITE, MEMBER_ROLE,
            MEMBER_REMOVE, MEMBER_REVOKE_KEYS, LEAVE, ORG_MANAGE)
 # The actions on another member, or giving a role: an admin may take them for members other than

@@ -219,6 +219,10 @@ def add_credits_ledger(database, migrator):
             migrate(migrator.add_column(table, "credits", IntegerField(default=0, constraints=[SQL("DEFAULT 0")])))
 
 
+def add_billing(database, migrator):
+    """Version 21: billing customers, the usage clock and the billing outbox, new tables only."""
+
+
 def move_into_personal_organisations(database):
     """Version 13, once the organisations' tables exist: every account gets its personal
     organisation (named after the username, the account its owner), which takes the account's
@@ -316,7 +320,7 @@ STEPS = [add_key_lifecycle, add_account_protection, add_key_allow_ips, add_usage
          make_ids_never_reused, add_key_generation, add_mail, add_organisations, add_webhook_rotation,
          add_leak_reports,
          add_mail_caps, add_endpoint_controls, add_former_slugs, add_imported_keys,
-         add_credits_ledger]
+         add_credits_ledger, add_billing]
 LATEST = len(STEPS) + 1
 # FILLS[n] runs, once the models' tables exist, for a database that was below version n.
 FILLS = {5: copy_hours_into_days, 13: move_into_personal_organisations}

@@ -1,10 +1,12 @@
 """Profile Settings' Organisation tab (/settings/organisation): the current organisation's name and
 slug, renamed by an owner, and deleted by an owner after typing its name; keys another system
-issued imported by an owner or admin (orgs/keyimports.py)."""
+issued imported by an owner or admin (orgs/keyimports.py); its billing customer, given by an owner
+when the service exports usage to a billing system (billing/customers.py)."""
 
-from flask import flash, g, redirect, render_template, request, url_for
+from flask import abort, current_app, flash, g, redirect, render_template, request, url_for
 
 from accounts import throttles
+from billing import customers
 from models import ApiKey, FormerSlug, utcnow
 from orgs import keyimports, orgadmin, roles
 from serving import bodylimit
@@ -28,9 +30,12 @@ def settings_organisation():
 def render_organisation_tab(status=200, imported=None):
     former = (FormerSlug.select().where((FormerSlug.org == g.org.id) & (FormerSlug.until > utcnow()))
               .order_by(FormerSlug.until.desc()))
+    export = current_app.config["BILLING_EXPORT"]
+    billing = customers.status([g.org.id]) if export != "off" else []
     return render_template("settings_organisation.html", active_keys=ApiKey.active_in(g.org.id).count(),
                            former_slug_kept_days=orgadmin.FORMER_SLUG_KEPT.days, former_slugs=list(former),
-                           imported=imported, import_limits=keyimports), status
+                           imported=imported, import_limits=keyimports, billing_export=export,
+                           billing=billing[0] if billing else None), status
 
 
 @bp.post(IMPORT_PATH)
@@ -91,6 +96,28 @@ def delete_organisation():
         return render_organisation_tab(status=409)
     flash(f"Deleted {deleted.name}: its keys are revoked. You now work in your personal organisation.")
     return redirect(url_for("security.settings_security"))
+
+
+@bp.post("/settings/organisation/billing")
+@login_required
+def set_billing_customer():
+    if current_app.config["BILLING_EXPORT"] == "off":
+        abort(404)
+    refuse_unless_allowed(roles.ORG_MANAGE)
+    if stale := page_of_another_organisation():
+        return stale
+    removing = request.form.get("action") == "remove"
+    try:
+        row = customers.set_customer(g.org.id, None if removing else request.form.get("customer", ""), actor=g.user)
+    except ValueError as refused:
+        flash(str(refused), "error")
+        return render_organisation_tab(status=400)
+    if row is None:
+        flash(f"{g.org.name}'s usage is no longer exported; the hours closed already are still sent.")
+    else:
+        flash(f"{g.org.name}'s usage is exported as customer {row.customer}, its hours from "
+              f"{row.since.strftime('%Y-%m-%d %H:00')} UTC on.")
+    return redirect(url_for("organisation.settings_organisation"))
 
 
 def page_of_another_organisation():

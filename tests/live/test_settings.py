@@ -57,6 +57,12 @@ BAD_VALUES = [
     ("GITHUB_SECRET_SCANNING_KEYS_URL", "ftp://user:hunter2@keys.example.com/keys"),
     ("GITHUB_SECRET_SCANNING_KEYS_URL", "https://user:hunter2@/keys"),
     ("GITHUB_SECRET_SCANNING_KEYS_URL", "https://user:hunter2@keys.example.com:port/keys"),
+    ("BILLING_EXPORT", "paypal"),
+    ("BILLING_URL", "ftp://user:hunter2@billing.example.com"),
+    ("BILLING_METERS", "requests="),
+    ("BILLING_METERS", "requests=a,requests=b"),
+    ("BILLING_METERS", "seconds=api_seconds"),
+    ("BILLING_RETRY_SCHEDULE", "1m,never"),
 ]
 
 
@@ -78,6 +84,31 @@ def test_the_defaults_pass_and_the_variables_are_read_as_given():
     assert (config["DATABASE_URL"], config["PORT"], config["WEB_CONCURRENCY"]) == ("postgresql://u:p@db/name", 8080, 3)
     assert config["RATELIMIT_STORAGE_URL"] == "redis+sentinel://a:26379,b:26379/mymaster"
     assert settings.public_rate(config["PUBLIC_RATE_LIMIT"]) is None
+
+
+@pytest.mark.parametrize("more, named", [
+    ({"BILLING_EXPORT": "stripe"}, "BILLING_API_KEY"),
+    ({"BILLING_EXPORT": "lago", "BILLING_API_KEY": "k"}, "BILLING_URL"),
+    ({"BILLING_EXPORT": "lago", "BILLING_URL": "https://api.getlago.com"}, "BILLING_API_KEY"),
+    ({"BILLING_EXPORT": "openmeter"}, "BILLING_URL"),
+])
+def test_an_export_without_its_address_or_secret_is_refused(more, named):
+    with pytest.raises(settings.ConfigError, match=named):
+        settings.load(more)
+
+
+def test_the_billing_settings_are_read_as_given():
+    defaults = settings.load({})
+    assert (defaults["BILLING_EXPORT"], defaults["BILLING_URL"], defaults["BILLING_API_KEY"]) == ("off", "", "")
+    assert settings.billing_meters(defaults["BILLING_METERS"]) == {"requests": "api_requests", "credits": "api_credits"}
+    assert settings.billing_retry_schedule(defaults["BILLING_RETRY_SCHEDULE"]) == [60, 300, 1800, 7200, 21600, 43200,
+                                                                                  86400]
+    stripe = settings.load({"BILLING_EXPORT": " Stripe ", "BILLING_API_KEY": "sk_test_1",
+                            "BILLING_METERS": "credits=c"})
+    assert (stripe["BILLING_EXPORT"], stripe["BILLING_URL"]) == ("stripe", "https://api.stripe.com")
+    assert settings.billing_meters(stripe["BILLING_METERS"]) == {"credits": "c"}
+    sink = settings.load({"BILLING_EXPORT": "cloudevents", "BILLING_URL": "http://127.0.0.1:9000/events/"})
+    assert (sink["BILLING_URL"], sink["BILLING_API_KEY"]) == ("http://127.0.0.1:9000/events", "")
 
 
 @pytest.mark.parametrize("more", [{}, {"PUBLIC_URL": "https://api.example.com"},

@@ -32,7 +32,7 @@ def test_the_checkout_keeps_every_contract_as_lint_imports_runs_them():
 def test_the_tiers_are_the_six_of_the_design():
     tiers = [layer.strip() for layer in CONTRACTS["tiers"]["layers"]]
     assert tiers == ["app : cli : gunicorn_conf", "api : sockets : web : webhooks : serving : ws : integrations",
-                     "auth | ratelimit", "accounts : keys : metering : mail : orgs : ops", "models",
+                     "auth | ratelimit", "accounts : keys : metering : mail : orgs : ops : billing", "models",
                      "store : settings : openapi"]
 
 
@@ -56,6 +56,7 @@ def test_the_graph_has_every_import_including_those_inside_functions():
     ("transport", "ws.wsserver", "sockets"),
     ("domain", "ops.logs", "accounts.users"),
     ("domain", "keys.lookup", "accounts.users"),
+    ("domain", "orgs.members", "billing.customers"),
     ("storage", "settings", "store.connections"),
     ("rooms", "store.ids", "models"),
     ("rooms", "ops.note", "mail.outbox"),

@@ -78,7 +78,8 @@ DOCUMENTED = {
         roles.MEMBER_REVOKE_KEYS, {"target_role": None, "new_role": None}),
     "Revoke every key an owner created": (roles.MEMBER_REVOKE_KEYS, {"target_role": "owner", "new_role": None}),
     "Leave the organisation": (roles.LEAVE, {}),
-    "Rename or delete the organisation": (roles.ORG_MANAGE, {}),
+    "Rename or delete the organisation, or give it its billing customer ([Billing](billing.md))":
+        (roles.ORG_MANAGE, {}),
 }
 
 

@@ -287,7 +287,8 @@ def test_a_ninth_version_sqlite_database_keeps_every_row_and_gives_no_id_again(t
     assert indexes_after >= {index for index in indexes_before if index[1] != "webhookendpoint_user_id"}
     # Tables added after version 10 are made with AUTOINCREMENT from the start.
     assert autoincrement == tables_of(tmp_path / "new.db")[2] == {*schema.NEVER_REUSED_IDS, "mail_messages",
-                                                                  "organisations", "memberships", "invitations"}
+                                                                  "organisations", "memberships", "invitations",
+                                                                  "billing_events"}
     highest = {table: max(row[0] for row in before[table][1]) for table in schema.NEVER_REUSED_IDS}
     with app.app_context():
         assert db.execute_sql("PRAGMA foreign_key_check").fetchall() == []

@@ -1,0 +1,1 @@
+"""Usage to billing: closed hours of usage sent to a billing system through an outbox."""
