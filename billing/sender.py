@@ -5,6 +5,7 @@ own, and records each call: accepted, due again on BILLING_RETRY_SCHEDULE (or af
 Retry-After), or given up and logged with the system's error. A stop or crash delays an event,
 never drops it; its identifier makes a second send harmless."""
 
+import collections
 import datetime
 import logging
 import random
@@ -140,24 +141,30 @@ def attempt(system, schedule, rows, now=None):
     return record(rows, outcome, schedule)
 
 
-def send_due(app, calls=CONCURRENCY):
-    """Claim and send the due events here, one call after another, until none is due or one comes
-    round again; return [(rows, state)]. Tests use it; servers use Sender."""
+def send_due(app, calls=CONCURRENCY, rounds=2):
+    """Claim and send the due events here, one call after another, until none is due or an event
+    comes round a third time (given back, not sent); return [(rows, state)]. Tests use it;
+    servers use Sender."""
     system = targets.BillingSystem(app.config)
     schedule = app.extensions["billing"]
-    done, seen = [], set()
+    done, seen = [], collections.Counter()
     while True:
         with app.app_context():
             claimed = claim(system.target, calls)
+            rows = [row for call in claimed for row in call]
+            seen.update(row.id for row in rows)
+            if any(seen[row.id] > rounds for row in rows):
+                with write_transaction(db.obj):
+                    outbox.give_back(BillingEvent, [(row.id, row.attempts) for row in rows], PENDING, utcnow(),
+                                     sending_until=None)
+                claimed = []
             release_connection()
-        ids = {row.id for rows in claimed for row in rows}
-        if not claimed or seen & ids:
+        if not claimed:
             return done
-        seen.update(ids)
-        for rows in claimed:
+        for call in claimed:
             with app.app_context():
                 try:
-                    done.append((rows, attempt(system, schedule, rows)))
+                    done.append((call, attempt(system, schedule, call)))
                 finally:
                     release_connection()
 
