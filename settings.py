@@ -348,6 +348,9 @@ def billing(environ):
     elif target != "off":
         raise ConfigError(f"BILLING_URL must be the address of the {target} service when BILLING_EXPORT is {target}.")
     api_key = (environ.get("BILLING_API_KEY") or "").strip()
+    if api_key and not re.fullmatch(r"[\x21-\x7e]{1,1000}", api_key):
+        # Never quoted: it is a secret. A line break in it would end up in a header's error, and a log.
+        raise ConfigError("BILLING_API_KEY must be printable ASCII without spaces or line breaks.")
     if target in ("stripe", "lago") and not api_key:
         raise ConfigError(f"BILLING_API_KEY must be the {target} secret key when BILLING_EXPORT is {target}.")
     return {"BILLING_EXPORT": target, "BILLING_URL": url, "BILLING_API_KEY": api_key,
@@ -366,6 +369,9 @@ def billing_meters(text):
             raise ConfigError("BILLING_METERS must be requests=NAME, credits=NAME or both, comma-separated, each "
                               f"name letters, digits, _ . : or - (up to 100), not {text.strip()!r}.")
         meters[quantity] = name
+    if len(set(meters.values())) < len(meters):
+        raise ConfigError("BILLING_METERS must give requests and credits different names: one event each hour "
+                          f"and key carries one name, not {text.strip()!r}.")
     return meters
 
 

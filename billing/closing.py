@@ -1,23 +1,23 @@
 """Closing hours: once an hour has ended and CLOSE_AFTER has passed, the usage clock seals it
 (billing/sealing.py) and each exported organisation's totals for it become events in the outbox,
-with the identifiers the billing system deduplicates by. One process of all workers and instances
-does it, under the maintenance lock "billing" (metering/lifecycle.py's take_lock)."""
+under the customer of its period, with the identifiers the billing system deduplicates by. One
+process of all workers and instances does it, an hour of an organisation a transaction (a service
+that was down for days catches up in short ones), under the maintenance lock "billing"
+(metering/lifecycle.py's take_lock)."""
 
 import collections
 import datetime
 
+from flask import current_app
 from peewee import JOIN, Case, fn
 
 import settings
 from billing import sealing
-from billing.models import BillingCustomer, BillingEvent
-from models import ApiKey, UsageHour, db, utcnow
+from billing.models import BillingCustomer, BillingEvent, BillingPeriod
+from models import ApiKey, Organisation, UsageHour, db, start_of_hour, utcnow
 from store.writelock import write_transaction
 
 CLOSE_AFTER = datetime.timedelta(minutes=2)
-# Hours of one organisation closed in one transaction: a service that was down for days catches
-# up in short transactions.
-HOURS_PER_TRANSACTION = 24
 HOUR = datetime.timedelta(hours=1)
 LOCK_NAME = "billing"
 
@@ -64,12 +64,12 @@ def events(target, org_id, rows, meters):
     return made
 
 
-def write_events(target, org_id, customer, made, now):
+def write_events(target, org, customer, made, now):
     """Add the events to the outbox, due now; an identifier already there (a resend of an hour
     that was never lost) keeps its row. Return how many rows were new."""
-    rows = [{"target": target, "identifier": event.identifier, "org": org_id, "api_key_id": event.api_key_id,
-             "customer": customer, "quantity": event.quantity, "meter": event.meter, "hour": event.hour,
-             "value": event.value, "created_at": now, "next_attempt_at": now} for event in made]
+    rows = [{"target": target, "identifier": event.identifier, "org": org.id, "org_slug": org.slug,
+             "api_key_id": event.api_key_id, "customer": customer, "quantity": event.quantity, "meter": event.meter,
+             "hour": event.hour, "value": event.value, "created_at": now, "next_attempt_at": now} for event in made]
     written = 0
     for start in range(0, len(rows), 500):
         written += BillingEvent.insert_many(rows[start:start + 500]).on_conflict_ignore().as_rowcount().execute()
@@ -80,31 +80,71 @@ def meters_of(config):
     return settings.billing_meters(config["BILLING_METERS"])
 
 
+def segments(org_id, start, end):
+    """[(customer, from, to)]: the parts of [start, end) the organisation's periods cover."""
+    periods = (BillingPeriod.select().where((BillingPeriod.org == org_id) & (BillingPeriod.starts < end)
+                                            & (BillingPeriod.ends.is_null() | (BillingPeriod.ends > start)))
+               .order_by(BillingPeriod.starts))
+    return [(period.customer, max(start, period.starts), min(end, period.ends or end)) for period in periods]
+
+
+def write_hours(config, org, start, end, now, customer=None):
+    """Write the events of the organisation's hours in [start, end), each to its period's customer
+    (or all to `customer`); return how many were new."""
+    written = 0
+    for payer, first, last in [(customer, start, end)] if customer else segments(org.id, start, end):
+        made = events(config["BILLING_EXPORT"], org.id, totals(org.id, first, last), meters_of(config))
+        written += write_events(config["BILLING_EXPORT"], org, payer, made, now)
+    return written
+
+
 def close(config, now=None):
     """Seal the hours that ended CLOSE_AFTER ago and put every exported organisation's new hours
     in the outbox; return the number of events written."""
     now = now or utcnow()
     through = sealing.seal(now - CLOSE_AFTER)
+    if through is None:
+        return 0
     written = 0
-    for customer in BillingCustomer.select().where(BillingCustomer.closed_through < through):
-        written += close_customer(config, customer, through, now)
+    for position in BillingCustomer.select().where(BillingCustomer.closed_through < through):
+        written += close_organisation(config, position, through, now)
     return written
 
 
-def close_customer(config, customer, through, now):
-    meters = meters_of(config)
+def close_organisation(config, position, through, now):
+    """Close the organisation's hours from where `position` found them to `through`, an hour a
+    transaction; once its customer is removed and its last period closed, it is exported no more."""
     written = 0
-    start = customer.closed_through
+    start = position.closed_through
+    org = Organisation.get_by_id(position.org_id)
     while start < through:
-        end = min(through, start + HOURS_PER_TRANSACTION * HOUR)
+        end = min(through, start + HOUR)
         with write_transaction(db.obj):
-            # Moved only from where this run found it: a customer changed meanwhile keeps its own.
+            # Moved only from where this run found it: another closer's hours are its own.
             moved = (BillingCustomer.update(closed_through=end)
-                     .where((BillingCustomer.org == customer.org_id) & (BillingCustomer.closed_through == start)
-                            & (BillingCustomer.customer == customer.customer)).execute())
+                     .where((BillingCustomer.org == org.id) & (BillingCustomer.closed_through == start)).execute())
             if not moved:
                 return written
-            made = events(config["BILLING_EXPORT"], customer.org_id, totals(customer.org_id, start, end), meters)
-            written += write_events(config["BILLING_EXPORT"], customer.org_id, customer.customer, made, now)
+            written += write_hours(config, org, start, end, now)
         start = end
+    with write_transaction(db.obj):
+        ended = ~fn.EXISTS(BillingPeriod.select().where(
+            (BillingPeriod.org == org.id) & (BillingPeriod.ends.is_null() | (BillingPeriod.ends > through))))
+        if BillingCustomer.delete().where((BillingCustomer.org == org.id) & BillingCustomer.customer.is_null()
+                                          & (BillingCustomer.closed_through >= through) & ended).execute():
+            BillingPeriod.delete().where(BillingPeriod.org == org.id).execute()
     return written
+
+
+def close_deleted(org_ids, now=None):
+    """An organisation being deleted (orgs/organisations.py's organisations_deleted, before its keys
+    go): its hours from where they stand through the one under way are written now, as they are,
+    and go out though the organisation is gone. Counts another process still holds for its keys
+    (a second's at most) are lost with the keys."""
+    now = now or utcnow()
+    config = current_app.config
+    if config["BILLING_EXPORT"] == "off":
+        return
+    for position in BillingCustomer.select().where(BillingCustomer.org.in_(list(org_ids))):
+        write_hours(config, Organisation.get_by_id(position.org_id), position.closed_through,
+                    start_of_hour(now) + HOUR, now)

@@ -5,11 +5,11 @@ import collections
 import datetime
 import re
 
-from peewee import fn
+from peewee import IntegrityError, fn
 
 from accounts import securitylog
 from billing import closing
-from billing.models import FAILED, PENDING, SENT, BillingCustomer, BillingEvent
+from billing.models import FAILED, PENDING, SENT, BillingCustomer, BillingEvent, BillingPeriod
 from models import Organisation, db, start_of_hour, utcnow
 from orgs import orgadmin
 from store.writelock import write_transaction
@@ -17,7 +17,8 @@ from store.writelock import write_transaction
 # What every target takes as a customer, subscription or subject: printable ASCII, no spaces.
 CUSTOMER = re.compile(r"[\x21-\x7e]{1,255}")
 
-Status = collections.namedtuple("Status", "slug customer since last_sent pending failed")
+# until: for an organisation whose customer was removed, the end of its last hour that still goes out.
+Status = collections.namedtuple("Status", "slug customer since last_sent pending failed until")
 
 
 def checked_customer(text):
@@ -29,80 +30,133 @@ def checked_customer(text):
 
 
 def set_customer(org_id, text, actor=None, now=None):
-    """Give the organisation its billing customer (None: stop exporting it), for actor (a
-    User whose role must allow managing it; None: the command line). Hours from the current one
-    on are exported under it; those already closed keep the customer they had. Return the row, or
-    None when it stopped. ValueError with a sentence for a customer refused."""
+    """Give the organisation its billing customer (None: stop exporting it), for actor (a User
+    whose role must allow managing it; None: the command line); return the organisation's
+    BillingCustomer, or None once it is exported no more.
+
+    The first customer takes the hours from the current one on. A change or a removal takes
+    effect at the end of the hour under way, which stays with the customer it began with: an hour
+    is never split, skipped or moved to another customer after it was used, however the customer
+    is changed, removed and given again. ValueError with a sentence for a customer refused, or one
+    another organisation has."""
     now = now or utcnow()
     customer = checked_customer(text) if text is not None else None
-    with db.atomic():
-        orgadmin.holding(org_id, actor)
-        row = BillingCustomer.get_or_none(BillingCustomer.org == org_id)
-        if customer is None:
-            if row is not None:
-                row.delete_instance()
-                securitylog.record_in(org_id, "org.billing_customer_removed", f"was {row.customer}")
-            return None
-        if row is None:
-            hour = start_of_hour(now)
-            row = BillingCustomer.create(org=org_id, customer=customer, since=hour, closed_through=hour, changed_at=now)
-        elif row.customer != customer:
-            row.customer, row.changed_at = customer, now
-            row.save()
-        else:
-            return row
-        securitylog.record_in(org_id, "org.billing_customer_set", customer)
-        return row
+    hour = start_of_hour(now)
+    next_hour = hour + closing.HOUR
+    try:
+        with db.atomic():
+            orgadmin.holding(org_id, actor)
+            position = BillingCustomer.get_or_none(BillingCustomer.org == org_id)
+            if position is None and customer is None:
+                return None
+            if position is None:
+                position = BillingCustomer.create(org=org_id, customer=customer, since=hour, closed_through=hour,
+                                                  changed_at=now)
+                BillingPeriod.create(org=org_id, customer=customer, starts=hour)
+            elif position.customer == customer:
+                return position
+            else:
+                change_periods(org_id, customer, hour, next_hour)
+                before = position.customer
+                position.customer, position.changed_at = customer, now
+                position.save()
+                if customer is None:
+                    securitylog.record_in(org_id, "org.billing_customer_removed",
+                                          f"was {before}; its hours until {next_hour:%Y-%m-%d %H:00} UTC still go out")
+                    return position
+            securitylog.record_in(org_id, "org.billing_customer_set", customer)
+            return position
+    except IntegrityError:
+        raise ValueError("Another organisation has that billing customer: each customer pays for one "
+                         "organisation's usage.") from None
+
+
+def change_periods(org_id, customer, hour, next_hour):
+    """The periods after a change made in the hour starting at `hour`: the period under way ends
+    with it, one made for the next hour gives way, and `customer` (None: none) takes the next hour
+    on; with no period under way (removed in an earlier hour), it takes this hour on."""
+    BillingPeriod.delete().where((BillingPeriod.org == org_id) & (BillingPeriod.starts >= next_hour)).execute()
+    current = (BillingPeriod.select().where((BillingPeriod.org == org_id) & (BillingPeriod.starts <= hour)
+                                            & (BillingPeriod.ends.is_null() | (BillingPeriod.ends > hour)))
+               .order_by(BillingPeriod.starts.desc()).first())
+    if current is not None and current.customer == customer:
+        current.ends = None  # given again within the hour it was removed or changed in
+        current.save()
+        return
+    if current is not None:
+        current.ends = next_hour
+        current.save()
+    if customer is not None:
+        BillingPeriod.create(org=org_id, customer=customer, starts=next_hour if current is not None else hour)
+
+
+def first_hour_of(org_id, customer):
+    """The first hour that goes to the customer in its latest period."""
+    return (BillingPeriod.select().where((BillingPeriod.org == org_id) & (BillingPeriod.customer == customer))
+            .order_by(BillingPeriod.starts.desc()).first().starts)
 
 
 def customer_of(org_id):
     return BillingCustomer.get_or_none(BillingCustomer.org == org_id)
 
 
-def status(org_ids=None):
-    """A Status for each exported organisation (or those of org_ids), by slug."""
+def status(target, org_ids=None):
+    """A Status for each exported organisation (or those of org_ids), by slug, counting the events
+    of `target` (BILLING_EXPORT's) alone."""
     query = (BillingCustomer.select(BillingCustomer, Organisation.id, Organisation.slug).join(Organisation)
              .order_by(Organisation.slug))
     if org_ids is not None:
         query = query.where(BillingCustomer.org.in_(org_ids))
-    customers = list(query)
+    positions = list(query)
     # With the organisation joined, peewee leaves org_id unset: its id is on row.org.
-    ids = [row.org.id for row in customers]
+    ids = [row.org.id for row in positions]
+    of_target = BillingEvent.org.in_(ids) & (BillingEvent.target == target)
     last_sent = dict(BillingEvent.select(BillingEvent.org, fn.MAX(BillingEvent.hour))
-                     .where(BillingEvent.org.in_(ids) & (BillingEvent.state == SENT))
-                     .group_by(BillingEvent.org).tuples())
+                     .where(of_target & (BillingEvent.state == SENT)).group_by(BillingEvent.org).tuples())
     hours = collections.defaultdict(collections.Counter)
     for org_id, state, count in (BillingEvent.select(BillingEvent.org, BillingEvent.state,
                                                      fn.COUNT(fn.DISTINCT(BillingEvent.hour)))
-                                 .where(BillingEvent.org.in_(ids) & BillingEvent.state.in_([PENDING, FAILED]))
+                                 .where(of_target & BillingEvent.state.in_([PENDING, FAILED]))
                                  .group_by(BillingEvent.org, BillingEvent.state).tuples()):
         hours[org_id][state] = count
+    last_ends = dict(BillingPeriod.select(BillingPeriod.org, fn.MAX(BillingPeriod.ends))
+                     .where(BillingPeriod.org.in_(ids)).group_by(BillingPeriod.org).tuples())
     return [Status(row.org.slug, row.customer, row.since,
                    last_sent.get(row.org.id) and BillingEvent.hour.python_value(last_sent[row.org.id]),
-                   hours[row.org.id][PENDING], hours[row.org.id][FAILED]) for row in customers]
+                   hours[row.org.id][PENDING], hours[row.org.id][FAILED],
+                   None if row.customer else BillingPeriod.ends.python_value(last_ends.get(row.org.id)))
+            for row in positions]
 
 
 def resend(config, org_id, since, now=None):
-    """Send the organisation's hours from `since` again: those that failed are due now with their
-    schedule anew, and those never sent (before its customer was given, or forgotten) are closed
-    now under its customer. Hours accepted already are left as they are: a resend of them would be
-    harmless by its identifiers, but Stripe keeps identifiers only for a while. Return the number
-    of events due."""
+    """Send the organisation's hours from `since` again, an hour a transaction: the events that
+    failed are due now with their schedule anew, and the hours with no event (before its first
+    customer, which takes them, or within its periods) are closed now. Events accepted already are
+    left as they are (a resend would be harmless by their identifiers, but Stripe keeps
+    identifiers only for a while), and they are kept as long as the hourly usage rows: an hour
+    whose usage is still here cannot be sent twice. Return the number of events due."""
     now = now or utcnow()
-    customer = customer_of(org_id)
-    if customer is None:
+    position = customer_of(org_id)
+    if position is None:
         raise ValueError("The organisation has no billing customer: give it one first "
                          "(orgs billing SLUG --customer ID).")
+    org = Organisation.get_by_id(org_id)
     start = start_of_hour(since)
+    first = BillingPeriod.select(fn.MIN(BillingPeriod.starts)).where(BillingPeriod.org == org_id).scalar()
+    first = BillingPeriod.starts.python_value(first) if first is not None else position.closed_through
+    due = 0
     with write_transaction(db.obj):
-        failed = (BillingEvent.update(state=PENDING, attempts=0, next_attempt_at=now, error=None)
-                  .where((BillingEvent.org == org_id) & (BillingEvent.state == FAILED) & (BillingEvent.hour >= start))
-                  .execute())
-        # The hours closed for the customer: those still open follow in their time.
-        made = closing.events(config["BILLING_EXPORT"], org_id, closing.totals(org_id, start, customer.closed_through),
-                              closing.meters_of(config))
-        written = closing.write_events(config["BILLING_EXPORT"], org_id, customer.customer, made, now)
-    return failed + written
+        due += (BillingEvent.update(state=PENDING, attempts=0, next_attempt_at=now, error=None)
+                .where((BillingEvent.org == org_id) & (BillingEvent.state == FAILED) & (BillingEvent.hour >= start)
+                       & (BillingEvent.target == config["BILLING_EXPORT"])).execute())
+    hour = start
+    while hour < position.closed_through:
+        with write_transaction(db.obj):
+            if hour >= first or position.customer:
+                due += closing.write_hours(config, org, hour, hour + closing.HOUR, now,
+                                           customer=position.customer if hour < first else None)
+        hour += closing.HOUR
+    return due
 
 
 def parse_time(text):

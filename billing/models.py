@@ -1,5 +1,6 @@
-"""The billing tables: each exported organisation's customer, the clock that seals ended hours
-against late usage writes, and the outbox of events for the billing system (store/outbox.py)."""
+"""The billing tables: each exported organisation's position and the customers its hours go to,
+the clock that seals ended hours against late usage writes, and the outbox of events for the
+billing system (store/outbox.py)."""
 
 from peewee import BigIntegerField, CharField, DateTimeField, ForeignKeyField, IntegerField
 
@@ -13,18 +14,34 @@ USAGE_CLOCK = "usage"
 
 
 class BillingCustomer(BaseModel):
-    """Who pays for an organisation's usage in the billing system: a Stripe customer id, a Lago
-    external subscription id, an OpenMeter or CloudEvents subject. Its hours from `since` on are
-    exported; those before `closed_through` are in the outbox already."""
+    """An exported organisation: who pays for its usage now (a Stripe customer id, a Lago external
+    subscription id, an OpenMeter or CloudEvents subject; None once removed, until its last hour is
+    closed), one organisation's at a time, and how far its hours are in the outbox
+    (closed_through). Which customer each hour goes to is BillingPeriod's."""
 
     org = ForeignKeyField(Organisation, primary_key=True, on_delete="CASCADE")
-    customer = CharField(max_length=255)
+    customer = CharField(max_length=255, null=True, unique=True)
     since = DateTimeField()
     closed_through = DateTimeField()
     changed_at = DateTimeField(default=utcnow)
 
     class Meta:
         table_name = "billing_customers"
+
+
+class BillingPeriod(BaseModel):
+    """The hours from `starts` to `ends` (None: on) of an organisation go to `customer`. A change
+    or a removal takes effect at the end of the hour it is made in, so that an hour is never split,
+    skipped or moved to another customer after it was used."""
+
+    org = ForeignKeyField(Organisation, on_delete="CASCADE")
+    customer = CharField(max_length=255)
+    starts = DateTimeField()
+    ends = DateTimeField(null=True)
+
+    class Meta:
+        table_name = "billing_periods"
+        indexes = ((("org", "starts"), True),)
 
 
 class BillingClock(BaseModel):
@@ -42,12 +59,14 @@ class BillingClock(BaseModel):
 class BillingEvent(BaseModel):
     """One event for the billing system, written when its hour is closed, with the identifier the
     system deduplicates by: a resend is harmless. Stripe's are one per organisation, meter and hour
-    (api_key_id NULL), the others' one per key, meter and hour."""
+    (api_key_id NULL), the others' one per key, meter and hour. It outlives its organisation (org
+    NULL, its slug kept): a deleted organisation's last hours are still sent."""
 
     id = IdField()
     target = CharField(max_length=16)
     identifier = CharField(max_length=120)
-    org = ForeignKeyField(Organisation, on_delete="CASCADE")
+    org = ForeignKeyField(Organisation, null=True, on_delete="SET NULL")
+    org_slug = CharField(max_length=64)
     api_key_id = BigIntegerField(null=True)
     customer = CharField(max_length=255)
     # The quantity (requests or credits) and the meter's name in the billing system.
@@ -58,7 +77,7 @@ class BillingEvent(BaseModel):
     created_at = DateTimeField(default=utcnow)
     state = CharField(max_length=16, default=PENDING)
     attempts = IntegerField(default=0)
-    next_attempt_at = DateTimeField(null=True, index=True)
+    next_attempt_at = DateTimeField(null=True)
     # While an attempt is under way (its lease): Stripe takes one call at a time per customer and meter.
     sending_until = DateTimeField(null=True)
     sent_at = DateTimeField(null=True)
@@ -67,7 +86,10 @@ class BillingEvent(BaseModel):
 
     class Meta:
         table_name = "billing_events"
-        indexes = ((("target", "identifier"), True), (("org", "hour"), False), (("state", "hour"), False))
+        # Claims and the sender's look at the outbox; Stripe's calls under way; the oldest hour
+        # pending; an organisation's hours by state (its status, a resend).
+        indexes = ((("target", "identifier"), True), (("state", "target", "next_attempt_at"), False),
+                   (("state", "sending_until"), False), (("state", "hour"), False), (("org", "state", "hour"), False))
 
 
-MODELS = [BillingCustomer, BillingClock, BillingEvent]
+MODELS = [BillingCustomer, BillingPeriod, BillingClock, BillingEvent]

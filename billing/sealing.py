@@ -7,6 +7,8 @@ PostgreSQL: an advisory lock every flush transaction shares and sealing takes al
 flush transaction reads the clock: a count taken before the sealed time is written into the
 oldest open hour instead. Nothing is lost, and a read hour never grows."""
 
+import time
+
 from peewee import PostgresqlDatabase
 
 from billing.models import USAGE_CLOCK, BillingClock
@@ -15,6 +17,8 @@ from store.writelock import write_transaction
 
 # Any constant of its own: apart from the schema's and the key imports' advisory locks.
 SEAL_LOCK_ID = 0x62696C6C
+SEAL_WAIT_SECONDS = 5
+SEAL_RETRY_SECONDS = 0.05
 
 
 def open_hour(database, used_at):
@@ -30,13 +34,30 @@ def open_hour(database, used_at):
 
 def seal(moment):
     """Seal every hour that ended by `moment`, once the flushes under way have committed; return
-    the start of the oldest open hour. The clock never goes back."""
+    the start of the oldest open hour. The clock never goes back. On PostgreSQL the lock is tried,
+    not waited for: a waiting exclusive lock would queue every flush behind one slow flush, so
+    while one holds it past SEAL_WAIT_SECONDS the clock stays where it was, until the next close."""
     through = start_of_hour(moment)
     database = db.obj
     with write_transaction(database):
-        if isinstance(database, PostgresqlDatabase):
-            database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SEAL_LOCK_ID,))
+        if isinstance(database, PostgresqlDatabase) and not taken_soon(database):
+            return sealed_through()
         BillingClock.insert(name=USAGE_CLOCK, sealed_through=through).on_conflict_ignore().execute()
         (BillingClock.update(sealed_through=through)
          .where((BillingClock.name == USAGE_CLOCK) & (BillingClock.sealed_through < through)).execute())
-        return BillingClock.get(BillingClock.name == USAGE_CLOCK).sealed_through
+        return sealed_through()
+
+
+def taken_soon(database):
+    deadline = time.monotonic() + SEAL_WAIT_SECONDS
+    while not database.execute_sql("SELECT pg_try_advisory_xact_lock(%s)", (SEAL_LOCK_ID,)).fetchone()[0]:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(SEAL_RETRY_SECONDS)
+    return True
+
+
+def sealed_through():
+    """The start of the oldest hour still open to usage writes (None before the first seal)."""
+    clock = BillingClock.get_or_none(BillingClock.name == USAGE_CLOCK)
+    return clock and clock.sealed_through

@@ -20,8 +20,9 @@ import settings
 from billing import closing, targets
 from billing.models import FAILED, PENDING, SENT, BillingEvent
 from metering import lifecycle
-from models import Organisation, db, release_connection, utcnow
+from models import db, release_connection, utcnow
 from ops import metrics, services
+from orgs import organisations
 from store import outbox
 from store.writelock import write_transaction
 
@@ -38,7 +39,6 @@ STOP_WAIT_SECONDS = 5
 # Any constant of its own: claims of all processes one at a time on PostgreSQL, so that two never
 # both start a call for the same Stripe customer and meter.
 CLAIM_LOCK_ID = 0x62696C63
-KEPT_FOR = datetime.timedelta(days=40)
 
 
 def claim(target, calls, now=None):
@@ -66,53 +66,69 @@ def claim(target, calls, now=None):
             ids = [pk for pk, _, _ in query.limit(calls * size).tuples()]
         if not ids:
             return []
-        outbox.lease(BillingEvent, ids, due, now, LEASE_SECONDS,
-                     sending_until=now + datetime.timedelta(seconds=LEASE_SECONDS))
-        rows = list(BillingEvent.select().where(BillingEvent.id.in_(ids)).order_by(BillingEvent.hour, BillingEvent.id))
+        lease_ends = now + datetime.timedelta(seconds=LEASE_SECONDS)
+        outbox.lease(BillingEvent, ids, due, now, LEASE_SECONDS, sending_until=lease_ends)
+        # Only the rows this lease took: one recorded meanwhile by a process whose lease had ended is not sent again.
+        rows = list(BillingEvent.select().where(BillingEvent.id.in_(ids) & (BillingEvent.state == PENDING)
+                                                & (BillingEvent.sending_until == lease_ends))
+                    .order_by(BillingEvent.hour, BillingEvent.id))
     return [rows[start:start + size] for start in range(0, len(rows), size)]
 
 
 def record(rows, outcome, schedule, now=None):
-    """Record one call's answer for each of its events; return the state the events not stored
-    before took (None when they were claimed again after this attempt's lease ended)."""
+    """Record one call's answer for each of its events, each by its own attempt's number; return
+    the state the events not stored before took (None when they were claimed again after this
+    attempt's lease ended)."""
     now = now or utcnow()
     stored_before = [row for index, row in enumerate(rows) if index in outcome.already]
     rows = [row for index, row in enumerate(rows) if index not in outcome.already]
-    if outcome.wait is not None:
-        # The system asks for time (a 429), or to send the rest again without what it had: not a
-        # failed attempt, so the schedule is not spent on it.
-        state, next_at = PENDING, now + datetime.timedelta(seconds=outcome.wait)
-        changes = {"attempts": BillingEvent.attempts - 1}
-    else:
-        step, next_at = outbox.after_attempt(rows[0].attempts if rows else 1, schedule, outcome.accepted, now)
-        if outcome.final:
-            step, next_at = outbox.GIVEN_UP, None
-        state = {outbox.SUCCEEDED: SENT, outbox.RETRY: PENDING, outbox.GIVEN_UP: FAILED}[step]
-        changes = {"sent_at": now} if state == SENT else {}
-    changes.update(state=state, next_attempt_at=next_at, sending_until=None,
-                   error=outcome.error and outcome.error[:targets.ERROR_CHARACTERS])
+    error = outcome.error and outcome.error[:targets.ERROR_CHARACTERS]
+    changes = {}
     with write_transaction(db.obj):
         sent = sum(mark(row, state=SENT, next_attempt_at=None, sending_until=None, sent_at=now, error=None)
                    for row in stored_before)
-        updated = sum(mark(row, **changes) for row in rows)
-    sent += updated if state == SENT else 0
+        for row in rows:
+            changes[row.id] = row_changes(row, outcome, schedule, now)
+            changes[row.id].update(error=error)
+        updated = collections.Counter(changes[row.id]["state"] for row in rows if mark(row, **changes[row.id]))
+    sent += updated[SENT]
     if sent:
         metrics.billing_sent(sent)
+    if updated[FAILED]:
+        metrics.billing_failed(updated[FAILED])
     if not rows:
         return SENT if sent else None
     if not updated:
         return None
     first = rows[0]
-    if state == FAILED:
-        metrics.billing_failed(updated)
-        log.warning("Gave up sending %d billing events (the first %s, hour %s) after %d attempts: %s", len(rows),
-                    first.identifier, first.hour.strftime("%Y-%m-%d %H:00"), first.attempts, outcome.error)
-    elif outcome.limited:
-        log.info("The billing system asked for %d s before the next call (event %s).", outcome.wait, first.identifier)
+    state, next_at = changes[first.id]["state"], changes[first.id]["next_attempt_at"]
+    if updated[FAILED]:
+        log.warning("Gave up sending %d billing events (the first %s, hour %s) after their attempts: %s",
+                    updated[FAILED], first.identifier, first.hour.strftime("%Y-%m-%d %H:00"), outcome.error)
+    if outcome.limited:
+        log.info("The billing system refused a call for its rate (event %s); the next in %d s.", first.identifier,
+                 outcome.wait)
     elif state == PENDING and outcome.wait is None:
         log.info("Could not send %d billing events (the first %s, attempt %d): %s; trying again at %s UTC.",
                  len(rows), first.identifier, first.attempts, outcome.error, next_at.strftime("%H:%M:%S"))
     return state
+
+
+def row_changes(row, outcome, schedule, now):
+    """What an answer makes of one event of the call."""
+    if outcome.wait is not None:
+        # The system asks for time (a 429), or to send the rest again without what it had: not a
+        # failed attempt, so the schedule is not spent on it. After a 429 the customer and meter
+        # stay busy until then, so that Stripe's next hour for them waits too.
+        next_at = now + datetime.timedelta(seconds=outcome.wait)
+        return {"state": PENDING, "next_attempt_at": next_at, "attempts": BillingEvent.attempts - 1,
+                "sending_until": next_at if outcome.limited else None}
+    step, next_at = outbox.after_attempt(row.attempts, schedule, outcome.accepted, now)
+    if outcome.final:
+        step, next_at = outbox.GIVEN_UP, None
+    state = {outbox.SUCCEEDED: SENT, outbox.RETRY: PENDING, outbox.GIVEN_UP: FAILED}[step]
+    changes = {"state": state, "next_attempt_at": next_at, "sending_until": None}
+    return {**changes, "sent_at": now} if state == SENT else changes
 
 
 def mark(row, **changes):
@@ -121,21 +137,15 @@ def mark(row, **changes):
             .where((BillingEvent.id == row.id) & (BillingEvent.attempts == row.attempts)).execute())
 
 
-def slugs_of(rows):
-    org_ids = {row.org_id for row in rows}
-    return dict(Organisation.select(Organisation.id, Organisation.slug).where(Organisation.id.in_(org_ids)).tuples())
-
-
 def attempt(system, schedule, rows, now=None):
     """Send one claimed call and record it; return the events' state."""
     now = now or utcnow()
-    slugs = slugs_of(rows)
     release_connection()  # not held through the call
     outcome = None
     # The whole call, within the lease: a system that drips its answer would otherwise hold a slot
     # past it, and another process would send the events again.
     with gevent.Timeout(targets.TIMEOUT_SECONDS, False):
-        outcome = system.send(rows, slugs, now)
+        outcome = system.send(rows, now)
     if outcome is None:
         outcome = targets.Outcome(False, error=f"No answer within {targets.TIMEOUT_SECONDS} s.")
     return record(rows, outcome, schedule)
@@ -175,22 +185,24 @@ def due_exists(target, now=None):
                    & (BillingEvent.state == PENDING)).limit(1).exists())
 
 
-def oldest_pending_seconds(now=None):
-    """Seconds since the end of the oldest hour with an event not yet accepted; 0 with none."""
+def oldest_pending_seconds(target, now=None):
+    """Seconds since the end of the oldest hour with an event of target not yet accepted; 0 with none."""
     now = now or utcnow()
-    oldest = (BillingEvent.select(fn.MIN(BillingEvent.hour)).where(BillingEvent.state == PENDING).scalar())
+    oldest = (BillingEvent.select(fn.MIN(BillingEvent.hour))
+              .where((BillingEvent.state == PENDING) & (BillingEvent.target == target)).scalar())
     if oldest is None:
         return 0
     oldest = BillingEvent.hour.python_value(oldest)
     return max(0.0, (now - oldest - closing.HOUR).total_seconds())
 
 
-def forget_old(now=None):
-    """Delete accepted events older than KEPT_FOR (Stripe's window and a few days): a resend of
-    those hours makes them again with the same identifiers. Return how many."""
-    with write_transaction(db.obj):
-        return (BillingEvent.delete()
-                .where((BillingEvent.state == SENT) & (BillingEvent.hour < (now or utcnow()) - KEPT_FOR)).execute())
+def forget_old(config, now=None):
+    """Delete the accepted and given-up events of hours past USAGE_HOURLY_RETENTION_DAYS, in
+    batches: as long as an hour's usage rows are kept, so are its events, and `billing resend`
+    can never make one that was accepted again. Return how many."""
+    cutoff = (now or utcnow()) - datetime.timedelta(days=config["USAGE_HOURLY_RETENTION_DAYS"])
+    return lifecycle.delete_in_batches(BillingEvent, BillingEvent.id, (BillingEvent.state != PENDING)
+                                       & (BillingEvent.hour < cutoff), lifecycle.PAUSE_SECONDS)
 
 
 class Sender:
@@ -224,9 +236,9 @@ class Sender:
                 with self.app.app_context():
                     if time.monotonic() >= self.gauge_at:
                         self.gauge_at = time.monotonic() + GAUGE_EVERY_SECONDS
-                        metrics.billing_oldest_pending(oldest_pending_seconds())
+                        metrics.billing_oldest_pending(oldest_pending_seconds(self.system.target))
                     free = self.pool.free_count()
-                    if free and due_exists(self.system.target):
+                    if free and not self.system.paused() and due_exists(self.system.target):
                         claimed = claim(self.system.target, free)
             except Exception:
                 log.exception("Could not claim billing events from the outbox; trying again in %s s.", self.interval)
@@ -250,7 +262,7 @@ class Sender:
             try:
                 if lifecycle.take_lock(CLOSE_EVERY_SECONDS - 5, name=closing.LOCK_NAME):
                     closing.close(self.app.config)
-                    forget_old()
+                    forget_old(self.app.config)
             except Exception:
                 log.exception("Could not close the ended hours for billing; trying again in %d s.",
                               CLOSE_EVERY_SECONDS)
@@ -293,8 +305,10 @@ class Sender:
 
 def init_app(app):
     """When BILLING_EXPORT is on: the sender, started with the app's services, and the usage
-    flush's clock check (app.py hands billing/sealing.py's open_hour to metering/usage.py)."""
+    flush's clock check (app.py hands billing/sealing.py's open_hour to metering/usage.py). A
+    deleted organisation's last hours are written before its keys go."""
     schedule = settings.billing_retry_schedule(app.config["BILLING_RETRY_SCHEDULE"])
     app.extensions["billing"] = schedule
+    organisations.organisations_deleted.connect(closing.close_deleted)
     if app.config["BILLING_EXPORT"] != "off":
         services.register(app, "billing", Sender(app, schedule))

@@ -8,6 +8,8 @@ import datetime
 import http.client
 import json
 import logging
+import re
+import time
 from urllib.parse import urlsplit
 
 from models import iso_seconds
@@ -21,6 +23,13 @@ BATCH = 100
 # Stripe takes a meter event up to 35 days after its timestamp.
 STRIPE_OLDEST = datetime.timedelta(days=35)
 TOO_OLD = "Stripe refuses meter events older than 35 days."
+# Stripe refuses an identifier it has seen "within a rolling period of at least 24 hours": an event
+# whose earlier attempt may have been counted (no answer, a 5xx) is not sent again past that.
+STRIPE_REMEMBERS = datetime.timedelta(hours=23)
+PAST_STRIPE_MEMORY = ("Not sent again: Stripe remembers an identifier for 24 hours, and an earlier attempt may have "
+                      "been counted. Check the meter's events in Stripe, then billing resend if it is missing.")
+# Characters an error keeps: a database refuses a NUL, and a log line takes no other control character.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 # The longest wait a Retry-After gets; without one (Stripe sends none), consecutive 429s wait
 # 1, 2, 4 ... seconds, up to LONGEST_BACKOFF_SECONDS: the exponential back-off Stripe asks for.
 LONGEST_WAIT_SECONDS = 3600
@@ -75,32 +84,41 @@ class BillingSystem:
         self.target = config["BILLING_EXPORT"]
         self.stripe = None
         self.limited_in_a_row = 0
+        # After a 429, the process makes no call until then (time.monotonic()).
+        self.paused_until = 0.0
 
-    def send(self, events, slugs, now):
-        """Send one call's events and read the answer; slugs: {org id: slug}."""
-        outcome = self.call(events, slugs, now)
+    def paused(self):
+        return time.monotonic() < self.paused_until
+
+    def send(self, events, now):
+        """Send one call's events and read the answer."""
+        outcome = self.call(events, now)
         if not outcome.limited:
             self.limited_in_a_row = 0
             return outcome
         self.limited_in_a_row += 1
         if outcome.wait is None:
             outcome = outcome._replace(wait=min(2 ** min(self.limited_in_a_row - 1, 10), LONGEST_BACKOFF_SECONDS))
+        self.paused_until = time.monotonic() + outcome.wait
         return outcome
 
-    def call(self, events, slugs, now):
+    def call(self, events, now):
         try:
             if self.target == "stripe":
                 if self.stripe is None:
                     self.stripe = stripe_client(self.config)
                 return send_to_stripe(self.stripe, events[0], now)
             if self.target == "lago":
-                body = {"events": [lago_event(event, slugs[event.org_id]) for event in events]}
-                return lago_outcome(post_json(self.config, "/api/v1/events/batch", body, "application/json"))
-            batch = [cloudevent(event, source_of(self.config), slugs[event.org_id]) for event in events]
+                body = {"events": [lago_event(event, event.org_slug) for event in events]}
+                return lago_outcome(post_json(self.config, "/api/v1/events/batch", body, "application/json"),
+                                    len(events))
+            batch = [cloudevent(event, source_of(self.config), event.org_slug) for event in events]
             path = "/api/v1/events" if self.target == "openmeter" else ""
             return outcome_of(*post_json(self.config, path, batch, "application/cloudevents-batch+json"))
         except (OSError, http.client.HTTPException) as failure:
             return Outcome(False, error=described(failure))
+        except Exception as failure:  # whatever a library raises is a failed attempt, its words never kept
+            return Outcome(False, error=f"The call failed: {type(failure).__name__}.")
 
 
 def post_json(config, path, body, content_type):
@@ -123,13 +141,13 @@ def post_json(config, path, body, content_type):
 def outcome_of(status, retry_after, answer):
     if 200 <= status < 300:
         return ACCEPTED
-    error = f"{status}: {' '.join(answer.split())}"[:ERROR_CHARACTERS]
+    error = CONTROL.sub(" ", f"{status}: {' '.join(answer.split())}")[:ERROR_CHARACTERS]
     if status == 429:
         return Outcome(False, limited=True, wait=wait_of(retry_after), error=error)
     return Outcome(False, error=error)
 
 
-def lago_outcome(answer):
+def lago_outcome(answer, size):
     """Lago refuses a whole batch (422) when one of its transaction ids is stored already, and
     stores none of it: the events it names so are accepted (stored before), and the others go
     again at once unless something else is wrong with them."""
@@ -143,26 +161,41 @@ def lago_outcome(answer):
                     for index, fields in details.items()}
     except (ValueError, AttributeError, TypeError):
         return outcome
-    already = frozenset(index for index, codes in refusals.items() if codes and set(codes) == {LAGO_DUPLICATE})
+    already = frozenset(index for index, codes in refusals.items()
+                        if 0 <= index < size and codes and set(codes) == {LAGO_DUPLICATE})
     if not already:
         return outcome
     return outcome._replace(already=already, wait=0 if len(already) == len(refusals) else None)
 
 
 def wait_of(retry_after):
-    """The seconds a Retry-After of whole seconds asks for, within LONGEST_WAIT_SECONDS; None without one."""
+    """The seconds a Retry-After of whole seconds asks for, from 1 to LONGEST_WAIT_SECONDS; None without one."""
     text = (retry_after or "").strip()
     if not (text.isdigit() and len(text) < 10):
         return None
-    return min(int(text), LONGEST_WAIT_SECONDS)
+    return min(max(int(text), 1), LONGEST_WAIT_SECONDS)
 
 
 def stripe_client(config):
-    """A client of Stripe's own library for BILLING_URL; its retries off, as the outbox retries."""
+    """A client of Stripe's own library for BILLING_URL: its retries off, as the outbox retries;
+    its answers read up to ANSWER_BYTES; its three lines a call kept out of the service's log."""
+    import requests
     import stripe
 
+    class BoundedSession(requests.Session):
+        def request(self, *args, **kwargs):
+            response = super().request(*args, **{**kwargs, "stream": True})
+            try:
+                # What Response.content would read, bounded (a larger answer is cut, then refused as not JSON).
+                response._content = response.raw.read(ANSWER_BYTES, decode_content=True)
+            finally:
+                response.close()
+            return response
+
+    logging.getLogger("stripe").setLevel(logging.WARNING)
     return stripe.StripeClient(config["BILLING_API_KEY"], base_addresses={"api": config["BILLING_URL"]},
-                               max_network_retries=0, http_client=stripe.RequestsClient(timeout=TIMEOUT_SECONDS))
+                               max_network_retries=0,
+                               http_client=stripe.RequestsClient(timeout=TIMEOUT_SECONDS, session=BoundedSession()))
 
 
 def send_to_stripe(client, event, now):
@@ -170,6 +203,8 @@ def send_to_stripe(client, event, now):
 
     if event.hour < now - STRIPE_OLDEST:
         return Outcome(False, final=True, error=TOO_OLD)
+    if event.attempts > 1 and event.created_at < now - STRIPE_REMEMBERS:
+        return Outcome(False, final=True, error=PAST_STRIPE_MEMORY)
     params = {"event_name": event.meter, "identifier": event.identifier,
               "timestamp": int(event.hour.replace(tzinfo=datetime.UTC).timestamp()),
               "payload": {"stripe_customer_id": event.customer, "value": str(event.value)}}
@@ -191,6 +226,6 @@ def is_stripe_duplicate(failure):
 
 
 def described(failure):
-    """A failure without an answer, in words that name neither the API key nor a URL's secrets."""
+    """A failure without an answer (a network error's words, which name neither the API key nor a URL)."""
     text = str(failure) or type(failure).__name__
-    return f"No answer: {' '.join(text.split())}"[:ERROR_CHARACTERS]
+    return CONTROL.sub(" ", f"No answer: {' '.join(text.split())}")[:ERROR_CHARACTERS]

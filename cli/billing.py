@@ -26,26 +26,28 @@ def parsed_time(text):
 @billing_cli.command("status")
 def status_command():
     """One line per exported organisation: slug, customer, last hour sent, hours pending, hours failed."""
-    rows = customers.status()
+    rows = customers.status(current_app.config["BILLING_EXPORT"])
     if not rows:
         click.echo("No organisation is exported: give one a billing customer (orgs billing SLUG --customer ID).")
         return
     click.echo(f"Export: {current_app.config['BILLING_EXPORT']}")
     for row in rows:
         last = iso_seconds(row.last_sent) if row.last_sent else "none"
-        click.echo(f"{row.slug}  customer {row.customer}  last hour sent {last}  "
+        customer = row.customer or f"none (removed: its hours until {iso_seconds(row.until)} still go out)"
+        click.echo(f"{row.slug}  customer {customer}  last hour sent {last}  "
                    f"pending {row.pending}  failed {row.failed}")
 
 
 @billing_cli.command("export")
 @click.option("--since", required=True, metavar="TIME", help="The first hour, UTC (2026-11-28T10).")
-@click.option("--until", metavar="TIME", help="The end, UTC, not included (default: the current hour's start).")
+@click.option("--until", metavar="TIME", help="The end, UTC, not included (default: the start of the last hour "
+              "closed, 2 minutes after its end).")
 @click.option("--org", "org_slug", metavar="SLUG", help="Only this organisation.")
 def export_command(since, until, org_slug):
     """Print the CloudEvents of those hours, one JSON object a line, whatever BILLING_EXPORT says.
     An organisation without a billing customer has its slug as the subject."""
     start = start_of_hour(parsed_time(since))
-    end = parsed_time(until) if until else start_of_hour(utcnow())
+    end = parsed_time(until) if until else start_of_hour(utcnow() - closing.CLOSE_AFTER)
     orgs = [find_organisation(org_slug)] if org_slug else list(Organisation.select().order_by(Organisation.id))
     config = current_app.config
     meters = closing.meters_of(config)

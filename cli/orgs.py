@@ -200,7 +200,9 @@ def billing_command(slug, customer, remove):
     except ValueError as refused:
         raise click.ClickException(str(refused)) from None
     if row is None:
-        click.echo(f"{org.slug} is no longer exported; the hours closed already are still sent.")
+        click.echo(f"{org.slug} is not exported.")
+    elif row.customer is None:
+        click.echo(f"{org.slug} is exported no more after the hour under way, which still goes out.")
     else:
-        click.echo(f"{org.slug} is exported as customer {row.customer}, its hours from "
-                   f"{row.since.strftime('%Y-%m-%d %H:00')} UTC on.")
+        click.echo(f"{org.slug} is exported as customer {row.customer}: its hours from "
+                   f"{customers.first_hour_of(org.id, row.customer):%Y-%m-%d %H:00} UTC on.")

@@ -21,8 +21,9 @@ from models import (
 )
 
 signals = Namespace()
-# Sent inside the deleting transaction with org_ids: the rooms above delete what those organisations
-# held (webhook endpoints), which an upgraded SQLite database has no foreign key to cascade to.
+# Sent inside the deleting transaction with org_ids, before their keys go: the rooms above delete
+# what those organisations held (webhook endpoints), which an upgraded SQLite database has no
+# foreign key to cascade to, and billing writes their last hours.
 organisations_deleted = signals.signal("organisations-deleted")
 # Sent inside the deleting transaction with the account's user id: the invitations it sent and
 # that are still pending end with it, as when it is removed from their organisation.
@@ -102,9 +103,10 @@ def leave_for_deletion(user):
         if isinstance(db.obj, PostgresqlDatabase):
             # In id order, as the usage flush locks keys (a DELETE alone could deadlock with it).
             list(ApiKey.select(ApiKey.id).where(ApiKey.org.in_(alone)).order_by(ApiKey.id).for_update())
+        # Before the keys go: billing writes their last hours from their usage rows.
+        organisations_deleted.send(alone)
         ApiKey.delete().where(ApiKey.org.in_(alone)).execute()
         SecurityEvent.delete().where(SecurityEvent.org.in_(alone)).execute()
-        organisations_deleted.send(alone)
         Organisation.delete().where(Organisation.id.in_(alone)).execute()
     ApiKey.update(user=None).where(ApiKey.user == user.id).execute()
     SecurityEvent.delete().where((SecurityEvent.user == user.id) & SecurityEvent.org.is_null()).execute()

@@ -31,7 +31,7 @@ def render_organisation_tab(status=200, imported=None):
     former = (FormerSlug.select().where((FormerSlug.org == g.org.id) & (FormerSlug.until > utcnow()))
               .order_by(FormerSlug.until.desc()))
     export = current_app.config["BILLING_EXPORT"]
-    billing = customers.status([g.org.id]) if export != "off" else []
+    billing = customers.status(export, [g.org.id]) if export != "off" else []
     return render_template("settings_organisation.html", active_keys=ApiKey.active_in(g.org.id).count(),
                            former_slug_kept_days=orgadmin.FORMER_SLUG_KEPT.days, former_slugs=list(former),
                            imported=imported, import_limits=keyimports, billing_export=export,
@@ -112,11 +112,11 @@ def set_billing_customer():
     except ValueError as refused:
         flash(str(refused), "error")
         return render_organisation_tab(status=400)
-    if row is None:
-        flash(f"{g.org.name}'s usage is no longer exported; the hours closed already are still sent.")
+    if row is None or row.customer is None:
+        flash(f"{g.org.name}'s usage is exported no more after the hour under way, which still goes out.")
     else:
-        flash(f"{g.org.name}'s usage is exported as customer {row.customer}, its hours from "
-              f"{row.since.strftime('%Y-%m-%d %H:00')} UTC on.")
+        flash(f"{g.org.name}'s usage is exported as customer {row.customer}: its hours from "
+              f"{customers.first_hour_of(g.org.id, row.customer):%Y-%m-%d %H:00} UTC on.")
     return redirect(url_for("organisation.settings_organisation"))
 
 

@@ -51,6 +51,7 @@ def test_an_owner_gives_and_removes_the_billing_customer(open_page, screenshots,
     billing.screenshot(path=screenshots / f"{'phone-' if viewport is PHONE else ''}billing-section.png")
 
     page.get_by_role("button", name="Stop exporting").click()
-    expect(page.get_by_role("status")).to_contain_text("is no longer exported")
-    expect(billing).to_contain_text("it has no billing customer")
+    expect(page.get_by_role("status")).to_contain_text("is exported no more after the hour under way")
+    expect(billing.locator(".facts")).to_contain_text("none: removed, its hours until")
+    expect(page.get_by_role("button", name="Stop exporting")).to_have_count(0)
     assert problems == {}

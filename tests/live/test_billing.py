@@ -26,6 +26,7 @@ SHIFT = """
 UPDATE usage_hours SET hour = hour - interval '{hours} hours';
 UPDATE billing_customers SET since = since - interval '{hours} hours',
                              closed_through = closed_through - interval '{hours} hours';
+UPDATE billing_periods SET starts = starts - interval '{hours} hours';
 DELETE FROM maintenance_locks WHERE name = 'billing';
 """
 USAGE = """

@@ -63,6 +63,8 @@ BAD_VALUES = [
     ("BILLING_METERS", "requests=a,requests=b"),
     ("BILLING_METERS", "seconds=api_seconds"),
     ("BILLING_RETRY_SCHEDULE", "1m,never"),
+    ("BILLING_METERS", "requests=usage,credits=usage"),
+    ("BILLING_API_KEY", "sk_live_hunter2\nhunter2"),
 ]
 
 

@@ -7,9 +7,10 @@ import datetime
 import pytest
 
 from billing import closing, customers, sealing
-from billing.models import PENDING, BillingEvent
+from billing.models import PENDING, BillingEvent, BillingPeriod
 from metering.usage import UsageCounter
-from models import UsageHour, db
+from models import UsageHour, db, start_of_hour, utcnow
+from orgs import keyactions, members, orgadmin
 from tests.unit.billing.conftest import HOUR, exported_since, write_usage
 
 ONE_HOUR = datetime.timedelta(hours=1)
@@ -71,18 +72,53 @@ def test_only_the_hours_from_its_customer_on_go_out_and_only_the_meters_named(bi
 def test_an_organisation_without_a_customer_sends_nothing(billing_app, org, two_keys):
     write_usage(two_keys[0], HOUR, requests=4)
     assert closing.close(billing_app.config, now=HOUR + 2 * ONE_HOUR) == 0
+    assert BillingEvent.select().count() == 0
+
+
+def test_a_removed_customer_keeps_the_hour_under_way_and_then_the_organisation_is_exported_no_more(
+        billing_app, org, two_keys):
     exported_since(org, HOUR)
-    customers.set_customer(org.id, None)
-    assert closing.close(billing_app.config, now=HOUR + 2 * ONE_HOUR) == 0
+    for offset in range(3):
+        write_usage(two_keys[0], HOUR + offset * ONE_HOUR, requests=1 + offset)
+    customers.set_customer(org.id, None, now=HOUR + datetime.timedelta(minutes=59))
+    assert closing.close(billing_app.config, now=HOUR + 3 * ONE_HOUR + datetime.timedelta(minutes=2)) == 1
+    assert [(row.hour, row.value) for row in BillingEvent.select()] == [(HOUR, 1)]
+    assert customers.customer_of(org.id) is None and BillingPeriod.select().count() == 0
+
+
+def test_a_customer_removed_and_given_again_skips_no_hour_and_a_change_moves_none(billing_app, org, two_keys):
+    """Removing the customer at 10:59 and giving it again at 11:00:30 would otherwise send neither
+    hour; changing it at 12:01 would otherwise send hour 11 to the new customer."""
+    exported_since(org, HOUR, customer="cus_a")
+    for offset in range(4):
+        write_usage(two_keys[0], HOUR + offset * ONE_HOUR, requests=1)
+    customers.set_customer(org.id, None, now=HOUR + datetime.timedelta(minutes=59))
+    customers.set_customer(org.id, "cus_a", now=HOUR + ONE_HOUR + datetime.timedelta(seconds=30))
+    customers.set_customer(org.id, "cus_b", now=HOUR + 2 * ONE_HOUR + datetime.timedelta(minutes=1))
+    closing.close(billing_app.config, now=HOUR + 4 * ONE_HOUR + datetime.timedelta(minutes=2))
+    assert [(row.hour, row.customer) for row in BillingEvent.select().order_by(BillingEvent.hour)] == [
+        (HOUR, "cus_a"), (HOUR + ONE_HOUR, "cus_a"), (HOUR + 2 * ONE_HOUR, "cus_a"), (HOUR + 3 * ONE_HOUR, "cus_b")]
+
+
+def test_a_deleted_organisation_s_last_hours_still_go_out(billing_app, owner, two_keys):
+    team = members.create("Team", owner)
+    key, _ = keyactions.issue_key(owner, "team key", "development", org=team.id)
+    exported_since(team, HOUR, customer="cus_team")
+    write_usage(key, HOUR, requests=3)
+    closing.close(billing_app.config, now=HOUR + ONE_HOUR + datetime.timedelta(minutes=2))
+    write_usage(key, start_of_hour(utcnow()), requests=5)
+    orgadmin.delete(team.id)
+    rows = {(row.hour, row.value, row.org_id, row.org_slug, row.state) for row in BillingEvent.select()}
+    assert rows == {(HOUR, 3, None, "team", PENDING), (start_of_hour(utcnow()), 5, None, "team", PENDING)}
 
 
 def test_a_closing_that_overlaps_another_writes_each_event_once(billing_app, org, two_keys):
     exported_since(org, HOUR)
     write_usage(two_keys[0], HOUR, requests=4)
-    row = customers.customer_of(org.id)
+    position = customers.customer_of(org.id)
     closing.close(billing_app.config, now=HOUR + 2 * ONE_HOUR)
-    # A second process that read the customer before the first moved it on.
-    assert closing.close_customer(billing_app.config, row, HOUR + ONE_HOUR, HOUR + 2 * ONE_HOUR) == 0
+    # A second process that read the position before the first moved it on.
+    assert closing.close_organisation(billing_app.config, position, HOUR + ONE_HOUR, HOUR + 2 * ONE_HOUR) == 0
     assert BillingEvent.select().count() == 1
 
 

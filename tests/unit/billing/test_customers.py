@@ -42,8 +42,10 @@ def test_an_owner_gives_the_customer_on_the_organisation_tab_and_it_starts_with_
     assert securitylog.SecurityEvent.get(securitylog.SecurityEvent.event == "org.billing_customer_set").detail == \
         "subject-42"
     response = client.post(BILLING, data={"org_id": org.id, "action": "remove"})
-    assert "is no longer exported" in client.get(response.location).text
-    assert customers.customer_of(org.id) is None
+    page = client.get(response.location).text
+    assert "usage is exported no more after the hour under way, which still goes out." in page
+    assert "none: removed, its\n          hours until" in page
+    assert customers.customer_of(org.id).customer is None
 
 
 @pytest.mark.parametrize("customer", ["", "has space", "x" * 256, "tab\there", "ünïcode"])
@@ -83,10 +85,11 @@ def test_orgs_billing_gives_and_removes_the_customer(billing_app, org):
     runner = billing_app.test_cli_runner()
     result = runner.invoke(args=["orgs", "billing", org.slug, "--customer", "cus_NffrFeUfNV2Hib"])
     assert result.exit_code == 0, result.output
-    assert f"{org.slug} is exported as customer cus_NffrFeUfNV2Hib" in result.output
+    assert f"{org.slug} is exported as customer cus_NffrFeUfNV2Hib: its hours from" in result.output
     assert runner.invoke(args=["orgs", "billing", org.slug]).exit_code == 1
     assert "1 to 255 printable" in runner.invoke(args=["orgs", "billing", org.slug, "--customer", "a b"]).output
-    assert "no longer exported" in runner.invoke(args=["orgs", "billing", org.slug, "--remove"]).output
+    assert "exported no more after the hour under way" in runner.invoke(args=["orgs", "billing", org.slug,
+                                                                              "--remove"]).output
 
 
 def test_billing_status_says_where_each_organisation_stands(billing_app, org, two_keys):
@@ -149,3 +152,12 @@ def test_resend_of_an_organisation_without_a_customer_says_so(billing_app, org):
     result = billing_app.test_cli_runner().invoke(args=["billing", "resend", "--org", org.slug,
                                                         "--since", "2026-01-01"])
     assert (result.exit_code, "has no billing customer" in result.output) == (1, True)
+
+
+def test_a_customer_is_one_organisation_s(billing_app, owner, org):
+    """Else an owner could send its usage to another organisation's customer."""
+    team = members.create("Team", owner)
+    customers.set_customer(org.id, "cus_shared")
+    with pytest.raises(ValueError, match="Another organisation has that billing customer"):
+        customers.set_customer(team.id, "cus_shared")
+    assert BillingCustomer.get_or_none(BillingCustomer.org == team.id) is None

@@ -6,6 +6,8 @@ time per customer and meter. On SQLite and PostgreSQL."""
 
 import collections
 import datetime
+import http.server
+import threading
 
 import pytest
 from billingvendors import VendorReceiver
@@ -52,7 +54,8 @@ def arrived(receiver):
 
 
 def make_due():
-    BillingEvent.update(next_attempt_at=utcnow() - datetime.timedelta(seconds=1)).where(
+    """As if every wait of the pending events had passed."""
+    BillingEvent.update(next_attempt_at=utcnow() - datetime.timedelta(seconds=1), sending_until=None).where(
         BillingEvent.state == PENDING).execute()
 
 
@@ -114,7 +117,7 @@ def test_a_failure_is_retried_on_the_schedule_then_given_up_and_logged(billing_a
     assert [state for _, state in sender.send_due(billing_app)] == [FAILED]
     assert states() == {FAILED: len(rows)}
     assert REGISTRY.get_sample_value("billing_events_failed_total") - failed_before == len(rows)
-    assert "Gave up sending 3 billing events" in caplog.text and "after 3 attempts: 500: " in caplog.text
+    assert "Gave up sending 3 billing events" in caplog.text and "after their attempts: 500: " in caplog.text
     assert "test-billing-token" not in caplog.text
     assert receiver.accepted == []
 
@@ -217,3 +220,97 @@ def test_stripe_s_hours_older_than_35_days_fail_with_that_reason_unsent(billing_
     [row] = BillingEvent.select()
     assert (row.state, row.error) == (FAILED, targets.TOO_OLD)
     assert receiver.requests == []
+
+
+@pytest.mark.parametrize("billing_app", ["cloudevents"], indirect=True)
+def test_each_event_of_a_call_is_given_up_on_its_own_attempts(billing_app, org, two_keys, receiver):
+    """An event on its last attempt, batched with fresh ones: only it is given up."""
+    closed(billing_app, org, two_keys, hours=1)
+    worn, *fresh = BillingEvent.select().order_by(BillingEvent.id)
+    BillingEvent.update(attempts=2).where(BillingEvent.id == worn.id).execute()
+    receiver.fail(1, 500)
+    sender.send_due(billing_app)
+    assert BillingEvent.get_by_id(worn.id).state == FAILED
+    assert {(row.state, row.attempts) for row in BillingEvent.select().where(BillingEvent.id != worn.id)} == {
+        (PENDING, 1)}
+
+
+@pytest.mark.parametrize("billing_app", ["stripe"], indirect=True)
+def test_stripe_s_event_tried_before_is_not_sent_again_past_a_day(billing_app, org, two_keys, receiver):
+    """Stripe refuses a reused identifier for 24 hours only: past that, a second send of an event
+    whose first one may have been counted would be counted twice."""
+    closed(billing_app, org, two_keys, hours=1)
+    BillingEvent.update(attempts=1, created_at=utcnow() - datetime.timedelta(hours=23, minutes=1)).execute()
+    sender.send_due(billing_app)
+    assert {(row.state, row.error) for row in BillingEvent.select()} == {(FAILED, targets.PAST_STRIPE_MEMORY)}
+    assert receiver.requests == []
+
+
+@pytest.mark.parametrize("billing_app", ["openmeter"], indirect=True)
+def test_a_429_pauses_the_process_s_calls_for_its_wait(billing_app, org, two_keys, receiver):
+    closed(billing_app, org, two_keys, hours=1)
+    receiver.fail(1, ("429", 3))
+    system = targets.BillingSystem(billing_app.config)
+    [rows] = sender.claim("openmeter", 1)
+    sender.attempt(system, billing_app.extensions["billing"], rows)
+    assert system.paused()
+
+
+@pytest.mark.parametrize("billing_app", ["stripe"], indirect=True)
+def test_stripe_s_answer_is_read_only_to_its_bound(billing_app, org, two_keys):
+    """A BILLING_URL that answers without end costs a worker 64 KiB, not its memory."""
+
+    written = []
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            try:
+                self.wfile.write(b'{"error": {"type": "api_error", "message": "')
+                for _ in range(256):  # 256 MiB, unless the client hangs up first
+                    self.wfile.write(b"x" * 2**20)
+                    written.append(1)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    closed(billing_app, org, two_keys, hours=1)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        billing_app.config["BILLING_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
+        [rows] = sender.claim("stripe", 1)
+        outcome = targets.BillingSystem(billing_app.config).send(rows, utcnow())
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert not outcome.accepted and len(outcome.error) <= targets.ERROR_CHARACTERS
+    assert len(written) < 16  # the client stopped reading at its bound and hung up
+
+
+def test_an_answer_s_control_characters_never_reach_the_outbox_or_the_log():
+    outcome = targets.outcome_of(502, None, "bad\x00gateway\x1b[31m\r\nX-Injected: 1")
+    assert outcome.error == "502: bad gateway [31m X-Injected: 1"
+
+
+def test_lago_s_refusal_naming_an_event_outside_the_batch_is_a_failed_attempt():
+    answer = '{"code": "validation_errors", "error_details": {"7": {"transaction_id": ["value_already_exist"]}}}'
+    outcome = targets.lago_outcome((422, None, answer), 2)
+    assert (outcome.already, outcome.wait) == (frozenset(), None)
+
+
+@pytest.mark.parametrize("billing_app", ["cloudevents"], indirect=True)
+def test_events_are_kept_as_long_as_the_hourly_usage_rows(billing_app, org, two_keys):
+    closed(billing_app, org, two_keys, hours=1)
+    BillingEvent.update(state=SENT).execute()
+    total = BillingEvent.select().count()
+    kept_for = datetime.timedelta(days=billing_app.config["USAGE_HOURLY_RETENTION_DAYS"])
+    assert sender.forget_old(billing_app.config, now=HOUR + kept_for) == 0
+    assert sender.forget_old(billing_app.config, now=HOUR + kept_for + ONE_HOUR) == total
