@@ -29,11 +29,13 @@ Standalone: hotpath.py (CPU time, or with --instructions CPU instructions throug
 with --served the gunicorn worker's instructions, per protected/test against another checkout and
 the bare route), sendfloor.py (the machine's floor for the time sockets' tick: a bare loop of
 `send` to as many loopback sockets), lifecycle.py (usage rows over a simulated year,
-p99 during a prune), pgbouncer.py (the service behind PgBouncer in transaction mode, needs
+p99 during a prune), billing.py (the billing export's exactness under faults, events a second and
+lag, for each target), pgbouncer.py (the service behind PgBouncer in transaction mode, needs
 pgbouncer) and plot.py (PNGs from a --json report).
 
 The parts import the service's modules (accounts, auth, app ...) from the project root, so a
-module here is never named like one of them or like a library (sockets, redis, select). The one
-exception, lifecycle.py, is imported only as bench.lifecycle; run as a script, it and run.py
-first take bench/ off the path, where it would shadow the service's lifecycle module.
+module here is never named like one of them or like a library (sockets, redis, select). The two
+exceptions, lifecycle.py and billing.py, are imported only as bench.lifecycle and bench.billing;
+run as scripts, they and run.py first take bench/ off the path, where they would shadow the
+service's lifecycle module and billing package.
 """
