@@ -288,7 +288,7 @@ def test_a_ninth_version_sqlite_database_keeps_every_row_and_gives_no_id_again(t
     # Tables added after version 10 are made with AUTOINCREMENT from the start.
     assert autoincrement == tables_of(tmp_path / "new.db")[2] == {*schema.NEVER_REUSED_IDS, "mail_messages",
                                                                   "organisations", "memberships", "invitations",
-                                                                  "billing_events"}
+                                                                  "billing_events", "billing_periods"}
     highest = {table: max(row[0] for row in before[table][1]) for table in schema.NEVER_REUSED_IDS}
     with app.app_context():
         assert db.execute_sql("PRAGMA foreign_key_check").fetchall() == []
