@@ -57,6 +57,9 @@ class DeclaredForms:
         self.any_start = False
         self.starts = {}
         self.awaiting = {}
+        # Lookup prefixes whose key stopped awaiting its first use while this worker ran: a request
+        # that read by hash before then reads again rather than finding nothing to check.
+        self.settled = {}
 
     def admit(self, secret):
         """True for a secret worth a database read: this service's form and checksum, or an
@@ -75,6 +78,11 @@ class DeclaredForms:
     def forget_awaiting(self, lookup_prefix):
         """A lookup prefix whose key no longer awaits its first use (rehashed, rolled, revoked)."""
         self.awaiting.get(len(lookup_prefix), set()).discard(lookup_prefix)
+        self.settled.setdefault(len(lookup_prefix), set()).add(lookup_prefix)
+
+    def settled_since_read(self, secret):
+        """True when the secret starts with a lookup prefix this worker saw settled."""
+        return any(secret[:length] in prefixes for length, prefixes in self.settled.items())
 
     def refresh(self):
         if (reading := self.reading) is not None:
@@ -163,7 +171,8 @@ class FirstUse:
                         self.limiter.give_back(item, identity)
                     rehash(key_id, placeholder, hash_key(secret))
                     return True
-        return False
+        # Another request of this worker found the key rehashed after this one read by hash.
+        return forms.settled_since_read(secret)
 
     def counted(self, item, identity):
         """Count an attempt in the window; False when the window's allowance is spent."""

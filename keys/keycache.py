@@ -143,15 +143,16 @@ class KeyCache:
             return None, None
         found = self.read(key_hash, generation, now)
         if found[0] is None and self.first_use.opens(secret, self.forms):
-            return self.read(key_hash, self.generation.current(), time.time())
+            # A read that began before the rehash would find nothing: share only reads begun since.
+            return self.read(key_hash, self.generation.current(), time.time(), kind="after first use")
         return found
 
     def reload(self, key_hash):
         """Read the key again after the count found its generation stale; return the ApiKey or None."""
         return self.read(key_hash, self.generation.current(), time.time())[0]
 
-    def read(self, key_hash, generation, now):
-        key = self.read_once(key_hash, generation)
+    def read(self, key_hash, generation, now, kind=None):
+        key = self.read_once((key_hash, generation, kind))
         if key is None:
             self.entries.pop(key_hash, None)
             return None, None
@@ -163,11 +164,12 @@ class KeyCache:
         self.entries[key_hash] = Entry(key, generation, key.usable_until, now)
         return key, self.confirmed(generation)
 
-    def read_once(self, key_hash, generation):
-        """find_active_key, shared with the requests that ask for the same read while it is under way."""
+    def read_once(self, flight):
+        """find_active_key of the flight's hash, shared with the requests that ask for the same
+        flight (hash, generation, kind) while it is under way."""
+        key_hash = flight[0]
         if self.reading is None:
             return find_active_key(key_hash)
-        flight = (key_hash, generation)
         if flight in self.reading:
             key = self.reading[flight].get()
             # A read that failed is tried again by each waiter, so each gets its own error.

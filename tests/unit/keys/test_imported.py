@@ -198,6 +198,17 @@ def test_a_worker_stops_checking_a_prefix_another_worker_rehashed(app, make_app,
     assert get(other, secret).status_code == 200
 
 
+def test_every_request_that_read_by_hash_before_another_worker_s_rehash_reads_again(app, make_app, import_key):
+    other_app = make_app({**app.config})
+    secret, _ = import_key("bcrypt")
+    assert get(other_app.test_client(), secret[:-1] + "!").status_code == 401  # the start is read there
+    assert get(app.test_client(), secret).status_code == 200
+    # Two requests of the other worker whose reads by hash came before the rehash: the first finds
+    # the key no longer awaiting, the second finds the prefix already forgotten. Both read again.
+    keys = other_app.extensions["keys"]
+    assert [keys.first_use.opens(secret, keys.forms) for _ in range(2)] == [True, True]
+
+
 def test_a_worker_reads_only_the_keys_imported_since_its_last_read(app, client, user, import_key, caplog):
     forms = app.extensions["keys"].forms
     _, first = import_key("sha256-hex")

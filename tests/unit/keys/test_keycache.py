@@ -8,6 +8,7 @@ import time
 from urllib.parse import urlparse
 
 import gevent
+import gevent.event
 import pytest
 import redis
 import services
@@ -283,6 +284,59 @@ def test_a_failed_shared_read_is_tried_again_by_each_waiter(slow_reads):
     assert isinstance(finds[0].exception, models.OperationalError)
     assert [find.value[0].id for find in finds[1:]] == [1] * 4
     assert len(read) == 5
+    assert cache.reading == {}
+
+
+class Admitting:
+    def admit(self, secret):
+        return True
+
+
+class RehashedWhileOpening:
+    """A first use whose check ends with the key rehashed (by this worker or another): the rehash
+    commits while `opening` is held, and reads begun before then find nothing."""
+
+    def __init__(self):
+        self.opening = gevent.event.Event()
+        self.committed = False
+
+    def opens(self, secret, forms):
+        self.opening.wait()
+        self.committed = True
+        return True
+
+
+def test_a_request_that_saw_its_key_rehashed_shares_no_read_begun_before_the_rehash(monkeypatch):
+    monkeypatch.setattr(keycache, "greenlets_share_thread", lambda: True)
+    first_use = RehashedWhileOpening()
+    reads = []
+
+    def find(key_hash):
+        committed, done = first_use.committed, gevent.event.Event()
+        reads.append(done)
+        done.wait()
+        if not committed:
+            return None
+        key = models.ApiKey(id=1, name="rehashed")
+        key.usable_until = math.inf
+        return key
+
+    monkeypatch.setattr(keycache, "find_active_key", find)
+    cache = keycache.KeyCache(FixedGeneration(), first_use)
+    cache.forms = Admitting()
+    early = gevent.spawn(cache.find, "h", "secret")
+    gevent.sleep(0)
+    reads[0].set()  # the early request finds nothing and starts its check
+    gevent.sleep(0)
+    late = gevent.spawn(cache.find, "h", "secret")
+    gevent.sleep(0)
+    assert len(reads) == 2  # the late request's read is under way, begun before the rehash
+    first_use.opening.set()
+    while not (early.ready() and late.ready()):
+        gevent.sleep(0)
+        for done in reads:
+            done.set()
+    assert early.get()[0].id == 1 and late.get()[0].id == 1
     assert cache.reading == {}
 
 
