@@ -103,7 +103,7 @@ log = logging.getLogger(__name__)
 
 
 def load_config(environ=os.environ):
-    """Return every setting of the contract's configuration table, defaults filled in (settings.py
+    """Return every setting of the contract's configuration table, defaults filled in (settings/
     parses and checks them); an unset SECRET_KEY is the one kept in instance/."""
     config = settings.load(environ)
     config["SECRET_KEY"] = config["SECRET_KEY"] or instance_secret_key()

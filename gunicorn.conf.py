@@ -1,5 +1,5 @@
 """gunicorn settings for both run modes. gunicorn reads this before the app exists: here, in the
-master, every setting is checked (settings.py), and PORT and WEB_CONCURRENCY are read."""
+master, every setting is checked (settings/), and PORT and WEB_CONCURRENCY are read."""
 
 import json
 import os

@@ -58,7 +58,7 @@ class OrganisationRateLimitExceeded(RateLimitExceeded):
 
 
 def limit_item(rate):
-    """Return the limits item for an (amount, period) that settings.py parsed."""
+    """Return the limits item for an (amount, period) that settings/ parsed."""
     amount, period = rate
     return PERIODS[period](amount)
 

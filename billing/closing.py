@@ -11,10 +11,10 @@ import datetime
 from flask import current_app
 from peewee import JOIN, Case, fn
 
-import settings
 from billing import sealing
 from billing.models import BillingCustomer, BillingEvent, BillingPeriod
 from models import ApiKey, Organisation, UsageHour, db, start_of_hour, utcnow
+from settings.billing import billing_meters
 from store.writelock import write_transaction
 
 CLOSE_AFTER = datetime.timedelta(minutes=2)
@@ -77,7 +77,7 @@ def write_events(target, org, customer, made, now):
 
 
 def meters_of(config):
-    return settings.billing_meters(config["BILLING_METERS"])
+    return billing_meters(config["BILLING_METERS"])
 
 
 def segments(org_id, start, end):

@@ -16,13 +16,13 @@ import gevent.event
 import gevent.pool
 from peewee import PostgresqlDatabase, fn
 
-import settings
 from billing import closing, targets
 from billing.models import FAILED, PENDING, SENT, BillingEvent
 from metering import lifecycle
 from models import db, release_connection, utcnow
 from ops import metrics, services
 from orgs import organisations
+from settings.billing import billing_retry_schedule
 from store import outbox
 from store.writelock import write_transaction
 
@@ -310,7 +310,7 @@ def init_app(app):
     """When BILLING_EXPORT is on: the sender, started with the app's services, and the usage
     flush's clock check (app.py hands billing/sealing.py's open_hour to metering/usage.py). A
     deleted organisation's last hours are written before its keys go."""
-    schedule = settings.billing_retry_schedule(app.config["BILLING_RETRY_SCHEDULE"])
+    schedule = billing_retry_schedule(app.config["BILLING_RETRY_SCHEDULE"])
     app.extensions["billing"] = schedule
     organisations.organisations_deleted.connect(closing.close_deleted)
     if app.config["BILLING_EXPORT"] != "off":

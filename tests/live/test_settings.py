@@ -1,4 +1,4 @@
-"""Configuration errors: settings.py names the variable of every value it refuses, in one sentence
+"""Configuration errors: settings/ names the variable of every value it refuses, in one sentence
 and one exception type; every entry point (`python app.py` in both run modes, gunicorn, the flask
 command) prints that sentence on one line and exits with status 2; gunicorn's master checks before
 it forks a worker, importing nothing the workers must import after gevent's patching."""
@@ -13,6 +13,7 @@ from limits._storage_scheme import SCHEMES
 from liveserver import ROOT, free_port, service_env, without_gunicorn
 
 import settings
+from settings.billing import billing_meters, billing_retry_schedule
 
 BAD_VALUES = [
     ("USAGE_HOURLY_RETENTION_DAYS", "ninety"),
@@ -102,13 +103,12 @@ def test_an_export_without_its_address_or_secret_is_refused(more, named):
 def test_the_billing_settings_are_read_as_given():
     defaults = settings.load({})
     assert (defaults["BILLING_EXPORT"], defaults["BILLING_URL"], defaults["BILLING_API_KEY"]) == ("off", "", "")
-    assert settings.billing_meters(defaults["BILLING_METERS"]) == {"requests": "api_requests", "credits": "api_credits"}
-    assert settings.billing_retry_schedule(defaults["BILLING_RETRY_SCHEDULE"]) == [60, 300, 1800, 7200, 21600, 43200,
-                                                                                  86400]
+    assert billing_meters(defaults["BILLING_METERS"]) == {"requests": "api_requests", "credits": "api_credits"}
+    assert billing_retry_schedule(defaults["BILLING_RETRY_SCHEDULE"]) == [60, 300, 1800, 7200, 21600, 43200, 86400]
     stripe = settings.load({"BILLING_EXPORT": " Stripe ", "BILLING_API_KEY": "sk_test_1",
                             "BILLING_METERS": "credits=c"})
     assert (stripe["BILLING_EXPORT"], stripe["BILLING_URL"]) == ("stripe", "https://api.stripe.com")
-    assert settings.billing_meters(stripe["BILLING_METERS"]) == {"credits": "c"}
+    assert billing_meters(stripe["BILLING_METERS"]) == {"credits": "c"}
     sink = settings.load({"BILLING_EXPORT": "cloudevents", "BILLING_URL": "http://127.0.0.1:9000/events/"})
     assert (sink["BILLING_URL"], sink["BILLING_API_KEY"]) == ("http://127.0.0.1:9000/events", "")
 

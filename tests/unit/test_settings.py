@@ -1,4 +1,4 @@
-"""settings.py's webhook settings: the retry schedule's durations, a bad one refused in one
+"""settings/'s webhook settings: the retry schedule's durations, a bad one refused in one
 sentence, and WEBHOOK_ALLOW_PRIVATE a switch."""
 
 

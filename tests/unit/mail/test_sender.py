@@ -8,10 +8,10 @@ import logging
 import pytest
 from mailserver import free_port
 
-import settings
 from mail import outbox, sender
 from mail.models import FAILED, PENDING, SENT, MailMessage
 from models import db, utcnow
+from settings.mail import MailServer
 
 
 @pytest.fixture
@@ -158,7 +158,7 @@ def test_links_outside_a_request_need_public_url(make_app, database_url):
 
 
 def test_starttls_is_required_for_a_host_that_is_not_loopback(smtp, app):
-    class Remote(settings.MailServer):
+    class Remote(MailServer):
         loopback = False
 
     server = Remote("smtp", "127.0.0.1", smtp.port)
@@ -193,7 +193,7 @@ def self_signed_context(tmp_path):
 def test_starttls_checks_the_servers_certificate(app, tmp_path):
     from aiosmtpd.controller import Controller
 
-    class Remote(settings.MailServer):
+    class Remote(MailServer):
         loopback = False
 
     class Keep:

@@ -1,17 +1,27 @@
-"""Every setting the environment gives the service, parsed, defaulted and checked in one place.
+"""Every setting the environment gives the service, parsed, defaulted and checked in one place
+(the mail and billing settings in their own files here, the forms they share in parsing.py).
 
 gunicorn's master runs this before it forks a worker (gunicorn.conf.py), so it imports the
 standard library only: the app, peewee, limits and redis must wait for gevent's patching in each
 worker, and whatever the master imports, its workers inherit unpatched."""
 
-import ipaddress
 import re
 import sys
-from email.utils import getaddresses
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
-INSTANCE = Path(__file__).resolve().parent / "instance"
+from settings.billing import billing
+from settings.mail import (
+    DEFAULT_MAIL_FROM,
+    DEFAULT_MAIL_RETRY_SCHEDULE,
+    MAIL_SCHEMES,
+    mail_from,
+    mail_retry_schedule,
+    mail_url,
+)
+from settings.parsing import ConfigError, checked, count, described, http_url, on_off, retry_schedule, seconds, switch
+
+INSTANCE = Path(__file__).resolve().parent.parent / "instance"
 
 RATE_PATTERN = re.compile(r"\s*([1-9][0-9]{0,9})\s*/\s*(second|minute|hour|day)\s*")
 RATE_FORM = "a rate like 1000/hour (a whole number from 1, a slash, and second, minute, hour or day)"
@@ -29,31 +39,12 @@ DATABASE_SCHEMES = frozenset({
     "sqlite", "sqlite+pool", "postgres", "postgresql", "postgres+pool", "postgresql+pool", "postgresext",
     "postgresqlext", "postgresext+pool", "postgresqlext+pool", "psycopg3", "psycopg3+pool"})
 DEFAULT_RETRY_SCHEDULE = "5s,5m,30m,2h,5h,10h,10h"
-DEFAULT_MAIL_RETRY_SCHEDULE = "5s,1m,5m,30m,2h,6h,12h"
-DEFAULT_MAIL_FROM = "API-key demo service <no-reply@localhost>"
-MAIL_SCHEMES = ("smtp", "smtps")
-MAIL_URL_FORM = "smtp://[USER:PASSWORD@]HOST[:PORT], smtps://..., console or off"
-DEFAULT_MAIL_PORTS = {"smtp": 587, "smtps": 465}
-# An address as MAIL_FROM may give it: no dot needed after the @ (no-reply@localhost).
-MAIL_FROM_ADDRESS = re.compile(r"[^@\s<>,;\"]{1,64}@[^@\s<>,;\"]{1,253}")
-DURATION_PATTERN = re.compile(r"\s*([0-9]{1,6})\s*(s|m|h|d)\s*")
-DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_RETRIES = 20
 # scrypt's N: 32 MiB and about 0.1 s of one core a hash (werkzeug's default).
 DEFAULT_PASSWORD_HASH_COST = 32768
 DEFAULT_GITHUB_KEYS_URL = "https://api.github.com/meta/public_keys/secret_scanning"
-BILLING_TARGETS = ("off", "stripe", "lago", "openmeter", "cloudevents")
-DEFAULT_BILLING_URLS = {"stripe": "https://api.stripe.com"}
-BILLING_QUANTITIES = ("requests", "credits")
-# A meter's event name or code as all four targets take it.
-METER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 STORAGE_SCHEMES = frozenset({
     "memory", "redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel", "valkey", "valkeys",
     "valkey+unix", "valkey+cluster", "valkey+sentinel", "memcached", "mongodb", "mongodb+srv"})
-
-
-class ConfigError(ValueError):
-    """A setting the service cannot use; the message is one sentence that names the variable."""
 
 
 def load(environ):
@@ -110,23 +101,6 @@ def exit_with(error):
     raise SystemExit(2)
 
 
-def checked(parse, text):
-    """text, once parse accepts it: app.config keeps the text, which ratelimit.py parses again
-    (the tests' configurations give it text too)."""
-    parse(text)
-    return text
-
-
-def count(environ, name, default, minimum=1, maximum=None):
-    """A whole number from minimum to maximum from the environment, or a sentence saying what is wrong."""
-    text = environ.get(name) or str(default)
-    value = int(text) if re.fullmatch(r"\s*[0-9]{1,18}\s*", text) else None
-    if value is None or value < minimum or (maximum is not None and value > maximum):
-        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
-        raise ConfigError(f"{name} must be a whole number {bounds}, not {text!r}.")
-    return value
-
-
 def password_hash_cost(environ):
     """PASSWORD_HASH_COST: scrypt's N for the passwords hashed from now on, a power of two."""
     cost = count(environ, "PASSWORD_HASH_COST", DEFAULT_PASSWORD_HASH_COST, minimum=1024, maximum=131072)
@@ -138,18 +112,6 @@ def password_hash_cost(environ):
 def workers(environ):
     """WEB_CONCURRENCY: gunicorn's worker processes."""
     return count(environ, "WEB_CONCURRENCY", 1)
-
-
-def seconds(environ, name, default):
-    """A positive number of seconds from the environment, or a sentence saying what is wrong."""
-    text = environ.get(name) or str(default)
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0
-    if not 0 < value < float("inf"):
-        raise ConfigError(f"{name} must be a number of seconds above 0, not {text!r}.")
-    return value
 
 
 def rate(text, setting, alternative=""):
@@ -232,10 +194,6 @@ def storage_url(environ):
     return url
 
 
-def described(scheme):
-    return f"a {scheme}:// URL" if scheme else "a value without a scheme (such as postgresql://)"
-
-
 def log_format(environ):
     """LOG_FORMAT from the environment: text (the default) or json, or a sentence saying what is wrong."""
     value = (environ.get("LOG_FORMAT") or "text").strip().lower()
@@ -292,145 +250,6 @@ def relying_party(environ):
         if rp_id and not (parts.hostname == rp_id or parts.hostname.endswith("." + rp_id)):
             raise ConfigError(f"WEBAUTHN_ORIGIN's host must be WEBAUTHN_RP_ID ({rp_id}) or below it, not {site!r}.")
     return rp_id, site
-
-
-def retry_schedule(text, setting="WEBHOOK_RETRY_SCHEDULE"):
-    """[seconds, ...] of a retry schedule: the pauses before each attempt after the first,
-    comma-separated durations such as 5s,5m,30m,2h (s, m, h or d)."""
-    entries = text.split(",")
-    matches = [DURATION_PATTERN.fullmatch(entry) for entry in entries]
-    if len(entries) > MAX_RETRIES or not all(matches) or any(int(match[1]) == 0 for match in matches):
-        raise ConfigError(f"{setting} must be 1 to {MAX_RETRIES} comma-separated durations above 0, "
-                          f"each a number and a unit s, m, h or d (such as 5s,5m,30m,2h), not {text.strip()!r}.")
-    return [int(match[1]) * DURATION_SECONDS[match[2]] for match in matches]
-
-
-def switch(environ, name):
-    """A yes-or-no variable: 1, true or yes; 0, false, no or unset."""
-    text = (environ.get(name) or "0").strip().lower()
-    if text not in ("1", "true", "yes", "0", "false", "no"):
-        raise ConfigError(f"{name} must be 1 or 0, not {environ.get(name)!r}.")
-    return text in ("1", "true", "yes")
-
-
-def on_off(environ, name):
-    """An on-or-off variable: on, or off (the default)."""
-    text = (environ.get(name) or "off").strip().lower()
-    if text not in ("on", "off"):
-        raise ConfigError(f"{name} must be on or off, not {environ.get(name)!r}.")
-    return text == "on"
-
-
-def http_url(text, setting):
-    """An http or https URL with a host. Only its scheme is ever quoted: the operator's URL may carry a token."""
-    url = text.strip()
-    parts = urlsplit(url)
-    if parts.scheme not in ("https", "http"):
-        raise ConfigError(f"{setting} must be an http or https URL, not {described(parts.scheme)}.")
-    try:
-        _ = parts.port  # read for its ValueError alone
-    except ValueError:
-        parts = parts._replace(netloc="")
-    if not parts.hostname:
-        raise ConfigError(f"{setting} must name a host (and a port from 0 to 65535, if any).")
-    return url
-
-
-def billing(environ):
-    """The BILLING_* settings: the export's target, address, secret, meters and retry schedule."""
-    target = (environ.get("BILLING_EXPORT") or "off").strip().lower()
-    if target not in BILLING_TARGETS:
-        raise ConfigError(f"BILLING_EXPORT must be one of {', '.join(BILLING_TARGETS)}, "
-                          f"not {environ['BILLING_EXPORT']!r}.")
-    url = (environ.get("BILLING_URL") or DEFAULT_BILLING_URLS.get(target, "")).strip().rstrip("/")
-    if url:
-        http_url(url, "BILLING_URL")
-    elif target != "off":
-        raise ConfigError(f"BILLING_URL must be the address of the {target} service when BILLING_EXPORT is {target}.")
-    api_key = (environ.get("BILLING_API_KEY") or "").strip()
-    if api_key and not re.fullmatch(r"[\x21-\x7e]{1,1000}", api_key):
-        # Never quoted: it is a secret. A line break in it would end up in a header's error, and a log.
-        raise ConfigError("BILLING_API_KEY must be printable ASCII without spaces or line breaks.")
-    if target in ("stripe", "lago") and not api_key:
-        raise ConfigError(f"BILLING_API_KEY must be the {target} secret key when BILLING_EXPORT is {target}.")
-    return {"BILLING_EXPORT": target, "BILLING_URL": url, "BILLING_API_KEY": api_key,
-            "BILLING_METERS": checked(billing_meters, environ.get("BILLING_METERS")
-                                      or "requests=api_requests,credits=api_credits"),
-            "BILLING_RETRY_SCHEDULE": checked(billing_retry_schedule, environ.get("BILLING_RETRY_SCHEDULE")
-                                              or "1m,5m,30m,2h,6h,12h,24h")}
-
-
-def billing_meters(text):
-    """BILLING_METERS as {quantity: meter name}: requests=NAME and credits=NAME, one or both."""
-    meters = {}
-    for entry in text.split(","):
-        quantity, _, name = (part.strip() for part in entry.partition("="))
-        if quantity not in BILLING_QUANTITIES or quantity in meters or not METER_NAME.fullmatch(name):
-            raise ConfigError("BILLING_METERS must be requests=NAME, credits=NAME or both, comma-separated, each "
-                              f"name letters, digits, _ . : or - (up to 100), not {text.strip()!r}.")
-        meters[quantity] = name
-    if len(set(meters.values())) < len(meters):
-        raise ConfigError("BILLING_METERS must give requests and credits different names: one event each hour "
-                          f"and key carries one name, not {text.strip()!r}.")
-    return meters
-
-
-def billing_retry_schedule(text):
-    return retry_schedule(text, "BILLING_RETRY_SCHEDULE")
-
-
-def mail_retry_schedule(text):
-    return retry_schedule(text, "MAIL_RETRY_SCHEDULE")
-
-
-class MailServer:
-    """MAIL_URL parsed: scheme smtp (STARTTLS, or plain on a loopback host), smtps (TLS from the
-    start), console or off; the user and password are never part of a message."""
-
-    def __init__(self, scheme, host="", port=0, user="", password=""):
-        self.scheme, self.host, self.port, self.user, self.password = scheme, host, port, user, password
-
-    @property
-    def loopback(self):
-        return self.host == "localhost" or is_loopback(self.host)
-
-    def __repr__(self):
-        return f"{self.scheme}://{self.host}:{self.port}" if self.host else self.scheme
-
-
-def is_loopback(host):
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def mail_url(text):
-    """MAIL_URL as a MailServer, or a sentence saying what is wrong that never quotes its password."""
-    url = text.strip()
-    if url.lower() in ("console", "off"):
-        return MailServer(url.lower())
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme not in MAIL_SCHEMES:
-        raise ConfigError(f"MAIL_URL must be {MAIL_URL_FORM}, not {described(scheme)}.")
-    parts = urlsplit(url)
-    try:
-        port = parts.port or DEFAULT_MAIL_PORTS[scheme]
-    except ValueError:
-        raise ConfigError("MAIL_URL has a port that is not a whole number from 1 to 65535.") from None
-    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ConfigError(f"MAIL_URL must name a host and nothing after it, as in {MAIL_URL_FORM}.")
-    return MailServer(scheme, parts.hostname, port, unquote(parts.username or ""), unquote(parts.password or ""))
-
-
-def mail_from(text):
-    """MAIL_FROM: one address, with an optional name, on one line."""
-    addresses = getaddresses([text])
-    address = addresses[0][1] if len(addresses) == 1 else ""
-    if "\r" in text or "\n" in text or not MAIL_FROM_ADDRESS.fullmatch(address):
-        raise ConfigError(f"MAIL_FROM must be one address such as 'API-key demo service <no-reply@example.com>', "
-                          f"not {text!r}.")
-    return text.strip()
 
 
 def public_url(text):
