@@ -131,6 +131,7 @@ def prepare_metrics_dir():
 
 
 def on_exit(server):
+    startup.ignore_stop_signals()
     private = getattr(server, "private_metrics_dir", None)
     if private:
         shutil.rmtree(private, ignore_errors=True)

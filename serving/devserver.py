@@ -351,4 +351,5 @@ def serve(app, host, port, reason):
     stop.wait()
     server.stop_gracefully()
     services.stop(app)
+    startup.ignore_stop_signals()
     log.info("Stopped; usage counts written.")

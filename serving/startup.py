@@ -7,6 +7,7 @@ first), the port check, and the start-up warnings."""
 import errno
 import os
 import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -162,3 +163,12 @@ def weak_secret_key(secret):
     if len(set(secret)) < MIN_SECRET_KEY_CHARACTERS:
         return f"is made of fewer than {MIN_SECRET_KEY_CHARACTERS} different characters"
     return None
+
+
+def ignore_stop_signals():
+    """Once the process has stopped, ignore a stop signal. While the interpreter ends, CPython puts
+    each signal with a Python handler back to its default, so a platform that signals the process
+    and then its group would end a clean stop with status -SIGTERM."""
+    for name in ("SIGINT", "SIGTERM", "SIGQUIT", "SIGBREAK"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)

@@ -3,6 +3,7 @@
 
 import datetime
 import json
+import os
 import re
 import signal
 import socket
@@ -200,6 +201,19 @@ def test_shutdown_closes_sockets_with_1001(tmp_path, stop_signal, run_mode):
         assert close_code(clock) == 1001
     finally:
         assert server.stop() == 0
+
+
+def test_stop_signals_repeated_until_the_process_ends_still_end_it_with_status_0(tmp_path, run_mode):
+    """A platform may signal the process, then its whole group: a stop signal that arrives while the
+    process stops (its interpreter ending included) changes nothing."""
+    server = start_server(tmp_path, service_env(tmp_path), run_mode)
+    try:
+        while server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGTERM)
+            time.sleep(0.001)
+        assert server.process.returncode == 0
+    finally:
+        server.stop()
 
 
 def test_python_app_py_gives_the_same_close_codes(tmp_path, run_mode):
