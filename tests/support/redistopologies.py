@@ -1,0 +1,106 @@
+"""Redis as operators run it on several machines, on the machine's own redis-server, on free ports:
+a Redis Cluster of three masters and three replicas, and a Sentinel group of a master, a replica
+and three sentinels. Each is the test's own (started for it, stopped after it, dying with the
+process that started it) and is named to the service by a URL of the limits library's schemes."""
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+
+import redis
+import services
+from liveserver import free_port
+from privateservers import dying_with, wait_until_listening
+
+SENTINEL_SERVICE = "mymaster"
+
+
+def redis_program(name):
+    program = shutil.which(name)
+    if program is None:
+        services.unavailable(f"{name} is not installed (Debian: apt-get install redis-server)")
+    return program
+
+
+def start_redis(folder, port, *options):
+    """One redis-server in folder (its working directory), keeping nothing on disk."""
+    folder.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [redis_program("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         *options], cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=dying_with(os.getpid()))
+    wait_until_listening(port)
+    return process
+
+
+def wait_until(condition, seconds=30, what="the servers to agree"):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {seconds} s for {what}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def redis_cluster(folder):
+    """Yield the redis+cluster:// URL of a new cluster: three masters, each with a replica, every
+    slot covered. Each node's bus port is chosen free too (Redis would take its port + 10000)."""
+    ports = [free_port() for _ in range(6)]
+    processes = []
+    try:
+        for port in ports:
+            processes.append(start_redis(folder / str(port), port, "--cluster-enabled", "yes",
+                                         "--cluster-port", str(free_port()), "--cluster-config-file", "nodes.conf",
+                                         "--cluster-node-timeout", "2000"))
+        subprocess.run([redis_program("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{port}" for port in ports),
+                        "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        wait_until(lambda: all(redis.Redis(port=port).cluster("INFO")["cluster_state"] == "ok" for port in ports),
+                   what="every node to see the cluster whole")
+        yield "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in ports[:3])
+    finally:
+        stop_all(processes)
+
+
+@contextlib.contextmanager
+def redis_sentinel(folder):
+    """Yield the redis+sentinel:// URL of a new group: a master, its replica, and three sentinels
+    that watch it (a quorum of two)."""
+    master, replica = free_port(), free_port()
+    sentinels = [free_port() for _ in range(3)]
+    processes = []
+    try:
+        processes.append(start_redis(folder / "master", master))
+        processes.append(start_redis(folder / "replica", replica, "--replicaof", "127.0.0.1", str(master)))
+        for port in sentinels:
+            config = folder / f"sentinel-{port}" / "sentinel.conf"
+            config.parent.mkdir(parents=True)
+            # A sentinel rewrites its file as it learns the group: each its own, writable.
+            config.write_text(f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {master} 2\n"
+                              f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 2000\n"
+                              f"sentinel failover-timeout {SENTINEL_SERVICE} 10000\n")
+            processes.append(sentinel_process(config, port))
+        wait_until(lambda: redis.Redis(port=master).info("replication")["connected_slaves"] == 1,
+                   what="the replica to follow the master")
+        wait_until(lambda: all(redis.Redis(port=port).sentinel_master(SENTINEL_SERVICE)["num-other-sentinels"] == 2
+                               for port in sentinels), what="each sentinel to know the two others")
+        yield f"redis+sentinel://{','.join(f'127.0.0.1:{port}' for port in sentinels)}/{SENTINEL_SERVICE}"
+    finally:
+        stop_all(processes)
+
+
+def sentinel_process(config, port):
+    process = subprocess.Popen(
+        [redis_program("redis-server"), str(config), "--sentinel", "--port", str(port), "--bind", "127.0.0.1"],
+        cwd=config.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=dying_with(os.getpid()))
+    wait_until_listening(port)
+    return process
+
+
+def stop_all(processes):
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
