@@ -3,16 +3,18 @@ three replicas) and a real Sentinel group (a master, a replica, three sentinels)
 the module (tests/support/redistopologies.py). On each, two instances of two workers on one
 PostgreSQL database: a key's window and an organisation's allowance admit exactly their number of
 concurrent requests, every admitted request is counted once, a revoked key is refused from the
-next request on both instances, and a key's cap on time sockets holds across them."""
+next request on both instances, a key's cap on time sockets holds across them, and the counting
+scripts are loaded again after a SCRIPT FLUSH."""
 
 import concurrent.futures
 
 import pytest
+import redis
 import requests
 import services
 import websocket
 from liveserver import cli_session, make_key, service_env, start_procfile, stored_total, wait_for
-from redistopologies import redis_cluster, redis_sentinel
+from redistopologies import masters, redis_cluster, redis_sentinel
 
 TOPOLOGIES = {"cluster": redis_cluster, "sentinel": redis_sentinel}
 ORGANISATION_ALLOWANCE = 60
@@ -52,7 +54,8 @@ def test_a_key_s_window_admits_exactly_its_allowance_and_counts_each_admitted_re
     key = make_key(env, tier="fifty", commands=commands, user="windows")
     answers = statuses(instances, [key], 300)
     assert sorted(answer.status_code for answer in answers) == [200] * 50 + [429] * 250
-    assert {answer.json()["error"]["code"] for answer in answers if answer.status_code == 429} == {"rate_limit_exceeded"}
+    refusals = {answer.json()["error"]["code"] for answer in answers if answer.status_code == 429}
+    assert refusals == {"rate_limit_exceeded"}
     wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 50)
 
 
@@ -85,3 +88,16 @@ def test_a_key_s_time_sockets_are_capped_across_workers_and_instances(deployment
     finally:
         for socket in sockets:
             socket.close()
+
+
+def test_the_counting_scripts_are_loaded_again_after_a_script_flush(deployment):
+    """Each script is sent by its hash, which a SCRIPT FLUSH (or a failover to a replica that never
+    loaded it) makes unknown: the next request loads it again and is counted as any other."""
+    env, instances, commands = deployment
+    key = make_key(env, tier="fifty", commands=commands, user="flushed")
+    assert [answer.status_code for answer in statuses(instances, [key], 20)] == [200] * 20
+    for host, port in masters(env["RATELIMIT_STORAGE_URL"]):
+        redis.Redis(host=host, port=port).script_flush()
+    answers = statuses(instances, [key], 40)
+    assert sorted(answer.status_code for answer in answers) == [200] * 30 + [429] * 10
+    wait_for(lambda: stored_total(env["DATABASE_URL"], key) == 50)

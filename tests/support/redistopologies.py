@@ -104,3 +104,15 @@ def stop_all(processes):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def masters(storage_url):
+    """[(host, port)] of the masters behind a redis+cluster:// or redis+sentinel:// URL, as they stand now."""
+    scheme, _, rest = storage_url.partition("://")
+    hosts, _, service = rest.partition("/")
+    host, port = hosts.split(",")[0].rsplit(":", 1)
+    node = redis.Redis(host=host, port=int(port), decode_responses=True)
+    if scheme.endswith("+sentinel"):
+        return [tuple(node.sentinel_get_master_addr_by_name(service))]
+    return [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1].split("@")[0]))
+            for address, described in node.cluster("NODES").items() if "master" in described["flags"]]
