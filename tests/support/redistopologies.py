@@ -6,6 +6,7 @@ process that started it) and is named to the service by a URL of the limits libr
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 
@@ -56,11 +57,20 @@ def redis_cluster(folder):
                                          "--cluster-node-timeout", "2000"))
         subprocess.run([redis_program("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{port}" for port in ports),
                         "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        wait_until(lambda: all(redis.Redis(port=port).cluster("INFO")["cluster_state"] == "ok" for port in ports),
-                   what="every node to see the cluster whole")
+        wait_until(lambda: all(cluster_whole(port) for port in ports), what="every node to see the cluster whole")
         yield "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in ports[:3])
     finally:
         stop_all(processes)
+
+
+def cluster_whole(port):
+    """True once the node sees every slot served and three replicas, and (a replica) has its
+    master's data: a replica that never synced would not be promoted in a failover."""
+    node = redis.Redis(port=port, decode_responses=True)
+    replicas = [described for described in node.cluster("NODES").values() if "slave" in described["flags"]]
+    replication = node.info("replication")
+    synced = replication["role"] == "master" or replication.get("master_link_status") == "up"
+    return node.cluster("INFO")["cluster_state"] == "ok" and len(replicas) == 3 and synced
 
 
 @contextlib.contextmanager
@@ -115,4 +125,16 @@ def masters(storage_url):
     if scheme.endswith("+sentinel"):
         return [tuple(node.sentinel_get_master_addr_by_name(service))]
     return [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1].split("@")[0]))
-            for address, described in node.cluster("NODES").items() if "master" in described["flags"]]
+            for address, described in node.cluster("NODES").items()
+            if "master" in described["flags"] and described["slots"]]
+
+
+def kill_master_holding(storage_url, pattern):
+    """SIGKILL the master that holds a key matching pattern (the only master, behind Sentinel);
+    return its (host, port)."""
+    for host, port in masters(storage_url):
+        node = redis.Redis(host=host, port=port)
+        if node.keys(pattern):
+            os.kill(node.info("server")["process_id"], signal.SIGKILL)
+            return host, port
+    raise LookupError(f"no master holds a key like {pattern}")
