@@ -134,11 +134,14 @@ class Limiter:
             if items is None:
                 log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, name)
                 raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-        windows = [Window(item, item.key_for(f"key:{key.id}"),
+        # On Redis Cluster a request's windows share one slot, its organisation's hash tag, so that
+        # one script counts them all at once, as on one Redis.
+        tag = f"{{org:{key.org_id}}}" if self.windows is not None and self.windows.cluster else ""
+        windows = [Window(item, item.key_for(f"{tag}key:{key.id}"),
                           name if len(items) == 1 else f"{name}-{item.GRANULARITY.name}") for item in items]
         if self.organisation_rate is not None:
             item = self.organisation_rate
-            windows.append(Window(item, item.key_for(f"org:{key.org_id}"), ORGANISATION_POLICY))
+            windows.append(Window(item, item.key_for(f"{tag}org:{key.org_id}"), ORGANISATION_POLICY))
         storage_windows = [(window.key, window.item.get_expiry(), window.item.amount) for window in windows]
         policies = ", ".join(f'"{window.policy}";q={window.item.amount};w={window.item.get_expiry()}'
                              for window in windows)

@@ -166,11 +166,12 @@ def window_counter(storage, windows=None):
 
 def window_admitter(storage, windows=None):
     """Return the storage's hit_all(windows, generation=None) (SweptMemoryStorage.hit_all): atomic
-    in memory and on Redis; elsewhere (Redis Cluster, whose windows of one request live in several
-    slots, and the other storages of limits) each window is counted, and taken back again when one
-    is over, so a refused request can briefly hold a place that a concurrent one is refused for."""
+    in memory and on Redis (a Redis Cluster too, where a request's windows share one slot: the
+    limiter tags them with their organisation); with limits' other storages each window is counted,
+    and taken back again when one is over, so a refused request can briefly hold a place that a
+    concurrent one is refused for."""
     windows = windows or redis_windows(storage)
-    if windows is not None and not windows.cluster:
+    if windows is not None:
         return windows.hit_all
     if isinstance(storage, SweptMemoryStorage):
         return storage.hit_all
@@ -192,7 +193,7 @@ def window_taker(storage, windows=None):
     """Return the storage's take_back(windows) (SweptMemoryStorage.take_back): one step in memory and
     on Redis; elsewhere a read of each window, then its decrement."""
     windows = windows or redis_windows(storage)
-    if windows is not None and not windows.cluster:
+    if windows is not None:
         return windows.take_back
     if isinstance(storage, SweptMemoryStorage):
         return storage.take_back
