@@ -134,9 +134,12 @@ class Limiter:
             if items is None:
                 log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, name)
                 raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-        # On Redis Cluster a request's windows share one slot, its organisation's hash tag, so that
-        # one script counts them all at once, as on one Redis.
-        tag = f"{{org:{key.org_id}}}" if self.windows is not None and self.windows.cluster else ""
+        # On Redis Cluster a request's windows share one slot, so that one script counts them all at
+        # once, as on one Redis: its organisation's hash tag where the organisation has a window,
+        # else its key's (an organisation's keys then spread over the masters).
+        tag = ""
+        if self.windows is not None and self.windows.cluster:
+            tag = f"{{org:{key.org_id}}}" if self.organisation_rate is not None else f"{{key:{key.id}}}"
         windows = [Window(item, item.key_for(f"{tag}key:{key.id}"),
                           name if len(items) == 1 else f"{name}-{item.GRANULARITY.name}") for item in items]
         if self.organisation_rate is not None:

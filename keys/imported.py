@@ -57,9 +57,11 @@ class DeclaredForms:
         self.any_start = False
         self.starts = {}
         self.awaiting = {}
-        # Lookup prefixes whose key stopped awaiting its first use while this worker ran: a request
-        # that read by hash before then reads again rather than finding nothing to check.
+        # Lookup prefixes whose key stopped awaiting its first use while this worker ran, by length,
+        # each with the number of its settling: a request that read by hash before a settling reads
+        # again rather than finding nothing to check (one read, only for requests under way then).
         self.settled = {}
+        self.settles = 0
 
     def admit(self, secret):
         """True for a secret worth a database read: this service's form and checksum, or an
@@ -78,11 +80,13 @@ class DeclaredForms:
     def forget_awaiting(self, lookup_prefix):
         """A lookup prefix whose key no longer awaits its first use (rehashed, rolled, revoked)."""
         self.awaiting.get(len(lookup_prefix), set()).discard(lookup_prefix)
-        self.settled.setdefault(len(lookup_prefix), set()).add(lookup_prefix)
+        self.settles += 1
+        self.settled.setdefault(len(lookup_prefix), {})[lookup_prefix] = self.settles
 
-    def settled_since_read(self, secret):
-        """True when the secret starts with a lookup prefix this worker saw settled."""
-        return any(secret[:length] in prefixes for length, prefixes in self.settled.items())
+    def settled_since(self, secret, mark):
+        """True when the secret starts with a lookup prefix this worker saw settled after `mark`
+        (the value of `settles` when the request read by hash)."""
+        return any(self.settled[length].get(secret[:length], 0) > mark for length in self.settled)
 
     def refresh(self):
         if (reading := self.reading) is not None:
@@ -126,11 +130,12 @@ class FirstUse:
         # once (a client's first burst) wait for one check rather than each count and make one.
         self.under_way = {} if greenlets_share_thread() else None
 
-    def opens(self, secret, forms):
+    def opens(self, secret, forms, mark):
         """True when the key may now be found by the SHA-256 of the secret: this check rehashed it,
-        or another worker did since this one looked the hash up; False otherwise."""
+        or it was rehashed since this request looked the hash up (`mark`: the forms' `settles`
+        then); False otherwise."""
         if self.under_way is None:
-            return self.check_first_use(secret, forms)
+            return self.check_first_use(secret, forms, mark)
         secret_hash = hash_key(secret)
         if secret_hash in self.under_way:
             return self.under_way[secret_hash].get()
@@ -139,13 +144,13 @@ class FirstUse:
         self.under_way[secret_hash] = result = AsyncResult()
         opened = False
         try:
-            opened = self.check_first_use(secret, forms)
+            opened = self.check_first_use(secret, forms, mark)
             return opened
         finally:
             del self.under_way[secret_hash]
             result.set(opened)
 
-    def check_first_use(self, secret, forms):
+    def check_first_use(self, secret, forms, mark):
         for lookup_prefix in forms.awaiting_first_use(secret):
             if not self.counted(FAILED_CHECKS_PER_PREFIX, f"key-check:{lookup_prefix}"):
                 continue
@@ -170,9 +175,10 @@ class FirstUse:
                     for item, identity in windows:
                         self.limiter.give_back(item, identity)
                     rehash(key_id, placeholder, hash_key(secret))
+                    forms.forget_awaiting(lookup_prefix)
                     return True
         # Another request of this worker found the key rehashed after this one read by hash.
-        return forms.settled_since_read(secret)
+        return forms.settled_since(secret, mark)
 
     def counted(self, item, identity):
         """Count an attempt in the window; False when the window's allowance is spent."""

@@ -141,8 +141,9 @@ class KeyCache:
             return self.read(key_hash, generation, now)
         if not self.forms.admit(secret):
             return None, None
+        mark = self.forms.settles
         found = self.read(key_hash, generation, now)
-        if found[0] is None and self.first_use.opens(secret, self.forms):
+        if found[0] is None and self.first_use.opens(secret, self.forms, mark):
             # A read that began before the rehash would find nothing: share only reads begun since.
             return self.read(key_hash, self.generation.current(), time.time(), kind="after first use")
         return found
@@ -202,8 +203,9 @@ class Uncached:
     def find(self, key_hash, secret=None):
         if secret is not None and not self.forms.admit(secret):
             return None, None
+        mark = self.forms.settles
         key = find_active_key(key_hash)
-        if key is None and secret is not None and self.first_use.opens(secret, self.forms):
+        if key is None and secret is not None and self.first_use.opens(secret, self.forms, mark):
             key = find_active_key(key_hash)
         return key, None
 

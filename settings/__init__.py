@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from settings.billing import billing
+from settings import billing as billing_settings
 from settings.mail import (
     DEFAULT_MAIL_FROM,
     DEFAULT_MAIL_RETRY_SCHEDULE,
@@ -86,7 +86,7 @@ def load(environ):
         "GITHUB_SECRET_SCANNING": on_off(environ, "GITHUB_SECRET_SCANNING"),
         "GITHUB_SECRET_SCANNING_KEYS_URL": http_url(environ.get("GITHUB_SECRET_SCANNING_KEYS_URL")
                                                     or DEFAULT_GITHUB_KEYS_URL, "GITHUB_SECRET_SCANNING_KEYS_URL"),
-        **billing(environ),
+        **billing_settings.billing(environ),
     }
     if mail_url(config["MAIL_URL"]).scheme in MAIL_SCHEMES and not (config["PUBLIC_URL"] or webauthn_origin):
         raise ConfigError("PUBLIC_URL must be the site's address, such as https://api.example.com, when MAIL_URL "

@@ -79,8 +79,9 @@ return replies
         self.script = storage.get_connection().register_script(self.SCRIPT)
         self.admit_script = storage.get_connection().register_script(self.ADMIT_SCRIPT)
         self.take_back_script = storage.get_connection().register_script(self.TAKE_BACK_SCRIPT)
-        # Redis Cluster refuses a script whose keys live in different slots: one window a call there,
-        # and no generation.
+        # Redis Cluster refuses a script whose keys live in different slots: no generation there (its
+        # key would be in another slot), and no batching of different keys' windows in one call; a
+        # request's own windows share a slot (ratelimit.py's plan_for) and go in one script.
         self.cluster = isinstance(storage, RedisClusterStorage)
         self.generation_key = None if self.cluster else storage.prefixed_key(self.GENERATION_KEY)
         # The generation of the latest reply: a key read now is at least as new as it. Until the

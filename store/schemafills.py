@@ -9,7 +9,7 @@ from playhouse.migrate import PostgresqlMigrator, SqliteMigrator, migrate
 
 from store import ids, slugs
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("store.schema")  # the upgrade's lines, whichever file writes them
 
 
 def copy_hours_into_days(database):

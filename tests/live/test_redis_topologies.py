@@ -122,7 +122,8 @@ def test_a_master_killed_under_load_gives_503s_never_a_500_and_exact_windows_aft
     """The master holding a key's window SIGKILLed while 8 clients use 8 keys (of 8 organisations,
     each within its allowance): each answer is a 200 or a 503 until a replica takes over (the
     cluster's or the sentinels' own failover time), then 200s again; every 200 is counted in the
-    database; a new key's window is exact again."""
+    database; a new key's window is exact again. The topology is left serving, its new master
+    without a replica: the module's other tests pass after this one too."""
     env, instances, commands = deployment
     keys = [make_key(env, commands=commands, user=f"failover{client}") for client in range(8)]
     [(key_id,)] = services.rows(env["DATABASE_URL"],
@@ -134,17 +135,17 @@ def test_a_master_killed_under_load_gives_503s_never_a_500_and_exact_windows_aft
             status = requests.get(instances[client % 2].base + "/api/v1/protected/test",
                                   headers={"X-API-Key": keys[client]}, timeout=30).status_code
             answers.append((time.monotonic(), client, status))
-            time.sleep(0.1)  # 10 a second a client: within its organisation's allowance
+            time.sleep(0.5)  # 2 a second a client: 30 s before its organisation's 60 a minute
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         clients = [pool.submit(load, client) for client in range(8)]
         try:
-            wait_for(lambda: len(answers) >= 40)
+            wait_for(lambda: len(answers) >= 24)
             killed_at = time.monotonic()
             kill_master_holding(env["RATELIMIT_STORAGE_URL"], f"*key:{key_id}/*")
-            # Back once the first client's last 10 answers, after its first 503, are 200s.
+            # Back once the first client's last 6 answers, after its first 503, are 200s.
             first = lambda: [status for _, client, status in answers if client == 0]  # noqa: E731
-            wait_for(lambda: 503 in first() and first()[-10:] == [200] * 10)
+            wait_for(lambda: 503 in first() and first()[-6:] == [200] * 6)
         finally:
             stop.set()
             for client in clients:

@@ -25,6 +25,15 @@ def redis_program(name):
     return program
 
 
+def distinct_free_ports(count):
+    """count free ports, none twice: a port the kernel hands out again before it is bound would
+    start two servers on it."""
+    ports = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return list(ports)
+
+
 def start_redis(folder, port, *options):
     """One redis-server in folder (its working directory), keeping nothing on disk."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -48,12 +57,16 @@ def wait_until(condition, seconds=30, what="the servers to agree"):
 def redis_cluster(folder):
     """Yield the redis+cluster:// URL of a new cluster: three masters, each with a replica, every
     slot covered. Each node's bus port is chosen free too (Redis would take its port + 10000)."""
-    ports = [free_port() for _ in range(6)]
+    version = subprocess.run([redis_program("redis-server"), "--version"], capture_output=True, text=True).stdout
+    if int(version.partition(" v=")[2].partition(".")[0] or 0) < 7:
+        services.unavailable(f"a cluster's bus port is set from Redis 7 on: {version.strip()}")
+    ports = distinct_free_ports(12)
+    ports, bus_ports = ports[:6], ports[6:]
     processes = []
     try:
-        for port in ports:
+        for port, bus_port in zip(ports, bus_ports):
             processes.append(start_redis(folder / str(port), port, "--cluster-enabled", "yes",
-                                         "--cluster-port", str(free_port()), "--cluster-config-file", "nodes.conf",
+                                         "--cluster-port", str(bus_port), "--cluster-config-file", "nodes.conf",
                                          "--cluster-node-timeout", "2000"))
         subprocess.run([redis_program("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{port}" for port in ports),
                         "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
@@ -77,8 +90,7 @@ def cluster_whole(port):
 def redis_sentinel(folder):
     """Yield the redis+sentinel:// URL of a new group: a master, its replica, and three sentinels
     that watch it (a quorum of two)."""
-    master, replica = free_port(), free_port()
-    sentinels = [free_port() for _ in range(3)]
+    master, replica, *sentinels = distinct_free_ports(5)
     processes = []
     try:
         processes.append(start_redis(folder / "master", master))

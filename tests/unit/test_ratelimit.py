@@ -4,16 +4,19 @@ import collections
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 from clock import fake_time
 from limits import RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 from liveserver import ROOT
+from redis.crc import key_slot
 
 import ratelimit
 from metering import usage
 from models import ApiKey, UsageHour, db, start_of_hour, utcnow
 from ops.note import Note
+from orgs import keyactions
 
 
 def test_parse_tiers():
@@ -271,6 +274,28 @@ def test_a_keys_window_is_limits_own_key_made_once_per_kept_key(app, user, pro_k
     other, = limiter.tiers["free"]
     assert limiter.count_request(key, Note(app, None)).limit == other.amount
     assert key.limit_plan.windows[0][:2] == (other, other.key_for(f"key:{key.id}"))
+
+
+@pytest.mark.parametrize("organisation_rate", [None, "60/minute"])
+def test_on_a_redis_cluster_a_request_s_windows_share_one_slot(app, user, organisation_rate, monkeypatch):
+    """Tagged with the organisation where it has a window, else with the key: never the two
+    slots that a cluster refuses to give one script (CROSSSLOT)."""
+    limiter = app.extensions["ratelimit"]
+    monkeypatch.setattr(limiter, "windows", types.SimpleNamespace(cluster=True))
+    monkeypatch.setattr(limiter, "organisation_rate", organisation_rate and ratelimit.limit_item((60, "minute")))
+    monkeypatch.setitem(limiter.tiers, "two", ratelimit.limit_items("10/second+1000/hour"))
+    key, _ = keyactions.issue_key(user, "two windows", "development")
+    key.rate_limit_tier = "two"
+    plan = limiter.plan_for(key)
+    assert len(plan.windows) == (3 if organisation_rate else 2)
+    tag = f"{{org:{key.org_id}}}" if organisation_rate else f"{{key:{key.id}}}"
+    assert all(tag in window.key for window in plan.windows)
+    assert len({key_slot(f"LIMITS:{window.key}".encode()) for window in plan.windows}) == 1
+
+
+def test_on_one_redis_a_key_s_windows_keep_limits_own_names(app, user):
+    key, _ = keyactions.issue_key(user, "plain", "development")
+    assert "{" not in app.extensions["ratelimit"].plan_for(key).windows[0].key
 
 
 def test_the_hot_path_locks_are_the_os_threads_own_under_gevent_too():

@@ -202,11 +202,14 @@ def test_every_request_that_read_by_hash_before_another_worker_s_rehash_reads_ag
     other_app = make_app({**app.config})
     secret, _ = import_key("bcrypt")
     assert get(other_app.test_client(), secret[:-1] + "!").status_code == 401  # the start is read there
+    keys = other_app.extensions["keys"]
+    read_before = keys.forms.settles
     assert get(app.test_client(), secret).status_code == 200
     # Two requests of the other worker whose reads by hash came before the rehash: the first finds
     # the key no longer awaiting, the second finds the prefix already forgotten. Both read again.
-    keys = other_app.extensions["keys"]
-    assert [keys.first_use.opens(secret, keys.forms) for _ in range(2)] == [True, True]
+    assert [keys.first_use.opens(secret, keys.forms, read_before) for _ in range(2)] == [True, True]
+    # A request that reads by hash from now on, with a wrong secret, is not given a second read.
+    assert not keys.first_use.opens(secret[:-1] + "?", keys.forms, keys.forms.settles)
 
 
 def test_a_worker_reads_only_the_keys_imported_since_its_last_read(app, client, user, import_key, caplog):

@@ -288,6 +288,8 @@ def test_a_failed_shared_read_is_tried_again_by_each_waiter(slow_reads):
 
 
 class Admitting:
+    settles = 0
+
     def admit(self, secret):
         return True
 
@@ -300,7 +302,7 @@ class RehashedWhileOpening:
         self.opening = gevent.event.Event()
         self.committed = False
 
-    def opens(self, secret, forms):
+    def opens(self, secret, forms, mark):
         self.opening.wait()
         self.committed = True
         return True
