@@ -167,7 +167,7 @@ def window_counter(storage, windows=None):
 def window_admitter(storage, windows=None):
     """Return the storage's hit_all(windows, generation=None) (SweptMemoryStorage.hit_all): atomic
     in memory and on Redis (a Redis Cluster too, where a request's windows share one slot: the
-    limiter tags them with their organisation); with limits' other storages each window is counted,
+    limiter gives them one hash tag); with limits' other storages each window is counted,
     and taken back again when one is over, so a refused request can briefly hold a place that a
     concurrent one is refused for."""
     windows = windows or redis_windows(storage)
