@@ -16,7 +16,7 @@ import redis
 import requests
 import services
 import websocket
-from liveserver import cli_session, make_key, service_env, start_procfile, stored_total, wait_for
+from liveserver import cli_session, make_key, service_env, serving, stored_total, wait_for
 from redistopologies import kill_master_holding, masters, redis_cluster, redis_sentinel
 
 TOPOLOGIES = {"cluster": redis_cluster, "sentinel": redis_sentinel}
@@ -31,15 +31,8 @@ def deployment(request, tmp_path_factory):
         env = service_env(tmp_path, DATABASE_URL=services.postgres_url(), RATELIMIT_STORAGE_URL=storage_url,
                           WEB_CONCURRENCY="2", RATE_LIMIT_TIERS="free=100000/hour,fifty=50/minute",
                           ACCOUNT_RATE_LIMIT=f"{ORGANISATION_ALLOWANCE}/minute")
-        with cli_session(env) as commands:
-            instances = [start_procfile(tmp_path, env) for _ in range(2)]
-            try:
-                yield env, instances, commands
-            finally:
-                for instance in instances:
-                    instance.stop()
-        output = "".join(instance.output() for instance in instances)
-        assert "Traceback" not in output
+        with cli_session(env) as commands, serving(tmp_path, env) as a, serving(tmp_path, env) as b:
+            yield env, [a, b], commands
 
 
 def statuses(instances, secrets, count):
