@@ -19,6 +19,7 @@ from ops import note as request_note
 from orgs import keyactions
 from ratelimit import ip_rate_limited
 from serving.fastlane import without_flask
+from store.limitstorage import LimitStorageUnavailable
 
 REVOKE_ATTEMPTS = 3
 
@@ -80,6 +81,9 @@ def user_me(api_key):
 @require_api_key("usage:read")
 def usage_stats(api_key):
     key, window = api_key, ratelimit.current_window()
+    if window is None:
+        # Admitted uncounted (RATE_LIMIT_ON_STORAGE_FAILURE=open): the allowance left is unknown.
+        raise LimitStorageUnavailable()
     total = usage.total_requests(key)
     if total is None:
         auth.found_key(None)  # deleted with its account since it was admitted

@@ -1,5 +1,5 @@
-"""Request allowances per API key and per client IP on the `limits` library, and the rate-limit
-headers."""
+"""Request allowances per API key and per client IP on the `limits` library (the rate-limit headers
+they give a response: serving/envelope.py)."""
 
 import collections
 import functools
@@ -17,8 +17,9 @@ from metering import credits, thresholds
 from models import ApiKey, db
 from ops import metrics, note as request_note, services
 from ops.clientaddress import client_identity
+from ops.outage import StorageOutage
 from store.limitstorage import LimitStorageUnavailable, open_storage, window_admitter, window_counter, window_taker
-from store.rediswindows import redis_windows
+from store.rediswindows import KeysChanged, redis_windows
 
 log = logging.getLogger(__name__)
 
@@ -80,19 +81,31 @@ def limit_items(text):
     return tuple(limit_item(rate) for rate in settings.rates(text, "A key's limit"))
 
 
+def unavailable(error):
+    """The LimitStorageUnavailable (HTTP 503) that refuses a request for the limit storage's failure
+    (a StorageError). Each storage call's except clause raises it: wrapping the methods in a
+    decorator would add a call frame to every counted request. The limiter's own methods raise it
+    unlogged, and those called from outside log it (storage_unavailable) unless they admit the
+    request instead (fail_open)."""
+    return LimitStorageUnavailable(storage_error=error.storage_error)
+
+
 def storage_unavailable(error):
-    """Log the limit storage's failure (a StorageError) and return the LimitStorageUnavailable (HTTP 503)
-    that refuses the request. Each storage call's except clause raises it: wrapping the methods in a
-    decorator would add a call frame to every counted request."""
-    log.error("Rate-limit storage unavailable: %s", error.storage_error)
-    return LimitStorageUnavailable()
+    return logged(unavailable(error))
+
+
+def logged(unavailable):
+    log.error("Rate-limit storage unavailable: %s", unavailable.storage_error)
+    return unavailable
 
 
 class Limiter:
     """Fixed windows that start with their first request, kept in a limits storage."""
 
-    def __init__(self, storage, tiers, public_rate, organisation_rate=None, watcher=None):
+    def __init__(self, storage, tiers, public_rate, organisation_rate=None, watcher=None, fail_open=False):
         self.storage = storage
+        # RATE_LIMIT_ON_STORAGE_FAILURE=open: a keyed request the storage cannot count is admitted.
+        self.outage = StorageOutage() if fail_open else None
         # What becomes of a key's usage and credit thresholds (metering/thresholds.py's Watcher).
         self.watcher = watcher or thresholds.Watcher()
         # On Redis, the counter also carries the key generation that keys/keycache.py relies on.
@@ -108,21 +121,40 @@ class Limiter:
         """Count a request (its note) against every window of the key and its organisation, and
         spend one of its credits; raise RateLimitExceeded (OrganisationRateLimitExceeded) when a window is
         used up, credits.CreditsExhausted when no credit is left, counting nothing then, or
-        KeysChanged when the key generation it was read under is not the current one."""
+        KeysChanged when the key generation it was read under is not the current one. With
+        fail_open, a request the storage cannot count is admitted (admit_uncounted)."""
         plan = key.limit_plan
         if plan is None or plan.limiter is not self:
             plan = self.plan_for(key)
-        if plan.simple:
-            window = plan.windows[0]
-            state = self.hit_window(window.item, window.key, window.policy, note, generation)
-            if state.remaining in plan.marks[0]:
-                self.watcher.reached(key, state, plan.marks[0][state.remaining])
-        elif key.has_credits:
-            state = self.count_with_credit(key, plan, note, generation)
-        else:
-            state, _ = self.hit_windows(plan, note, generation, key)
+        try:
+            if plan.simple:
+                window = plan.windows[0]
+                state = self.hit_window(window.item, window.key, window.policy, note, generation)
+                if state.remaining in plan.marks[0]:
+                    self.watcher.reached(key, state, plan.marks[0][state.remaining])
+            elif key.has_credits:
+                state = self.count_with_credit(key, plan, note, generation)
+            else:
+                state, _ = self.hit_windows(plan, note, generation, key)
+        except LimitStorageUnavailable as unavailable:
+            if self.outage is None:
+                raise logged(unavailable) from None
+            return self.admit_uncounted(key, note, generation, unavailable.storage_error)
         note.counted = True
         return state
+
+    def admit_uncounted(self, key, note, generation, error):
+        """Admit a request its windows could not count, spending its credit all the same; a key kept
+        from before (generation) is not trusted without the count, and KeysChanged has it read again."""
+        if generation is not None:
+            raise KeysChanged()
+        if key.has_credits:
+            if credits.has_none(key):
+                note.credits_remaining = 0
+                raise credits.exhausted(key)
+            self.watcher.credits_spent(key, *credits.spend(key, note))
+        self.outage.admitted(error)
+        note.counted = True
 
     def plan_for(self, key):
         """Make (once for each key it counts: limits' key_for costs ~9,000 instructions) and keep
@@ -162,7 +194,7 @@ class Limiter:
         try:
             refused, counts = self.admit_all(plan.storage_windows, generation)
         except StorageError as error:
-            raise storage_unavailable(error) from None
+            raise unavailable(error) from None
         states = [RateLimitState(window.policy, window.item.amount, max(0, window.item.amount - count), reset,
                                  window.item.get_expiry(), plan.policies)
                   for window, (count, reset) in zip(plan.windows, counts)]
@@ -195,7 +227,7 @@ class Limiter:
                 states.append(RateLimitState(window.policy, window.item.amount, max(0, window.item.amount - count),
                                              reset, window.item.get_expiry(), plan.policies))
         except StorageError as error:
-            raise storage_unavailable(error) from None
+            raise unavailable(error) from None
         return min(states, key=lambda state: state.remaining)
 
     def count_with_credit(self, key, plan, note, generation):
@@ -241,7 +273,10 @@ class Limiter:
         With the request's note, the state goes into its response headers (see current_window).
         With a key generation (Redis only), raise KeysChanged, counting nothing, once it is no
         longer current."""
-        return self.hit_window(item, item.key_for(identity), policy, note, generation)
+        try:
+            return self.hit_window(item, item.key_for(identity), policy, note, generation)
+        except LimitStorageUnavailable as refusal:
+            raise logged(refusal) from None
 
     def hit_window(self, item, window_key, policy, note=None, generation=None):
         """hit, for the window's storage key (item.key_for(identity))."""
@@ -252,7 +287,7 @@ class Limiter:
             else:
                 count, reset = self.windows.hit(window_key, expiry, generation)
         except StorageError as error:
-            raise storage_unavailable(error) from None
+            raise unavailable(error) from None
         state = RateLimitState(policy, item.amount, max(0, item.amount - count), reset, expiry)
         if note is not None:
             note.rate_limit = state
@@ -300,8 +335,9 @@ def init_app(app, watcher):
     public_rate = None if public is None else limit_item(public)
     organisation = settings.account_rate(app.config["ACCOUNT_RATE_LIMIT"])
     storage = open_storage(app.config["RATELIMIT_STORAGE_URL"])
-    limiter = app.extensions["ratelimit"] = Limiter(storage, tiers, public_rate,
-                                                    None if organisation is None else limit_item(organisation), watcher)
+    limiter = app.extensions["ratelimit"] = Limiter(
+        storage, tiers, public_rate, None if organisation is None else limit_item(organisation), watcher,
+        fail_open=app.config["RATE_LIMIT_ON_STORAGE_FAILURE"] == "open")
     # No start: the memory storage schedules its own sweeps (store/limitstorage.py); only its close is ours.
     services.register(app, "ratelimit", limiter)
     warn_about_unknown_tiers(tiers)
@@ -350,23 +386,3 @@ def seconds_until(epoch):
 def current_window():
     """The RateLimitState this request was counted in."""
     return request_note.of(request.environ).rate_limit
-
-
-def header_lines(state):
-    """The X-RateLimit-* and IETF draft-11 RateLimit headers of a request's window."""
-    limit, policy = policy_lines(state.policy, state.limit, state.window)
-    if state.policies is not None:
-        policy = ("RateLimit-Policy", state.policies)
-    return (
-        limit,
-        ("X-RateLimit-Remaining", str(state.remaining)),
-        ("X-RateLimit-Reset", str(math.ceil(state.reset))),
-        policy,
-        ("RateLimit", f'"{state.policy}";r={state.remaining};t={seconds_until(state.reset)}'),
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def policy_lines(policy, limit, window):
-    """The headers that are the same for every request of a policy: built once, not per request."""
-    return ("X-RateLimit-Limit", str(limit)), ("RateLimit-Policy", f'"{policy}";q={limit};w={window}')

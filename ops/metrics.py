@@ -32,6 +32,8 @@ REQUEST_DURATION = Histogram("http_request_duration_seconds",
                              "(WebSockets excluded).", ["endpoint"])
 RATE_LIMITED = Counter("rate_limited", "Requests refused with 429, by policy: a tier, public, login, "
                        "signup or key-creation.", ["policy"])
+STORAGE_FAILOPEN = Counter("ratelimit_storage_failopen", "Keyed requests admitted without counting them, "
+                           "the limit storage unreachable (RATE_LIMIT_ON_STORAGE_FAILURE=open).")
 SOCKETS = Gauge("websocket_connections", "Open WebSockets.", ["socket"], multiprocess_mode="livesum")
 SOCKET_MESSAGES = Counter("websocket_messages_sent", "Messages sent on WebSockets.", ["socket"])
 USAGE_PENDING = Gauge("usage_counts_pending", "Requests counted in memory and not yet written to the "
@@ -185,6 +187,10 @@ def messages_sent(name, count=1):
 
 def rate_limited(policy):
     RATE_LIMITED.labels(policy).inc()
+
+
+def storage_failopen():
+    STORAGE_FAILOPEN.inc()
 
 
 def usage_pending(count):

@@ -8,10 +8,12 @@ Flask and a context lookup per request, which was a sixth of a keyed request's o
 guards write what the envelope needs on the request's note (ops/note.py), which the envelope makes;
 nothing else writes these headers."""
 
+import functools
+import math
 import time
 
-import ratelimit
 from ops import logs, metrics, note as request_note
+from ratelimit import seconds_until
 
 API_PREFIX = "/api/"
 API_PATH = API_PREFIX.lstrip("/")
@@ -45,7 +47,7 @@ class Envelope:
                 headers.append(HSTS)
             state = note.rate_limit
             if state is not None:
-                headers.extend(ratelimit.header_lines(state))
+                headers.extend(header_lines(state))
                 if note.credits_remaining is not None:
                     headers.append(("X-Credits-Remaining", str(note.credits_remaining)))
             key_id = note.usage_key_id
@@ -68,3 +70,23 @@ class Envelope:
             raise
         finally:
             request_note.current_environ.reset(serving)
+
+
+def header_lines(state):
+    """The X-RateLimit-* and IETF draft-11 RateLimit headers of a request's window."""
+    limit, policy = policy_lines(state.policy, state.limit, state.window)
+    if state.policies is not None:
+        policy = ("RateLimit-Policy", state.policies)
+    return (
+        limit,
+        ("X-RateLimit-Remaining", str(state.remaining)),
+        ("X-RateLimit-Reset", str(math.ceil(state.reset))),
+        policy,
+        ("RateLimit", f'"{state.policy}";r={state.remaining};t={seconds_until(state.reset)}'),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def policy_lines(policy, limit, window):
+    """The headers that are the same for every request of a policy: built once, not per request."""
+    return ("X-RateLimit-Limit", str(limit)), ("RateLimit-Policy", f'"{policy}";q={limit};w={window}')

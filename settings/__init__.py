@@ -29,6 +29,7 @@ TIER_NAME_PATTERN = re.compile(r"[a-z0-9_-]{1,32}")
 # The policy names of the per-IP window, the account's window and a key's own windows.
 RESERVED_POLICIES = ("public", "account", "key")
 LOG_FORMATS = ("text", "json")
+STORAGE_FAILURE_MODES = ("closed", "open")
 ANY_ORIGIN = "*"
 ORIGIN_PATTERN = re.compile(r"([a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(:[0-9]{1,5})?")
 DEFAULT_PORTS = {"http": ":80", "https": ":443"}
@@ -58,6 +59,7 @@ def load(environ):
         "RATE_LIMIT_TIERS": checked(tiers, environ.get("RATE_LIMIT_TIERS") or "free=1000/hour"),
         "PUBLIC_RATE_LIMIT": checked(public_rate, environ.get("PUBLIC_RATE_LIMIT") or "600/minute"),
         "ACCOUNT_RATE_LIMIT": checked(account_rate, environ.get("ACCOUNT_RATE_LIMIT") or "off"),
+        "RATE_LIMIT_ON_STORAGE_FAILURE": storage_failure(environ),
         "TRUSTED_PROXIES": count(environ, "TRUSTED_PROXIES", 0, minimum=0),
         "HOST": environ.get("HOST") or "127.0.0.1",
         "PORT": count(environ, "PORT", 5000, maximum=65535),
@@ -192,6 +194,16 @@ def storage_url(environ):
         raise ConfigError(f"RATELIMIT_STORAGE_URL must name the Sentinel's service after the hosts, as in "
                           f"{scheme}://host:26379/mymaster.")
     return url
+
+
+def storage_failure(environ):
+    """RATE_LIMIT_ON_STORAGE_FAILURE: closed (the default: keyed requests refused with 503 while the
+    limit storage cannot be reached) or open (admitted without counting)."""
+    value = (environ.get("RATE_LIMIT_ON_STORAGE_FAILURE") or "closed").strip().lower()
+    if value not in STORAGE_FAILURE_MODES:
+        raise ConfigError("RATE_LIMIT_ON_STORAGE_FAILURE must be closed or open, not "
+                          f"{environ.get('RATE_LIMIT_ON_STORAGE_FAILURE')!r}.")
+    return value
 
 
 def log_format(environ):

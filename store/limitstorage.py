@@ -18,9 +18,15 @@ from store.rediswindows import redis_windows
 
 
 class LimitStorageUnavailable(ServiceUnavailable):
-    """The limit storage cannot be reached; limits fail closed (HTTP 503)."""
+    """The limit storage cannot be reached (storage_error: what the storage raised, where known);
+    limits fail closed (HTTP 503, with a Retry-After of about a Redis failover's time)."""
 
     description = "The rate-limit storage is unavailable; try again shortly."
+    RETRY_AFTER = 5
+
+    def __init__(self, storage_error=None):
+        super().__init__(retry_after=self.RETRY_AFTER)
+        self.storage_error = storage_error
 
 
 class SweptMemoryStorage(MemoryStorage):

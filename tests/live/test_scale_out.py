@@ -172,7 +172,7 @@ def test_redis_outage_fails_closed_for_keys_and_recovers(tmp_path):
         proxy.cut()
         down = requests.get(server.base + "/api/v1/protected/test", headers=headers, timeout=10)
         assert down.status_code == 503
-        assert down.json()["error"]["code"] == "service_unavailable"
+        assert (down.json()["error"]["code"], down.headers["Retry-After"]) == ("service_unavailable", "5")
         assert requests.get(server.base + "/api/v1/demo/year", timeout=10).status_code == 200
         proxy.restore()
         wait_for(lambda: requests.get(server.base + "/api/v1/protected/test", headers=headers,

@@ -30,6 +30,7 @@ BAD_VALUES = [
     ("RATE_LIMIT_TIERS", "free=10/fortnight"),
     ("PUBLIC_RATE_LIMIT", "5"),
     ("ACCOUNT_RATE_LIMIT", "lots"),
+    ("RATE_LIMIT_ON_STORAGE_FAILURE", "fail-open"),
     ("ACCOUNT_RATE_LIMIT", "10/second+100/hour"),
     ("RATE_LIMIT_TIERS", "free=1/second+2/second"),
     ("LOG_FORMAT", "xml"),

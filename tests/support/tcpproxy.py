@@ -72,7 +72,9 @@ class TcpProxy:
         self.flowing.set()
 
     def restore(self):
-        """Accept connections again, on the same port."""
+        """Accept connections again, on the same port (where it was cut)."""
+        if self.listener.fileno() != -1:
+            return
         self.listener = socket.create_server(("127.0.0.1", self.port))
         self.serve()
 

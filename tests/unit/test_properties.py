@@ -17,6 +17,7 @@ import models
 import ratelimit
 import sockets
 from keys import keyformat
+from serving import envelope
 from settings import TIER_NAME_PATTERN, rate
 
 # The app fixture is only read from in these tests, so sharing it across examples is safe.
@@ -112,7 +113,7 @@ def test_rate_limit_headers_parse_back_to_the_state(policy, limit, data, window,
     reset = now + data.draw(st.floats(min_value=0, max_value=window))
     state = ratelimit.RateLimitState(policy, limit, remaining, reset, window)
     with mock.patch.object(ratelimit, "time", FakeTime(now)):
-        headers = dict(ratelimit.header_lines(state))
+        headers = dict(envelope.header_lines(state))
 
     assert int(headers["X-RateLimit-Limit"]) == limit
     assert int(headers["X-RateLimit-Remaining"]) == remaining
