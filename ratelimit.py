@@ -123,6 +123,8 @@ class Limiter:
         used up, credits.CreditsExhausted when no credit is left, counting nothing then, or
         KeysChanged when the key generation it was read under is not the current one. With
         fail_open, a request the storage cannot count is admitted (admit_uncounted)."""
+        if self.outage is not None and self.outage.recent():
+            return self.admit_uncounted(key, note, generation)
         plan = key.limit_plan
         if plan is None or plan.limiter is not self:
             plan = self.plan_for(key)
@@ -139,13 +141,15 @@ class Limiter:
         except LimitStorageUnavailable as unavailable:
             if self.outage is None:
                 raise logged(unavailable) from None
-            return self.admit_uncounted(key, note, generation, unavailable.storage_error)
+            self.outage.failed(unavailable.storage_error)
+            return self.admit_uncounted(key, note, generation)
         note.counted = True
         return state
 
-    def admit_uncounted(self, key, note, generation, error):
+    def admit_uncounted(self, key, note, generation):
         """Admit a request its windows could not count, spending its credit all the same; a key kept
-        from before (generation) is not trusted without the count, and KeysChanged has it read again."""
+        from before (generation) is not trusted without the count, and KeysChanged has it read again
+        (its second count_request, within the outage's RETRY_INTERVAL, asks the storage no more)."""
         if generation is not None:
             raise KeysChanged()
         if key.has_credits:
@@ -153,7 +157,7 @@ class Limiter:
                 note.credits_remaining = 0
                 raise credits.exhausted(key)
             self.watcher.credits_spent(key, *credits.spend(key, note))
-        self.outage.admitted(error)
+        self.outage.admitted()
         note.counted = True
 
     def plan_for(self, key):

@@ -46,6 +46,8 @@ class ChangeNotAnnounced(LimitStorageUnavailable):
 
     description = (f"The change is saved, but the rate-limit storage could not be told of it; other servers may "
                    f"accept the key as it was for up to {MAX_AGE:.0f} seconds.")
+    # Saved already: nothing to try again.
+    RETRY_AFTER = None
 
 
 class SqliteGeneration:

@@ -1,6 +1,8 @@
-"""What a worker says while it admits keyed requests the limit storage could not count
+"""What a worker knows and says while it admits keyed requests the limit storage could not count
 (RATE_LIMIT_ON_STORAGE_FAILURE=open): each one in ratelimit_storage_failopen_total, and one WARNING
-a minute with how many, rather than a log line per request while the storage is down."""
+a minute with how many, rather than a log line per request while the storage is down; and, for a
+second after a failure, that the storage is not worth asking (each ask of a hung Redis waits for
+its timeout)."""
 
 import logging
 import time
@@ -10,24 +12,36 @@ from ops import metrics
 log = logging.getLogger("ratelimit")
 
 WARNING_INTERVAL = 60.0
+# How long after a failure requests are admitted without asking the storage again.
+RETRY_INTERVAL = 1.0
 
 
 class StorageOutage:
-    """The requests admitted uncounted since the last WARNING; the first of an outage is told at once."""
+    """The requests admitted uncounted since the last WARNING, which comes with the first of them
+    and then at most once a minute; and the storage's last failure."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
         self.admitted_since_warning = 0
         self.warned_at = None
+        self.failed_at = None
+        self.error = None
 
-    def admitted(self, error):
-        """Count one keyed request admitted without its windows because of error (a StorageError)."""
+    def failed(self, error):
+        """The storage failed just now with error (what the StorageError said)."""
+        self.failed_at, self.error = self.clock(), error
+
+    def recent(self):
+        """True for RETRY_INTERVAL after the last failure: admit without asking the storage."""
+        return self.failed_at is not None and self.clock() - self.failed_at < RETRY_INTERVAL
+
+    def admitted(self):
+        """Count one keyed request admitted without its windows."""
         metrics.storage_failopen()
         self.admitted_since_warning += 1
         now = self.clock()
         if self.warned_at is None or now - self.warned_at >= WARNING_INTERVAL:
+            # Taken and reset before the log call, which may yield to another greenlet.
+            count, self.admitted_since_warning, self.warned_at = self.admitted_since_warning, 0, now
             log.warning("Rate-limit storage unavailable (%s): admitted %d keyed requests without counting them "
-                        "since the last warning (RATE_LIMIT_ON_STORAGE_FAILURE=open).",
-                        error, self.admitted_since_warning)
-            self.admitted_since_warning = 0
-            self.warned_at = now
+                        "since the last warning (RATE_LIMIT_ON_STORAGE_FAILURE=open).", self.error, count)

@@ -19,16 +19,20 @@ FAILOPEN_TOTAL = "ratelimit_storage_failopen_total"
 
 
 def cut_storage(app, monkeypatch):
-    """Every call of the app's limit storage fails as a Redis out of reach does."""
+    """Every call of the app's limit storage fails as a Redis out of reach does; return the list
+    of the calls made."""
     limiter = app.extensions["ratelimit"]
+    calls = []
 
     def fail(*args, **kwargs):
+        calls.append(args)
         raise StorageError(ConnectionError("redis is down"))
 
     for name in ("count_hit", "admit_all"):
         monkeypatch.setattr(limiter, name, fail)
     for name in ("get", "incr", "get_expiry"):
         monkeypatch.setattr(limiter.storage, name, fail)
+    return calls
 
 
 @pytest.fixture
@@ -99,12 +103,26 @@ def test_the_warning_comes_at_once_then_once_a_minute_with_how_many(caplog):
     clock = Clock()
     outage = StorageOutage(clock)
     with caplog.at_level(logging.WARNING, logger="ratelimit"):
-        outage.admitted("redis is down")
+        outage.failed("redis is down")
+        outage.admitted()
         for _ in range(41):
             clock.now += 1
-            outage.admitted("redis is down")
+            outage.admitted()
         clock.now += 20
-        outage.admitted("redis is down")
+        outage.admitted()
     assert [record.getMessage() for record in caplog.records] == [
         f"Rate-limit storage unavailable (redis is down): admitted {count} keyed requests without counting them "
         "since the last warning (RATE_LIMIT_ON_STORAGE_FAILURE=open)." for count in (1, 42)]
+
+
+def test_for_a_second_after_a_failure_open_admits_without_asking_the_storage(open_app, api_key, monkeypatch):
+    """A hung Redis costs each ask its timeout: one request pays it, not every one behind it."""
+    clock = Clock()
+    monkeypatch.setattr(open_app.extensions["ratelimit"], "outage", StorageOutage(clock))
+    calls = cut_storage(open_app, monkeypatch)
+    client = open_app.test_client()
+    assert [client.get(ENDPOINT, headers={"X-API-Key": api_key}).status_code for _ in range(3)] == [200] * 3
+    assert len(calls) == 1
+    clock.now += 1
+    assert client.get(ENDPOINT, headers={"X-API-Key": api_key}).status_code == 200
+    assert len(calls) == 2
