@@ -9,7 +9,8 @@ import threading
 import time
 
 from limits.errors import ConfigurationError
-from limits.storage import MemoryStorage, storage_from_string
+from limits.storage import MemoryStorage, RedisClusterStorage, storage_from_string
+from redis.exceptions import RedisClusterException
 from werkzeug.exceptions import ServiceUnavailable
 
 from settings import ConfigError
@@ -139,6 +140,16 @@ class SharedLock:
         """Nothing to forget: no key has a lock of its own."""
 
 
+class ClusterStorage(RedisClusterStorage):
+    """limits' Redis Cluster storage, with redis-py's own cluster errors among the storage's failures:
+    a cluster none of whose nodes answers raises RedisClusterException, which is no RedisError,
+    and would reach the client as a 500 rather than the limits' 503."""
+
+    @property
+    def base_exceptions(self):
+        return self.dependency.RedisError, RedisClusterException
+
+
 def open_storage(url):
     """Return the limits storage for a storage URI; its errors surface as StorageError. A URI the
     storage refuses (a missing driver, a bad option) raises ConfigError."""
@@ -149,6 +160,8 @@ def open_storage(url):
         # Without timeouts a Redis that hangs would hang every protected request with it.
         options = {"socket_timeout": 1, "socket_connect_timeout": 1}
     try:
+        if url.startswith("redis+cluster://"):
+            return ClusterStorage(url, wrap_exceptions=True, **options)
         return storage_from_string(url, wrap_exceptions=True, **options)
     except (ConfigurationError, ValueError) as error:
         # limits and redis-py name what is wrong without quoting the URI (which may hold a password).

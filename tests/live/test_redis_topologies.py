@@ -8,6 +8,8 @@ scripts are loaded again after a SCRIPT FLUSH, and a master killed under load co
 the failover, never a 500 or a count in the database."""
 
 import concurrent.futures
+import os
+import signal
 import threading
 import time
 
@@ -17,7 +19,7 @@ import requests
 import services
 import websocket
 from liveserver import cli_session, make_key, service_env, serving, stored_total, wait_for
-from redistopologies import kill_master_holding, masters, redis_cluster, redis_sentinel
+from redistopologies import cluster_nodes, kill_master_holding, masters, redis_cluster, redis_sentinel
 
 TOPOLOGIES = {"cluster": redis_cluster, "sentinel": redis_sentinel}
 ORGANISATION_ALLOWANCE = 60
@@ -159,3 +161,20 @@ def test_a_master_killed_under_load_gives_503s_never_a_500_and_exact_windows_aft
         wait_for(lambda: stored_total(env["DATABASE_URL"], key) == served)
     fresh = make_key(env, tier="fifty", commands=commands, user="afterfailover")
     assert sorted(answer.status_code for answer in statuses(instances, [fresh], 100)) == [200] * 50 + [429] * 50
+
+
+def test_a_cluster_with_every_node_gone_is_a_503_never_a_500(tmp_path):
+    """redis-py raises its own RedisClusterException, no RedisError, when no node of a cluster
+    answers: it is the limit storage's failure like any other."""
+    with redis_cluster(tmp_path / "redis") as storage_url:
+        # SQLite: the module's deployment may still be serving on this test process's PostgreSQL database.
+        env = service_env(tmp_path, RATELIMIT_STORAGE_URL=storage_url)
+        key = make_key(env)
+        with serving(tmp_path, env) as server:
+            url = server.base + "/api/v1/protected/test"
+            assert requests.get(url, headers={"X-API-Key": key}, timeout=10).status_code == 200
+            for host, port in cluster_nodes(storage_url):
+                os.kill(redis.Redis(host=host, port=port).info("server")["process_id"], signal.SIGKILL)
+            answers = [requests.get(url, headers={"X-API-Key": key}, timeout=10) for _ in range(3)]
+            assert [(answer.status_code, answer.json()["error"]["code"]) for answer in answers] == [
+                (503, "service_unavailable")] * 3

@@ -141,6 +141,13 @@ def masters(storage_url):
             if "master" in described["flags"] and described["slots"]]
 
 
+def cluster_nodes(storage_url):
+    """[(host, port)] of every node of the cluster behind a redis+cluster:// URL, replicas too."""
+    host, port = storage_url.partition("://")[2].split(",")[0].rsplit(":", 1)
+    return [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1].split("@")[0]))
+            for address in redis.Redis(host=host, port=int(port), decode_responses=True).cluster("NODES")]
+
+
 def kill_master_holding(storage_url, pattern):
     """SIGKILL the master that holds a key matching pattern (the only master, behind Sentinel);
     return its (host, port)."""
