@@ -10,7 +10,6 @@ import time
 
 from limits.errors import ConfigurationError
 from limits.storage import MemoryStorage, RedisClusterStorage, storage_from_string
-from redis.exceptions import RedisClusterException
 from werkzeug.exceptions import ServiceUnavailable
 
 from settings import ConfigError
@@ -147,7 +146,8 @@ class ClusterStorage(RedisClusterStorage):
 
     @property
     def base_exceptions(self):
-        return self.dependency.RedisError, RedisClusterException
+        # redis itself, as limits loads it: `import app` leaves redis unloaded where it is not used.
+        return self.dependency.RedisError, self.dependency.exceptions.RedisClusterException
 
 
 def open_storage(url):
