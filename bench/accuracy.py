@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -316,6 +317,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="bursts per cell (each on a fresh key)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/ as it is")
     arguments = parser.parse_args()
+    # A stop (SIGTERM) unwinds as Ctrl-C does, so the servers and private databases stop with the run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     servers.use_client_core()
     report = run(arguments.rounds, DEPLOYMENTS)
     report["rounds"] = arguments.rounds

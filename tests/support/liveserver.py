@@ -154,6 +154,14 @@ class Server:
         self.log = open(log_path, "w")
         self.process = subprocess.Popen(command, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        try:
+            self.wait_until_serving(port)
+        except BaseException:
+            # However the wait ends (a timeout, Ctrl-C, a stop), the server ends with it.
+            self.stop()
+            raise
+
+    def wait_until_serving(self, port):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.output()
@@ -166,7 +174,6 @@ class Server:
                 except requests.RequestException:
                     pass
             time.sleep(0.1)
-        self.stop()
         raise AssertionError("server did not start:\n" + self.output())
 
     def output(self):
