@@ -94,9 +94,9 @@ def storage_unavailable(error):
     return logged(unavailable(error))
 
 
-def logged(unavailable):
-    log.error("Rate-limit storage unavailable: %s", unavailable.storage_error)
-    return unavailable
+def logged(refusal):
+    log.error("Rate-limit storage unavailable: %s", refusal.storage_error)
+    return refusal
 
 
 class Limiter:
@@ -138,10 +138,10 @@ class Limiter:
                 state = self.count_with_credit(key, plan, note, generation)
             else:
                 state, _ = self.hit_windows(plan, note, generation, key)
-        except LimitStorageUnavailable as unavailable:
+        except LimitStorageUnavailable as refusal:
             if self.outage is None:
-                raise logged(unavailable) from None
-            self.outage.failed(unavailable.storage_error)
+                raise logged(refusal) from None
+            self.outage.failed(refusal.storage_error)
             return self.admit_uncounted(key, note, generation)
         note.counted = True
         return state
