@@ -64,7 +64,7 @@ def init_app(app):
     storage = app.extensions["ratelimit"].storage
     per_key = app.config["TIME_SOCKETS_PER_KEY"]
     if isinstance(storage, RedisStorage):
-        time_slots = slots.SharedSocketSlots(storage.get_connection(), per_key)
+        time_slots = slots.SharedSocketSlots(storage.get_connection(), per_key, storage.base_exceptions)
     else:
         time_slots = slots.SocketSlots(per_key)
     app.extensions["socket_slots"] = time_slots

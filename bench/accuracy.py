@@ -82,10 +82,10 @@ class Deployment:
         self.storage_url = storage_url
         folder.mkdir(parents=True, exist_ok=True)
         self.commands = CliSession(self.env)
-        self.commands("users", "create", "bench", "--email", "bench@example.com", "--password-stdin",
-                      stdin="a long bench password\n")
         self.instances = []
         try:
+            self.commands("users", "create", "bench", "--email", "bench@example.com", "--password-stdin",
+                          stdin="a long bench password\n")
             for _ in range(instances):
                 self.instances.append(start_procfile(folder, self.env))
                 pin_to_server_core(self.instances[-1].process.pid)

@@ -59,11 +59,10 @@ class SharedSocketSlots:
         return 1
     """
 
-    def __init__(self, client, per_key):
-        # Imported here, with a Redis URL only (~40 ms): by then limits' storage has loaded it.
-        from redis import RedisError
-
-        self.redis_error = RedisError
+    def __init__(self, client, per_key, redis_errors):
+        # The limit storage's own failures (its base_exceptions): on a cluster, redis-py's cluster
+        # errors too, which are no RedisError.
+        self.redis_error = redis_errors
         self.client = client
         self.per_key = per_key
         self.take_script = client.register_script(self.TAKE)

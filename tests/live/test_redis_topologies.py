@@ -165,7 +165,8 @@ def test_a_master_killed_under_load_gives_503s_never_a_500_and_exact_windows_aft
 
 def test_a_cluster_with_every_node_gone_is_a_503_never_a_500(tmp_path):
     """redis-py raises its own RedisClusterException, no RedisError, when no node of a cluster
-    answers: it is the limit storage's failure like any other."""
+    answers: it is the limit storage's failure like any other, for a keyed request and for a time
+    socket's handshake."""
     with redis_cluster(tmp_path / "redis") as storage_url:
         # SQLite: the module's deployment may still be serving on this test process's PostgreSQL database.
         env = service_env(tmp_path, RATELIMIT_STORAGE_URL=storage_url)
@@ -178,3 +179,8 @@ def test_a_cluster_with_every_node_gone_is_a_503_never_a_500(tmp_path):
             answers = [requests.get(url, headers={"X-API-Key": key}, timeout=10) for _ in range(3)]
             assert [(answer.status_code, answer.json()["error"]["code"]) for answer in answers] == [
                 (503, "service_unavailable")] * 3
+            # The time socket's per-key cap lives there too.
+            with pytest.raises(websocket.WebSocketBadStatusException) as refused:
+                websocket.create_connection(server.base.replace("http", "ws") + f"/api/v1/ws/time?api_key={key}",
+                                            timeout=10)
+            assert refused.value.status_code == 503 and b"service_unavailable" in refused.value.resp_body

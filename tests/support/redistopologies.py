@@ -128,24 +128,26 @@ def stop_all(processes):
             process.wait()
 
 
+def first_node(storage_url):
+    """A client of the first host a redis+cluster:// or redis+sentinel:// URL names."""
+    host, port = storage_url.partition("://")[2].partition("/")[0].split(",")[0].rsplit(":", 1)
+    return redis.Redis(host=host, port=int(port), decode_responses=True)
+
+
+def cluster_nodes(storage_url, masters_only=False):
+    """[(host, port)] of the nodes of the cluster behind a redis+cluster:// URL, as they stand now:
+    every one, or the masters that serve slots."""
+    return [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1].split("@")[0]))
+            for address, described in first_node(storage_url).cluster("NODES").items()
+            if not masters_only or ("master" in described["flags"] and described["slots"])]
+
+
 def masters(storage_url):
     """[(host, port)] of the masters behind a redis+cluster:// or redis+sentinel:// URL, as they stand now."""
-    scheme, _, rest = storage_url.partition("://")
-    hosts, _, service = rest.partition("/")
-    host, port = hosts.split(",")[0].rsplit(":", 1)
-    node = redis.Redis(host=host, port=int(port), decode_responses=True)
-    if scheme.endswith("+sentinel"):
-        return [tuple(node.sentinel_get_master_addr_by_name(service))]
-    return [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1].split("@")[0]))
-            for address, described in node.cluster("NODES").items()
-            if "master" in described["flags"] and described["slots"]]
-
-
-def cluster_nodes(storage_url):
-    """[(host, port)] of every node of the cluster behind a redis+cluster:// URL, replicas too."""
-    host, port = storage_url.partition("://")[2].split(",")[0].rsplit(":", 1)
-    return [(address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1].split("@")[0]))
-            for address in redis.Redis(host=host, port=int(port), decode_responses=True).cluster("NODES")]
+    if storage_url.partition("://")[0].endswith("+sentinel"):
+        service = storage_url.partition("://")[2].partition("/")[2]
+        return [tuple(first_node(storage_url).sentinel_get_master_addr_by_name(service))]
+    return cluster_nodes(storage_url, masters_only=True)
 
 
 def kill_master_holding(storage_url, pattern):

@@ -90,7 +90,7 @@ def test_shared_slots_given_back_at_once_are_all_freed():
     a worker whose Redis client allows 100 connections freed ~210 of 2,500 (bench/capacity.py), and
     the rest kept their keys at the cap for up to 90 s. Here the client allows 2, for 200 slots."""
     client = redis.Redis.from_url(services.redis_url(), max_connections=2)
-    shared = slots.SharedSocketSlots(client, per_key=1_000)
+    shared = slots.SharedSocketSlots(client, per_key=1_000, redis_errors=redis.RedisError)
     taken = [(key_id, shared.take(key_id)) for key_id in range(1, 201)]
     start = threading.Barrier(len(taken))
 
