@@ -170,12 +170,7 @@ class Limiter:
             if items is None:
                 log.error("API key %s has tier %r, which RATE_LIMIT_TIERS does not define.", key.id, name)
                 raise InternalServerError("This API key's rate limit tier is not configured on the server.")
-        # On Redis Cluster a request's windows share one slot, so that one script counts them all at
-        # once, as on one Redis: its organisation's hash tag where the organisation has a window,
-        # else its key's (an organisation's keys then spread over the masters).
-        tag = ""
-        if self.windows is not None and self.windows.cluster:
-            tag = f"{{org:{key.org_id}}}" if self.organisation_rate is not None else f"{{key:{key.id}}}"
+        tag = self.hash_tag(key)
         windows = [Window(item, item.key_for(f"{tag}key:{key.id}"),
                           name if len(items) == 1 else f"{name}-{item.GRANULARITY.name}") for item in items]
         if self.organisation_rate is not None:
@@ -189,6 +184,15 @@ class Limiter:
                  for window in windows]
         key.limit_plan = LimitPlan(self, windows, storage_windows, simple, policies, marks)
         return key.limit_plan
+
+    def hash_tag(self, key):
+        """The hash tag of the key's windows on Redis Cluster ('' elsewhere): they share one slot, so
+        that one script counts them all at once, as on one Redis. Its organisation's where the
+        organisation has a window, else its own (an organisation's keys then spread over the masters);
+        the key's generation (keys/keycache.py) lives in the same slot."""
+        if self.windows is None or not self.windows.cluster:
+            return ""
+        return f"{{org:{key.org_id}}}" if self.organisation_rate is not None else f"{{key:{key.id}}}"
 
     def hit_windows(self, plan, note, generation=None, key=None, announce=True):
         """Count a request in every window of the plan, or in none when one is used up (the storage's

@@ -1,19 +1,39 @@
-"""protected/test with one key: the documented scale-out (PostgreSQL + Redis), PostgreSQL with
-limits in memory (no key cache there) and the default (SQLite + memory), one worker each, with
-bare Flask, in rounds whose order rotates; with --against, both configurations of the other
-checkout too. Needs PostgreSQL on 127.0.0.1:5432 and Redis (BENCH_REDIS_URL, emptied first).
+"""protected/test with one key: the documented scale-out (PostgreSQL + Redis), the same on a
+Redis Cluster of three masters and three replicas started for the run, PostgreSQL with limits in
+memory (no key cache there) and the default (SQLite + memory), one worker each, with bare Flask,
+in rounds whose order rotates; with --against, those configurations of the other checkout too.
+Needs PostgreSQL on 127.0.0.1:5432, Redis (BENCH_REDIS_URL, emptied first) and redis-server 7.
 
     python -m bench.scale [--against DIR] [--quick] [--json FILE]
 """
+
+import sys
+import tempfile
+from pathlib import Path
 
 from bench import servers, sharedstores, suite, wrk
 
 POSTGRES_DATABASE = "apiservice_bench"  # made afresh at the start
 BARE = "bare Flask `GET /bare`"
 BASELINE = "SQLite + memory://"
+ONE_REDIS = "PostgreSQL + redis://"
+CLUSTER = "PostgreSQL + redis+cluster://"
+
+
+def redis_cluster(folder):
+    """The test suite's Redis Cluster (tests/support/redistopologies.py), started in folder."""
+    sys.path.insert(0, str(servers.ROOT / "tests" / "support"))
+    from redistopologies import redis_cluster
+
+    return redis_cluster(folder)
 
 
 def measure(workdir, options):
+    with tempfile.TemporaryDirectory() as folder, redis_cluster(Path(folder)) as cluster_url:
+        return measure_on(workdir, options, cluster_url)
+
+
+def measure_on(workdir, options, cluster_url):
     import redis
 
     database_url = sharedstores.fresh_database(POSTGRES_DATABASE)
@@ -23,7 +43,8 @@ def measure(workdir, options):
     secrets = {"sqlite": servers.seed_keys(sqlite_env, 1)[0], "postgresql": servers.seed_keys(postgres_env, 1)[0]}
     configurations = {
         BASELINE: ("sqlite", sqlite_env),
-        "PostgreSQL + redis://": ("postgresql", dict(postgres_env, RATELIMIT_STORAGE_URL=servers.REDIS_URL)),
+        ONE_REDIS: ("postgresql", dict(postgres_env, RATELIMIT_STORAGE_URL=servers.REDIS_URL)),
+        CLUSTER: ("postgresql", dict(postgres_env, RATELIMIT_STORAGE_URL=cluster_url)),
         "PostgreSQL + memory://": ("postgresql", postgres_env),
     }
     started = {BARE: (servers.bare(sqlite_env), "/bare", None)}
@@ -56,6 +77,10 @@ def measure(workdir, options):
         print(f"| {name} | {each(runs, 'rps', '{:,.0f}')} | {each(runs, 'p99', '{:.1f}')} "
               f"| {ratios(runs, bare, 'rps')} | {ratios(runs, sqlite, 'rps')} | {ratios(runs, sqlite, 'p99')} "
               f"| {sum(run['non_2xx'] for run in runs)} |")
+    for _, suffix in checkouts:
+        print(f"\n{CLUSTER}{suffix} ÷ {ONE_REDIS}{suffix}, each round: "
+              f"{ratios(results[CLUSTER + suffix], results[ONE_REDIS + suffix], 'rps')} (req/s), "
+              f"{ratios(results[CLUSTER + suffix], results[ONE_REDIS + suffix], 'p99')} (p99)")
     return {"bare": BARE, "baseline": BASELINE, "configurations": results}
 
 

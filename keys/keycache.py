@@ -8,6 +8,8 @@ or deleted key still fails from the very next request, on every process.
 - PostgreSQL with Redis limits: the key generation in Redis, a token that every change to a key
   replaces after it commits. The script that counts the request reads it in the same round trip
   and counts nothing when the key was read under another generation (limitstorage.RedisWindows).
+  On Redis Cluster each hash tag of the keys' windows has its own, in their slot: a change moves
+  its keys' tags' generations, and a key is read after its tag's (TaggedKeyCache).
 - PostgreSQL with limits in memory: nothing cheap tells one process of another's change, so
   every request reads its key from the database.
 
@@ -75,7 +77,7 @@ class SqliteGeneration:
             self.last_read = (seen, generation)
         return generation
 
-    def announce(self):
+    def announce(self, keys):
         """Nothing to tell: every connection sees the commit through its own counters."""
 
     def latest(self):
@@ -94,10 +96,11 @@ class RedisGeneration:
     def current(self):
         return self.windows.generation
 
-    def announce(self):
+    def announce(self, keys):
+        generation_keys = self.generation_keys(keys)
         for _ in range(ANNOUNCE_ATTEMPTS):
             try:
-                return self.windows.announce_key_change()
+                return self.windows.announce_key_change(generation_keys)
             except StorageError as error:
                 failure = error
         log.error("A key change is committed, but Redis could not be told: %s", failure.storage_error)
@@ -110,6 +113,37 @@ class RedisGeneration:
             return self.windows.read_generation()
         except StorageError:
             return self.windows.generation
+
+    def generation_keys(self, keys):
+        """The generations a change to these keys moves besides the one every change moves: none."""
+        return ()
+
+
+class TaggedGeneration(RedisGeneration):
+    """Redis Cluster's generations: one for each hash tag of the keys' windows (the limiter's
+    hash_tag), in their slot, so that the script that counts a request checks the key's in the
+    same call. A change moves the generations of its keys' tags."""
+
+    def __init__(self, windows, limiter):
+        super().__init__(windows)
+        self.limiter = limiter
+
+    def current(self):
+        """None: no generation stands for every key, each kept key carries its tag's."""
+        return None
+
+    def key_of(self, key):
+        """The Redis key of the generation of the key's tag."""
+        return self.windows.tagged_generation_key(self.limiter.hash_tag(key))
+
+    def of(self, key):
+        """(the Redis key, the token) of the generation of the key's tag, as Redis holds it now;
+        raise StorageError when Redis cannot tell."""
+        generation_key = self.key_of(key)
+        return generation_key, self.windows.read_tagged_generation(generation_key)
+
+    def generation_keys(self, keys):
+        return sorted({self.key_of(key) for key in keys})
 
 
 class KeyCache:
@@ -136,8 +170,7 @@ class KeyCache:
         generation = self.generation.current()
         entry = self.entries.get(key_hash)
         now = time.time()
-        if (entry is not None and entry.generation == generation and now < entry.usable_until
-                and now - entry.read_at < self.max_age):
+        if entry is not None and self.usable(entry, generation, now):
             return entry.key, self.confirmed(entry.generation)
         if secret is None:
             return self.read(key_hash, generation, now)
@@ -150,12 +183,18 @@ class KeyCache:
             return self.read(key_hash, self.generation.current(), time.time(), kind="after first use")
         return found
 
+    def usable(self, entry, generation, now):
+        return entry.generation == generation and now < entry.usable_until and now - entry.read_at < self.max_age
+
     def reload(self, key_hash):
         """Read the key again after the count found its generation stale; return the ApiKey or None."""
         return self.read(key_hash, self.generation.current(), time.time())[0]
 
     def read(self, key_hash, generation, now, kind=None):
-        key = self.read_once((key_hash, generation, kind))
+        return self.keep(key_hash, self.read_once((key_hash, generation, kind)), generation, now)
+
+    def keep(self, key_hash, key, generation, now):
+        """Keep the key read under the generation; return (it, the generation the count must confirm)."""
         if key is None:
             self.entries.pop(key_hash, None)
             return None, None
@@ -189,10 +228,36 @@ class KeyCache:
     def confirmed(self, generation):
         return generation if self.generation.confirmed_by_count else None
 
-    def announce_change(self):
-        """Tell every process that a key changed; call after the change is committed."""
+    def announce_change(self, keys):
+        """Tell every process that these keys changed; call after the change is committed."""
         self.entries.clear()
-        self.generation.announce()
+        self.generation.announce(keys)
+
+
+class TaggedKeyCache(KeyCache):
+    """KeyCache on Redis Cluster: a kept key carries the generation of its tag, which the count
+    checks; a key not kept is read after that generation (as on one Redis after the latest one),
+    so that a change committed before the read is never kept under the generation it moved. A key
+    no entry names yet is read once to learn its tag, then again after its tag's generation."""
+
+    def usable(self, entry, generation, now):
+        return now < entry.usable_until and now - entry.read_at < self.max_age
+
+    def read(self, key_hash, generation, now, kind=None):
+        entry = self.entries.get(key_hash)
+        key = entry.key if entry is not None else self.read_once((key_hash, None, kind))
+        tagged = None
+        try:
+            # A key that moved to another tag (its organisation) is read again after that tag's.
+            while key is not None and (tagged is None or tagged[0] != self.generation.key_of(key)):
+                tagged = self.generation.of(key)
+                key = self.read_once((key_hash, tagged, kind))
+        except StorageError:
+            # Nothing can confirm a key now: it is read afresh, kept for none, and counted as the
+            # storage's failure mode says (ratelimit.py).
+            self.entries.pop(key_hash, None)
+            return self.read_once((key_hash, None, kind)), None
+        return self.keep(key_hash, key, tagged, now)
 
 
 class Uncached:
@@ -214,7 +279,7 @@ class Uncached:
     def reload(self, key_hash):
         return find_active_key(key_hash)
 
-    def announce_change(self):
+    def announce_change(self, keys):
         """Nothing is kept, so nothing can be stale."""
 
 
@@ -224,24 +289,28 @@ def init_app(app):
     windows, first_use = limiter.windows, imported.FirstUse(limiter)
     if isinstance(db.obj, SqliteDatabase):
         cache = KeyCache(SqliteGeneration(db.obj), first_use)
-    elif windows is not None and windows.generation_key is not None:
+    elif windows is not None and windows.cluster:
+        cache = TaggedKeyCache(TaggedGeneration(windows, limiter), first_use)
+    elif windows is not None:
         cache = KeyCache(RedisGeneration(windows), first_use)
     else:
         cache = Uncached(first_use)
     app.extensions["keys"] = cache
 
 
-# The announcements asked for inside announced_after_commit(): a list while one is open, else None.
+# The announcements asked for inside announced_after_commit(): a list of their keys while one is
+# open, else None.
 held = contextvars.ContextVar("held_announcements", default=None)
 
 
-def announce_change():
-    """After a key's revocation, roll or deletion is committed: no process serves its old state."""
+def announce_change(*keys):
+    """After a change to these keys (ApiKeys: their revocation, roll, deletion) is committed, or
+    to none (an import): no process serves a key's old state, or misses a new key's form."""
     asked = held.get()
     if asked is not None:
-        asked.append(True)
+        asked.append(keys)
         return
-    current_app.extensions["keys"].announce_change()
+    current_app.extensions["keys"].announce_change(keys)
 
 
 @contextlib.contextmanager
@@ -257,4 +326,4 @@ def announced_after_commit():
     finally:
         held.reset(token)
     if asked:
-        announce_change()
+        announce_change(*(key for keys in asked for key in keys))

@@ -164,7 +164,7 @@ def roll_key(key, grace, end_previous=False, current=None):
             detail=f"{key.name} (id {key.id}, now {secret[:DISPLAY_PREFIX_LENGTH]}...; grace {grace} s)",
             data=dict(events.key_data(key), key_prefix=secret[:DISPLAY_PREFIX_LENGTH],
                       previous_key_prefix=key.display_prefix, previous_valid_until=until and iso_seconds(until)))
-    keycache.announce_change()
+    keycache.announce_change(key)
     return secret
 
 
@@ -195,7 +195,7 @@ def revoke_key(key, leaked=False, again=False, report=None):
                             + (" reported by GitHub" if report else "")),
                     data=events.key_data(key, revoked_at=iso_seconds(key.revoked_at), **(report or {})))
     if revoked or again:
-        keycache.announce_change()
+        keycache.announce_change(key)
     return revoked
 
 
@@ -210,7 +210,7 @@ def revoke_previous_secret(key):
             events.key_changed.send("key.previous_secret_revoked", key=key,
                                     detail=f"{key.name} (id {key.id})")
     if ended:
-        keycache.announce_change()
+        keycache.announce_change(key)
     return ended
 
 
@@ -221,12 +221,12 @@ def limit_key(key, limits):
         ApiKey.update(rate_limits=limits).where(ApiKey.id == key.id).execute()
         events.key_changed.send("key.limit_changed", key=key,
                                 detail=f"{key.name} (id {key.id}): {limits or 'its tier ' + key.rate_limit_tier}")
-    keycache.announce_change()
+    keycache.announce_change(key)
 
 
 def grant_credits(key, set_to=None, add=None, refill=None, no_refill=False):
     """Set or add to the key's credits and give or take away its refill (metering/credits.py's
     grant); return the ApiKey as it is now. The servers read it afresh from their next request on."""
     granted = credits.grant(key.id, set_to=set_to, add=add, refill=refill, no_refill=no_refill)
-    keycache.announce_change()
+    keycache.announce_change(key)
     return granted

@@ -73,7 +73,7 @@ def update_key(key_id, may_widen, *, actor=None, name=KEEP, scopes=KEEP, allow_i
         events.key_changed.send("key.updated", key=key,
                                 detail=f"{key.name} (id {key.id}): changed {', '.join(changed)}",
                                 data=events.key_data(key, changed=changed))
-    keycache.announce_change()
+    keycache.announce_change(key)
     return changed
 
 

@@ -85,8 +85,9 @@ def current_membership(user, session_org_id=None):
 
 def leave_for_deletion(user):
     """Inside the deletion's transaction: delete the organisations the account alone belongs to,
-    with their keys; keep the keys it made in the others, working, their creator forgotten. Raise
-    SoleOwner, changing nothing, where the account is the only owner of others' organisation."""
+    with their keys; keep the keys it made in the others, working, their creator forgotten; return
+    the keys deleted or changed. Raise SoleOwner, changing nothing, where the account is the only
+    owner of others' organisation."""
     # In the organisations' order, as every deletion locks them: two at once must not deadlock.
     memberships = list(Membership.select(Membership.org).where(Membership.user == user.id).order_by(Membership.org))
     alone = []
@@ -99,10 +100,13 @@ def leave_for_deletion(user):
         elif not any(other.role == OWNER for other in others):
             name = Organisation.get_by_id(membership.org_id).name
             raise SoleOwner(f"You are the only owner of {name}: make another member an owner first.")
+    changed = list(ApiKey.select(ApiKey.id, ApiKey.org).where(ApiKey.user == user.id))
     if alone:
+        deleted = ApiKey.select(ApiKey.id, ApiKey.org).where(ApiKey.org.in_(alone)).order_by(ApiKey.id)
         if isinstance(db.obj, PostgresqlDatabase):
             # In id order, as the usage flush locks keys (a DELETE alone could deadlock with it).
-            list(ApiKey.select(ApiKey.id).where(ApiKey.org.in_(alone)).order_by(ApiKey.id).for_update())
+            deleted = deleted.for_update()
+        changed += list(deleted)
         # Before the keys go: billing writes their last hours from their usage rows.
         organisations_deleted.send(alone)
         ApiKey.delete().where(ApiKey.org.in_(alone)).execute()
@@ -114,6 +118,7 @@ def leave_for_deletion(user):
     Organisation.update(personal_for=None).where(Organisation.personal_for == user.id).execute()
     Membership.delete().where(Membership.user == user.id).execute()
     account_deleted.send(user.id)
+    return changed
 
 
 def delete_account(user, password):
@@ -125,7 +130,7 @@ def delete_account(user, password):
         raise users.WrongPassword("The password is not correct.")
     with db.atomic():
         users.lock_user(user)
-        leave_for_deletion(user)
+        changed = leave_for_deletion(user)
         Session.delete().where(Session.user == user.id).execute()
         User.delete().where(User.id == user.id).execute()
-    keycache.announce_change()
+    keycache.announce_change(*changed)

@@ -20,7 +20,7 @@ class KeysChanged(Exception):
 
 
 # Both scripts start here: the key generation, in KEYS[1] (made from the fresh token ARGV[1] when
-# missing), or none when ARGV[1] is '' (Redis Cluster); `first` is the index of the first window.
+# missing), or none when ARGV[1] is ''; `first` is the index of the first window.
 GENERATION = """
 local first, generation = 1, ''
 if ARGV[1] ~= '' then
@@ -45,10 +45,12 @@ class RedisWindows:
     The same call reads the key generation: a random token that every change to an API key
     replaces (announce_key_change). A window counted for a key read under another generation is
     not counted, so a process that caches keys learns that one may be stale before it serves it,
-    at no extra round trip (keys/keycache.py)."""
+    at no extra round trip (keys/keycache.py). On Redis Cluster, where a script's keys must share
+    a slot, each hash tag of a key's windows (ratelimit.Limiter.hash_tag) has a generation of its
+    own beside them: a generation there is (its Redis key, its token)."""
 
     # ARGV[1] is a fresh token, for a generation that does not exist yet (a new or emptied Redis),
-    # or '' when no generation is kept (Redis Cluster: its key would live in another slot). Then
+    # or '' when no generation is read (Redis Cluster, for windows without a key's). Then
     # for each window: its length in ms and the generation its key was read under ('' for any).
     # PTTL < 0 is a new window (or, should one ever exist, a window without an expiry), whose
     # expiry is set here; an existing window keeps its end.
@@ -79,11 +81,15 @@ return replies
         self.script = storage.get_connection().register_script(self.SCRIPT)
         self.admit_script = storage.get_connection().register_script(self.ADMIT_SCRIPT)
         self.take_back_script = storage.get_connection().register_script(self.TAKE_BACK_SCRIPT)
-        # Redis Cluster refuses a script whose keys live in different slots: no generation there (its
-        # key would be in another slot), and no batching of different keys' windows in one call; a
-        # request's own windows share a slot (ratelimit.py's plan_for) and go in one script.
+        self.read_script = storage.get_connection().register_script(GENERATION + "return generation")
+        # Redis Cluster refuses a script whose keys live in different slots: a generation for each
+        # hash tag there (tagged_generation_key), and no batching of different keys' windows in one
+        # call; a request's own windows share a slot (ratelimit.py's hash_tag) and go in one script.
         self.cluster = isinstance(storage, RedisClusterStorage)
-        self.generation_key = None if self.cluster else storage.prefixed_key(self.GENERATION_KEY)
+        # The generation every change moves: the counts' own on one Redis, on a cluster the one
+        # that tells of imports (latest in keys/keycache.py), in a slot of its own.
+        self.latest_key = storage.prefixed_key(self.GENERATION_KEY)
+        self.generation_key = None if self.cluster else self.latest_key
         # The generation of the latest reply: a key read now is at least as new as it. Until the
         # first reply, one that no reply matches, so keys read meanwhile are confirmed by a new read.
         self.generation = "none seen yet"
@@ -93,9 +99,10 @@ return replies
     def hit(self, key, expiry, generation=None):
         """Count one request in key's window; return (count, epoch seconds when the window ends).
         With a generation: raise KeysChanged, counting nothing, unless it is still the current one."""
-        window = (self.storage.prefixed_key(key), int(expiry * 1000), generation or "")
+        generation_key, generation = self.split(generation)
+        window = (self.storage.prefixed_key(key), int(expiry * 1000), generation)
         if self.cluster or not greenlets_share_thread():
-            return self.outcome(self.count([window])[0])
+            return self.outcome(self.count([window], generation_key)[0])
         if self.sender is None:
             # Nothing in flight: this request makes the call itself, sparing the switch to a sender
             # (~70 us); requests arriving meanwhile wait for a sender started after it.
@@ -107,6 +114,12 @@ return replies
         result = AsyncResult()
         self.waiting.append((window, result))
         return self.outcome(result.get())
+
+    def split(self, generation):
+        """(the Redis key of the generation to check, its token or ''), for a caller's generation."""
+        if self.cluster:
+            return generation or (None, "")
+        return self.generation_key, generation or ""
 
     @staticmethod
     def outcome(counted):
@@ -160,18 +173,18 @@ return replies
         """SweptMemoryStorage.hit_all, atomic on Redis; raise KeysChanged, counting nothing, unless
         the generation (when given) is still the current one."""
         keys = [self.storage.prefixed_key(key) for key, _, _ in windows]
-        args = [secrets.token_hex(8) if self.generation_key else "", generation or ""]
+        generation_key, generation = self.split(generation)
+        args = [secrets.token_hex(8) if generation_key else "", generation]
         for _, expiry, amount in windows:
             args += (int(expiry * 1000), amount)
         # Each window's end from the time before the call: a reply read late then gives an end too
         # early, never one that take_back would confuse with the next window's.
         sent = time.time()
         try:
-            replies = self.admit_script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
+            replies = self.admit_script(keys=[generation_key, *keys] if generation_key else keys, args=args)
         except self.storage.base_exceptions as error:
             raise StorageError(error) from error
-        generation = replies[0]
-        self.generation = generation.decode() if isinstance(generation, bytes) else generation
+        self.seen(generation_key, replies[0])
         if replies[1] < 0:
             raise KeysChanged()
         return replies[1] - 1, [(replies[i], sent + replies[i + 1] / 1000) for i in range(2, len(replies), 2)]
@@ -221,37 +234,66 @@ return #KEYS
                 result.set(outcome)
         self.sender = None
 
-    def count(self, windows):
+    def count(self, windows, generation_key=None):
+        generation_key = generation_key or self.generation_key
         keys = [key for key, _, _ in windows]
-        args = [secrets.token_hex(8) if self.generation_key else ""]
+        args = [secrets.token_hex(8) if generation_key else ""]
         for _, ms, generation in windows:
             args += (ms, generation)
         try:
-            replies = self.script(keys=[self.generation_key, *keys] if self.generation_key else keys, args=args)
+            replies = self.script(keys=[generation_key, *keys] if generation_key else keys, args=args)
         except self.storage.base_exceptions as error:
             raise StorageError(error) from error
         now = time.time()
-        generation = replies[0]
-        self.generation = generation.decode() if isinstance(generation, bytes) else generation
+        self.seen(generation_key, replies[0])
         return [(replies[i], now + replies[i + 1] / 1000) for i in range(1, len(replies), 2)]
+
+    def seen(self, generation_key, generation):
+        """Keep the generation a script replied with, when it is the one every change moves."""
+        if generation_key == self.latest_key:
+            self.generation = decoded(generation)
 
     def read_generation(self):
         """The key generation as Redis holds it now; raise StorageError when Redis cannot tell."""
         try:
-            generation = self.storage.get_connection().get(self.generation_key)
+            return decoded(self.storage.get_connection().get(self.latest_key))
         except self.storage.base_exceptions as error:
             raise StorageError(error) from error
-        return generation.decode() if isinstance(generation, bytes) else generation
 
-    def announce_key_change(self):
-        """Give the key generation a new value, after a change to a key is committed: every process
-        then reads again the keys it cached. Raise StorageError when Redis cannot be told."""
+    def tagged_generation_key(self, tag):
+        """The Redis key of a hash tag's generation, in the slot of the windows with that tag."""
+        return self.storage.prefixed_key(f"{tag}{self.GENERATION_KEY}")
+
+    def read_tagged_generation(self, generation_key):
+        """The token of a tag's generation, made now when there is none (as a count would make it);
+        raise StorageError when Redis cannot tell."""
+        try:
+            return decoded(self.read_script(keys=[generation_key], args=[secrets.token_hex(8)]))
+        except self.storage.base_exceptions as error:
+            raise StorageError(error) from error
+
+    def announce_key_change(self, generation_keys=()):
+        """Give the key generation a new value, and each tag's named (their Redis keys, on a
+        cluster), after a change to a key is committed: every process then reads again the keys it
+        cached under them. Raise StorageError when Redis cannot be told."""
         token = secrets.token_hex(8)
         try:
-            self.storage.get_connection().set(self.generation_key, token)
+            if generation_keys:
+                # A cluster's pipeline sends each node the commands of its own keys.
+                pipeline = self.storage.get_connection().pipeline(transaction=False)
+                for generation_key in generation_keys:
+                    pipeline.set(generation_key, secrets.token_hex(8))
+                pipeline.set(self.latest_key, token)
+                pipeline.execute()
+            else:
+                self.storage.get_connection().set(self.latest_key, token)
         except self.storage.base_exceptions as error:
             raise StorageError(error) from error
         self.generation = token
+
+
+def decoded(generation):
+    return generation.decode() if isinstance(generation, bytes) else generation
 
 
 def redis_windows(storage):

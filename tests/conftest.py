@@ -39,6 +39,7 @@ from mailserver import mail_server  # noqa: E402
 
 from accounts import users  # noqa: E402
 from app import close_app, create_app  # noqa: E402
+from keys import keycache  # noqa: E402
 from orgs import keyactions  # noqa: E402
 
 # The live server fixtures: `server`, its `env`, `server_mode`, `run_mode`, `commands`, `live`.
@@ -189,3 +190,17 @@ def logged_in(client, user):
     response = client.post("/login", data={"username": "alice", "password": "correct horse battery"})
     assert response.status_code == 302
     return client
+
+
+@pytest.fixture
+def lookups(monkeypatch):
+    """The hashes the key cache reads from the database, in order."""
+    read = []
+    find = keycache.find_active_key
+
+    def counting_find(key_hash):
+        read.append(key_hash)
+        return find(key_hash)
+
+    monkeypatch.setattr(keycache, "find_active_key", counting_find)
+    return read

@@ -2,10 +2,10 @@
 three replicas) and a real Sentinel group (a master, a replica, three sentinels), each started for
 the module (tests/support/redistopologies.py). On each, two instances of two workers on one
 PostgreSQL database: a key's window and an organisation's allowance admit exactly their number of
-concurrent requests, every admitted request is counted once, a revoked key is refused from the
-next request on both instances, a key's cap on time sockets holds across them, the counting
-scripts are loaded again after a SCRIPT FLUSH, and a master killed under load costs 503s until
-the failover, never a 500 or a count in the database."""
+concurrent requests, every admitted request is counted once, a revoked or narrowed key is refused
+from the next request on both instances (each worker keeps its keys), a key's cap on time sockets
+holds across them, the counting scripts are loaded again after a SCRIPT FLUSH, and a master killed
+under load costs 503s until the failover, never a 500 or a count in the database."""
 
 import concurrent.futures
 import os
@@ -84,6 +84,16 @@ def test_a_revoked_key_is_refused_from_the_next_request_on_both_instances(deploy
     revoked = requests.post(instances[0].base + "/api/v1/keys/revoke", headers={"X-API-Key": key}, timeout=10)
     assert revoked.status_code == 200
     assert [answer.status_code for answer in statuses(instances, [key], 16)] == [401] * 16
+
+
+def test_a_key_narrowed_through_the_cli_is_refused_as_changed_on_both_instances_at_once(deployment):
+    """Each worker keeps the key (on a cluster under its tag's generation); the change moves it."""
+    env, instances, commands = deployment
+    key = make_key(env, commands=commands, user="narrowed")
+    assert [answer.status_code for answer in statuses(instances, [key], 16)] == [200] * 16
+    [(key_id,)] = services.rows(env["DATABASE_URL"], f"SELECT id FROM api_keys WHERE display_prefix = '{key[:12]}'")
+    commands("keys", "update", str(key_id), "--scopes", "usage:read")
+    assert [answer.status_code for answer in statuses(instances, [key], 16)] == [403] * 16
 
 
 def test_a_key_s_time_sockets_are_capped_across_workers_and_instances(deployment):

@@ -241,19 +241,19 @@ def test_revoking_with_a_secret_that_a_roll_made_previous_meanwhile_ends_only_th
 def test_revoking_a_revoked_key_again_in_the_web_application_announces_nothing(logged_in, user, monkeypatch):
     key, _ = keyactions.issue_key(user, "Twice revoked", "production")
     announced = []
-    monkeypatch.setattr(keycache, "announce_change", lambda: announced.append(1))
+    monkeypatch.setattr(keycache, "announce_change", lambda *keys: announced.append([key.id for key in keys]))
     assert logged_in.post(f"/settings/security/keys/{key.id}/revoke").status_code == 302
     assert logged_in.post(f"/settings/security/keys/{key.id}/revoke").status_code == 302
-    assert announced == [1]
+    assert announced == [[key.id]]
 
 
 def test_the_cli_announces_a_revocation_again(runner, user, monkeypatch):
     key, _ = keyactions.issue_key(user, "CLI twice", "production")
     announced = []
-    monkeypatch.setattr(keycache, "announce_change", lambda: announced.append(1))
+    monkeypatch.setattr(keycache, "announce_change", lambda *keys: announced.append([key.id for key in keys]))
     runner.invoke(args=["keys", "revoke", str(key.id)])
     assert "already revoked" in runner.invoke(args=["keys", "revoke", str(key.id)]).output
-    assert announced == [1, 1]
+    assert announced == [[key.id], [key.id]]
 
 
 @pytest.mark.parametrize("forwarded, seen", [

@@ -374,10 +374,10 @@ def test_an_announcement_is_tried_again_before_it_fails(redis_app, monkeypatch):
     windows = redis_app.extensions["ratelimit"].windows
     announce, failures = windows.announce_key_change, [StorageError(OSError("timeout"))] * 2
 
-    def flaky():
+    def flaky(generation_keys):
         if failures:
             raise failures.pop()
-        announce()
+        announce(generation_keys)
 
     monkeypatch.setattr(windows, "announce_key_change", flaky)
     keycache.announce_change()

@@ -182,7 +182,8 @@ def test_removing_with_revoke_keys_is_one_transaction_announced_once_after_it(ap
     join(acme, bob, "developer")
     made = [keyactions.issue_key(bob, name, "development", org=acme.id)[0] for name in ("one", "two")]
     announced = []
-    monkeypatch.setattr(app.extensions["keys"], "announce_change", lambda: announced.append(db.in_transaction()))
+    monkeypatch.setattr(app.extensions["keys"], "announce_change",
+                        lambda keys: announced.append((db.in_transaction(), sorted(key.id for key in keys))))
 
     def fail_at_the_second(event, key, **_):
         if key.id == made[1].id:
@@ -196,7 +197,7 @@ def test_removing_with_revoke_keys_is_one_transaction_announced_once_after_it(ap
     assert announced == []
     assert members.remove(acme.id, bob.id, revoke_keys=True) == 2
     assert "bob" not in roles_in(acme) and ApiKey.active_in(acme.id, created_by=bob.id).count() == 0
-    assert announced == [False]
+    assert announced == [(False, sorted(key.id for key in made))]
 
 
 def test_a_deleted_creators_keys_are_listed_as_a_former_members(user, acme):

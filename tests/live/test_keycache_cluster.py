@@ -1,0 +1,154 @@
+"""The key cache on a real Redis Cluster (three masters, three replicas, started for the module):
+each hash tag of the keys' windows has a generation of its own in their slot, a kept key costs no
+database read, a change moves its keys' tags' generations (and no other's) so that another
+instance reads the key again at its next request, a key is never kept under a generation its
+change moved, and a cluster that cannot tell a generation leaves the key read and uncached."""
+
+import pytest
+import redis
+import services
+from limits.errors import StorageError
+from redistopologies import masters, redis_cluster
+
+import models
+from accounts import users
+from app import close_app, create_app
+from keys import keycache, keyformat
+from orgs import keyactions, keyedits, members, organisations
+from store import rediswindows
+from store.limitstorage import open_storage
+
+PASSWORD = "correct horse battery"
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory):
+    with redis_cluster(tmp_path_factory.mktemp("cluster")) as url:
+        yield url
+
+
+@pytest.fixture(params=["per key", "per organisation"])
+def cluster_app(request, cluster_url):
+    """An app on the emptied cluster (each test's database starts empty too, its ids from 1 again),
+    its windows tagged by key or, with an organisation allowance, by organisation."""
+    for host, port in masters(cluster_url):
+        redis.Redis(host=host, port=port).flushall()
+    settings = {"DATABASE_URL": services.postgres_url(), "RATELIMIT_STORAGE_URL": cluster_url,
+                "RATE_LIMIT_TIERS": "free=1000/minute", "TESTING": True}
+    if request.param == "per organisation":
+        settings["ACCOUNT_RATE_LIMIT"] = "5000/minute"
+    app = create_app(settings)
+    with app.app_context():
+        yield app
+    close_app(app)
+
+
+@pytest.fixture
+def other_instance(cluster_app):
+    """The windows of another instance on the same cluster: its own connection and generations."""
+    return rediswindows.RedisWindows(open_storage(cluster_app.config["RATELIMIT_STORAGE_URL"]))
+
+
+def protected(app, secret):
+    return app.test_client().get("/api/v1/protected/test", headers={"X-API-Key": secret})
+
+
+def tag_generation(app, key):
+    """The Redis key and token of the generation of the key's tag, as the cluster holds it now."""
+    return app.extensions["keys"].generation.of(key)
+
+
+def test_a_kept_key_costs_no_database_read_and_its_count_checks_its_tag_s_generation(cluster_app, lookups):
+    assert isinstance(cluster_app.extensions["keys"], keycache.TaggedKeyCache)
+    user = users.create_user("kai", "kai@example.com", PASSWORD)
+    key, secret = keyactions.issue_key(user, "kept", "production")
+    assert protected(cluster_app, secret).headers["X-RateLimit-Remaining"] == "999"
+    # Read once to learn its tag, and again after the tag's generation.
+    assert lookups == [keyformat.hash_key(secret)] * 2
+    for remaining in range(998, 990, -1):
+        assert protected(cluster_app, secret).headers["X-RateLimit-Remaining"] == str(remaining)
+    assert len(lookups) == 2
+    generation_key, _ = tag_generation(cluster_app, key)
+    tag = cluster_app.extensions["ratelimit"].hash_tag(key)
+    assert tag in generation_key and tag in (f"{{key:{key.id}}}", f"{{org:{key.org_id}}}")
+
+
+def test_another_instance_s_change_is_seen_at_the_next_request_and_only_for_its_tag(cluster_app, other_instance,
+                                                                                   lookups):
+    user = users.create_user("kai", "kai@example.com", PASSWORD)
+    changed, changed_secret = keyactions.issue_key(user, "changed", "production")
+    other_org = members.create("Elsewhere", user)
+    kept, kept_secret = keyactions.issue_key(user, "kept", "production", org=other_org.id)
+    for secret in (changed_secret, kept_secret) * 2:
+        assert protected(cluster_app, secret).status_code == 200
+    reads = len(lookups)
+    # The other instance revokes: the same database and cluster, its own cache.
+    models.ApiKey.update(revoked_at=models.utcnow()).where(models.ApiKey.id == changed.id).execute()
+    other_instance.announce_key_change([tag_generation(cluster_app, changed)[0]])
+    response = protected(cluster_app, changed_secret)
+    assert response.status_code == 401
+    assert len(lookups) == reads + 1
+    limiter = cluster_app.extensions["ratelimit"]
+    window = limiter.plan_for(changed).windows[0].key
+    assert limiter.storage.get(window) == 2  # the 401 was not counted
+    # The key of another tag is still kept.
+    assert protected(cluster_app, kept_secret).status_code == 200
+    assert len(lookups) == reads + 1
+
+
+@pytest.mark.parametrize("change", ["revoke", "roll", "limit", "update", "grant credits", "delete account"])
+def test_each_change_moves_the_generation_of_its_keys_tags(cluster_app, change):
+    user = users.create_user("kai", "kai@example.com", PASSWORD)
+    key, _ = keyactions.issue_key(user, "changed", "production")
+    before = tag_generation(cluster_app, key)
+    if change == "revoke":
+        keyactions.revoke_key(key)
+    elif change == "roll":
+        keyactions.roll_key(key, grace=0)
+    elif change == "limit":
+        keyactions.limit_key(key, "5/minute")
+    elif change == "update":
+        keyedits.update_key(key.id, may_widen=True, name="renamed")
+    elif change == "grant credits":
+        keyactions.grant_credits(key, set_to=10)
+    else:
+        organisations.delete_account(user, PASSWORD)
+    after = tag_generation(cluster_app, key)
+    assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_a_change_committed_during_a_first_read_is_never_kept_under_the_generation_it_moved(
+        cluster_app, other_instance, monkeypatch):
+    """The first read learns the key's tag; the change commits and is announced before the tag's
+    generation is read; the second read, after it, finds the key revoked."""
+    user = users.create_user("kai", "kai@example.com", PASSWORD)
+    key, secret = keyactions.issue_key(user, "raced", "production")
+    read = keycache.find_active_key
+    reads = []
+
+    def read_then_revoke(key_hash):
+        found = read(key_hash)
+        reads.append(found is not None)
+        if len(reads) == 1:
+            models.ApiKey.update(revoked_at=models.utcnow()).where(models.ApiKey.id == key.id).execute()
+            other_instance.announce_key_change([tag_generation(cluster_app, key)[0]])
+        return found
+
+    monkeypatch.setattr(keycache, "find_active_key", read_then_revoke)
+    assert protected(cluster_app, secret).status_code == 401
+    assert reads == [True, False]
+    assert cluster_app.extensions["keys"].entries == {}
+
+
+def test_a_cluster_that_cannot_tell_a_generation_leaves_the_key_read_and_uncached(cluster_app, monkeypatch):
+    user = users.create_user("kai", "kai@example.com", PASSWORD)
+    key, secret = keyactions.issue_key(user, "unconfirmed", "production")
+    windows = cluster_app.extensions["ratelimit"].windows
+
+    def unavailable(generation_key):
+        raise StorageError(ConnectionError("no node answers"))
+
+    monkeypatch.setattr(windows, "read_tagged_generation", unavailable)
+    found, generation = cluster_app.extensions["keys"].find(keyformat.hash_key(secret), secret)
+    assert found.id == key.id and generation is None
+    assert cluster_app.extensions["keys"].entries == {}
