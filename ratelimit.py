@@ -192,7 +192,12 @@ class Limiter:
         the key's generation (keys/keycache.py) lives in the same slot."""
         if self.windows is None or not self.windows.cluster:
             return ""
-        return f"{{org:{key.org_id}}}" if self.organisation_rate is not None else f"{{key:{key.id}}}"
+        return self.hash_tags(key)[self.organisation_rate is not None]
+
+    @staticmethod
+    def hash_tags(key):
+        """Both tags the key's windows may have: its own, and its organisation's."""
+        return f"{{key:{key.id}}}", f"{{org:{key.org_id}}}"
 
     def hit_windows(self, plan, note, generation=None, key=None, announce=True):
         """Count a request in every window of the plan, or in none when one is used up (the storage's

@@ -143,7 +143,9 @@ class TaggedGeneration(RedisGeneration):
         return generation_key, self.windows.read_tagged_generation(generation_key)
 
     def generation_keys(self, keys):
-        return sorted({self.key_of(key) for key in keys})
+        # Both of a key's tags, whatever ACCOUNT_RATE_LIMIT is here: a CLI run or an instance set
+        # otherwise than the servers still moves the one they check.
+        return sorted({self.windows.tagged_generation_key(tag) for key in keys for tag in self.limiter.hash_tags(key)})
 
 
 class KeyCache:
@@ -244,6 +246,9 @@ class TaggedKeyCache(KeyCache):
         return now < entry.usable_until and now - entry.read_at < self.max_age
 
     def read(self, key_hash, generation, now, kind=None):
+        outage = self.generation.limiter.outage
+        if outage is not None and outage.recent():
+            return self.unconfirmed(key_hash)
         entry = self.entries.get(key_hash)
         key = entry.key if entry is not None else self.read_once((key_hash, None, kind))
         tagged = None
@@ -252,12 +257,21 @@ class TaggedKeyCache(KeyCache):
             while key is not None and (tagged is None or tagged[0] != self.generation.key_of(key)):
                 tagged = self.generation.of(key)
                 key = self.read_once((key_hash, tagged, kind))
-        except StorageError:
-            # Nothing can confirm a key now: it is read afresh, kept for none, and counted as the
-            # storage's failure mode says (ratelimit.py).
-            self.entries.pop(key_hash, None)
-            return self.read_once((key_hash, None, kind)), None
+        except StorageError as error:
+            # The tag's generation lives with the key's windows, so the count cannot be made either.
+            if outage is None:
+                log.error("Rate-limit storage unavailable: %s", error.storage_error)
+                raise LimitStorageUnavailable(error.storage_error) from None
+            outage.failed(error.storage_error)
+            return self.unconfirmed(key_hash)
         return self.keep(key_hash, key, tagged, now)
+
+    def unconfirmed(self, key_hash):
+        """RATE_LIMIT_ON_STORAGE_FAILURE=open while the cluster cannot tell a generation: the key
+        read now, alone (a read shared with one begun earlier could predate a change), kept for
+        none, and admitted uncounted (ratelimit.py)."""
+        self.entries.pop(key_hash, None)
+        return find_active_key(key_hash), None
 
 
 class Uncached:

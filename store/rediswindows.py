@@ -20,15 +20,18 @@ class KeysChanged(Exception):
 
 
 # Both scripts start here: the key generation, in KEYS[1] (made from the fresh token ARGV[1] when
-# missing), or none when ARGV[1] is ''; `first` is the index of the first window.
-GENERATION = """
+# missing), or none when ARGV[1] is ''; `first` is the index of the first window. A generation made
+# here lasts a day, so that a cluster's, one for each key or organisation counted, do not pile up;
+# one gone is made afresh, and every worker then reads the keys it kept under it again.
+GENERATION_SECONDS = 86400
+GENERATION = f"""
 local first, generation = 1, ''
 if ARGV[1] ~= '' then
     first = 2
     generation = redis.call('get', KEYS[1])
     if not generation then
         generation = ARGV[1]
-        redis.call('set', KEYS[1], generation)
+        redis.call('set', KEYS[1], generation, 'EX', {GENERATION_SECONDS})
     end
 end
 """
@@ -282,7 +285,7 @@ return #KEYS
                 # A cluster's pipeline sends each node the commands of its own keys.
                 pipeline = self.storage.get_connection().pipeline(transaction=False)
                 for generation_key in generation_keys:
-                    pipeline.set(generation_key, secrets.token_hex(8))
+                    pipeline.set(generation_key, secrets.token_hex(8), ex=GENERATION_SECONDS)
                 pipeline.set(self.latest_key, token)
                 pipeline.execute()
             else:

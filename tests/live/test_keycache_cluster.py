@@ -16,7 +16,7 @@ from app import close_app, create_app
 from keys import keycache, keyformat
 from orgs import keyactions, keyedits, members, organisations
 from store import rediswindows
-from store.limitstorage import open_storage
+from store.limitstorage import LimitStorageUnavailable, open_storage
 
 PASSWORD = "correct horse battery"
 
@@ -47,6 +47,10 @@ def cluster_app(request, cluster_url):
 def other_instance(cluster_app):
     """The windows of another instance on the same cluster: its own connection and generations."""
     return rediswindows.RedisWindows(open_storage(cluster_app.config["RATELIMIT_STORAGE_URL"]))
+
+
+def redis_of(windows):
+    return windows.storage.get_connection()
 
 
 def protected(app, secret):
@@ -115,6 +119,10 @@ def test_each_change_moves_the_generation_of_its_keys_tags(cluster_app, change):
         organisations.delete_account(user, PASSWORD)
     after = tag_generation(cluster_app, key)
     assert after[0] == before[0] and after[1] != before[1]
+    # The other tag too, which the servers check when their ACCOUNT_RATE_LIMIT is set otherwise.
+    windows = cluster_app.extensions["ratelimit"].windows
+    assert all(redis_of(windows).ttl(windows.tagged_generation_key(tag)) > 0
+               for tag in cluster_app.extensions["ratelimit"].hash_tags(key))
 
 
 def test_a_change_committed_during_a_first_read_is_never_kept_under_the_generation_it_moved(
@@ -140,15 +148,33 @@ def test_a_change_committed_during_a_first_read_is_never_kept_under_the_generati
     assert cluster_app.extensions["keys"].entries == {}
 
 
-def test_a_cluster_that_cannot_tell_a_generation_leaves_the_key_read_and_uncached(cluster_app, monkeypatch):
-    user = users.create_user("kai", "kai@example.com", PASSWORD)
-    key, secret = keyactions.issue_key(user, "unconfirmed", "production")
-    windows = cluster_app.extensions["ratelimit"].windows
+@pytest.mark.parametrize("failure_mode", ["closed", "open"])
+def test_a_cluster_that_cannot_tell_a_generation_refuses_or_admits_the_key_read_and_uncached(
+        cluster_url, make_app, monkeypatch, failure_mode):
+    """Closed: a 503, at once (the count, in the same slot, could not be made either). Open: the key
+    read now and kept for none, and for the outage's second not asked of the cluster again."""
+    for host, port in masters(cluster_url):
+        redis.Redis(host=host, port=port).flushall()
+    app = make_app({"DATABASE_URL": services.postgres_url(), "RATELIMIT_STORAGE_URL": cluster_url,
+                    "RATE_LIMIT_ON_STORAGE_FAILURE": failure_mode, "TESTING": True})
+    with app.app_context():
+        user = users.create_user("kai", "kai@example.com", PASSWORD)
+        key, secret = keyactions.issue_key(user, "unconfirmed", "production")
+        asked = []
 
-    def unavailable(generation_key):
-        raise StorageError(ConnectionError("no node answers"))
+        def unavailable(generation_key):
+            asked.append(generation_key)
+            raise StorageError(ConnectionError("no node answers"))
 
-    monkeypatch.setattr(windows, "read_tagged_generation", unavailable)
-    found, generation = cluster_app.extensions["keys"].find(keyformat.hash_key(secret), secret)
-    assert found.id == key.id and generation is None
-    assert cluster_app.extensions["keys"].entries == {}
+        monkeypatch.setattr(app.extensions["ratelimit"].windows, "read_tagged_generation", unavailable)
+        keys = app.extensions["keys"]
+        if failure_mode == "closed":
+            with pytest.raises(LimitStorageUnavailable):
+                keys.find(keyformat.hash_key(secret), secret)
+            assert protected(app, secret).status_code == 503
+            return
+        for _ in range(2):
+            found, generation = keys.find(keyformat.hash_key(secret), secret)
+            assert found.id == key.id and generation is None
+        assert len(asked) == 1 and keys.entries == {}
+        assert protected(app, secret).status_code == 200
