@@ -86,8 +86,8 @@ return replies
         self.take_back_script = storage.get_connection().register_script(self.TAKE_BACK_SCRIPT)
         self.read_script = storage.get_connection().register_script(GENERATION + "return generation")
         # Redis Cluster refuses a script whose keys live in different slots: a generation for each
-        # hash tag there (tagged_generation_key), and no batching of different keys' windows in one
-        # call; a request's own windows share a slot (ratelimit.py's hash_tag) and go in one script.
+        # hash tag there (tagged_generation_key), and only windows of one tag share a call; a
+        # request's own windows share a slot (ratelimit.py's hash_tag) and go in one script.
         self.cluster = isinstance(storage, RedisClusterStorage)
         # The generation every change moves: the counts' own on one Redis, on a cluster the one
         # that tells of imports (latest in keys/keycache.py), in a slot of its own.
@@ -104,18 +104,19 @@ return replies
         With a generation: raise KeysChanged, counting nothing, unless it is still the current one."""
         generation_key, generation = self.split(generation)
         window = (self.storage.prefixed_key(key), int(expiry * 1000), generation)
-        if self.cluster or not greenlets_share_thread():
+        # On a cluster only windows of one tag share a call: a window without one goes alone.
+        if not greenlets_share_thread() or (self.cluster and generation_key is None):
             return self.outcome(self.count([window], generation_key)[0])
         if self.sender is None:
             # Nothing in flight: this request makes the call itself, sparing the switch to a sender
             # (~70 us); requests arriving meanwhile wait for a sender started after it.
             self.sender = gevent.getcurrent()
             try:
-                return self.outcome(self.count([window])[0])
+                return self.outcome(self.count([window], generation_key)[0])
             finally:
                 self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
         result = AsyncResult()
-        self.waiting.append((window, result))
+        self.waiting.append((window, generation_key, result))
         return self.outcome(result.get())
 
     def split(self, generation):
@@ -216,26 +217,36 @@ return #KEYS
 
     def send_waiting(self):
         while self.waiting:
-            batch, self.waiting = self.waiting[:self.MAX_BATCH], self.waiting[self.MAX_BATCH:]
+            batch, self.waiting = self.next_batch()
             try:
-                outcomes = self.count([window for window, _ in batch])
+                outcomes = self.count([window for window, _, _ in batch], batch[0][1])
             except BaseException as error:
                 # Every waiter hears of it, whatever it was: none may wait for ever.
                 failed = error if isinstance(error, StorageError) else StorageError(error)
                 if not isinstance(error, Exception):
-                    for _, result in batch:
+                    for _, _, result in batch:
                         result.set_exception(failed)
                     self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
                     raise
                 # Those that came meanwhile fail with it rather than wait for another timeout
                 # each, behind the same broken link: a hung Redis costs every request ~1 s at most.
                 batch, self.waiting = batch + self.waiting, []
-                for _, result in batch:
+                for _, _, result in batch:
                     result.set_exception(failed)
                 continue
-            for (_, result), outcome in zip(batch, outcomes):
+            for (_, _, result), outcome in zip(batch, outcomes):
                 result.set(outcome)
         self.sender = None
+
+    def next_batch(self):
+        """(the next call's waiting windows, those left): on a cluster, those of the first one's tag
+        (one slot), in the order they came."""
+        if not self.cluster:
+            return self.waiting[:self.MAX_BATCH], self.waiting[self.MAX_BATCH:]
+        tag = self.waiting[0][1]
+        batch = [waiting for waiting in self.waiting if waiting[1] == tag][:self.MAX_BATCH]
+        taken = {id(waiting) for waiting in batch}
+        return batch, [waiting for waiting in self.waiting if id(waiting) not in taken]
 
     def count(self, windows, generation_key=None):
         generation_key = generation_key or self.generation_key

@@ -2,8 +2,11 @@
 each hash tag of the keys' windows has a generation of its own in their slot, a kept key costs no
 database read, a change moves its keys' tags' generations (and no other's) so that another
 instance reads the key again at its next request, a key is never kept under a generation its
-change moved, and a cluster that cannot tell a generation leaves the key read and uncached."""
+change moved, a key's credits are spent under its tag, a cluster that cannot tell a generation
+refuses the key (closed) or admits it read and uncached (open), and counts waiting together share
+a call with the windows of their own tag only."""
 
+import gevent
 import pytest
 import redis
 import services
@@ -178,3 +181,39 @@ def test_a_cluster_that_cannot_tell_a_generation_refuses_or_admits_the_key_read_
             assert found.id == key.id and generation is None
         assert len(asked) == 1 and keys.entries == {}
         assert protected(app, secret).status_code == 200
+
+
+def test_a_key_with_credits_spends_them_under_its_tag_and_a_grant_is_seen_at_the_next_request(cluster_app):
+    user = users.create_user("kai", "kai@example.com", PASSWORD)
+    key, secret = keyactions.issue_key(user, "metered", "production", credits_given=3)
+    answers = [protected(cluster_app, secret) for _ in range(4)]
+    assert [answer.status_code for answer in answers] == [200, 200, 200, 429]
+    assert answers[-1].json["error"]["code"] == "credits_exhausted"
+    keyactions.grant_credits(models.ApiKey.get_by_id(key.id), set_to=2)
+    assert [protected(cluster_app, secret).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_counts_waiting_together_share_a_call_with_their_own_tag_only(cluster_url, monkeypatch):
+    """As in a gevent worker, the round trip slowed so that requests pile up behind it: the windows
+    of one tag (one slot) go in one script call, each counted in the order it came."""
+    monkeypatch.setattr(rediswindows, "greenlets_share_thread", lambda: True)
+    windows = rediswindows.RedisWindows(open_storage(cluster_url))
+    calls, real_count = [], windows.count
+
+    def slow_count(found, generation_key=None):
+        calls.append((generation_key, len(found)))
+        gevent.sleep(0.01)
+        return real_count(found, generation_key)
+
+    monkeypatch.setattr(windows, "count", slow_count)
+    tags = ["{key:7001}", "{key:7002}"]
+    generations = {tag: windows.read_tagged_generation(windows.tagged_generation_key(tag)) for tag in tags}
+    asked = [tag for _ in range(20) for tag in tags]
+    hits = [gevent.spawn(windows.hit, f"{tag}window", 60, (windows.tagged_generation_key(tag), generations[tag]))
+            for tag in asked]
+    gevent.joinall(hits, timeout=60, raise_error=True)
+    for tag in tags:
+        assert [hit.value[0] for hit, its_tag in zip(hits, asked) if its_tag == tag] == list(range(1, 21))
+    generation_keys = [windows.tagged_generation_key(tag) for tag in tags]
+    # The first request goes alone; the rest wait behind it, one call for each tag.
+    assert calls == [(generation_keys[0], 1), (generation_keys[1], 20), (generation_keys[0], 19)]

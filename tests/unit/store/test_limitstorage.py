@@ -192,10 +192,10 @@ def batching(redis_storage, monkeypatch):
     windows = rediswindows.RedisWindows(redis_storage)
     batches, real_count = [], windows.count
 
-    def slow_count(found):
+    def slow_count(found, generation_key=None):
         batches.append(len(found))
         gevent.sleep(0.01)
-        return real_count(found)
+        return real_count(found, generation_key)
 
     monkeypatch.setattr(windows, "count", slow_count)
     return windows, batches
@@ -219,12 +219,12 @@ def test_a_failed_call_reaches_every_waiter_and_the_next_request_goes_through(ba
     calls = iter([None, StorageError(ConnectionError("down")), None])
     real_count = windows.count
 
-    def sometimes_failing(found):
+    def sometimes_failing(found, generation_key=None):
         error = next(calls)
         if error:
             batches.append(len(found))
             raise error
-        return real_count(found)
+        return real_count(found, generation_key)
 
     monkeypatch.setattr(windows, "count", sometimes_failing)
     hits = [gevent.spawn(windows.hit, "w", 60) for _ in range(20)]
@@ -277,12 +277,12 @@ def test_when_a_call_fails_everyone_waiting_fails_with_it_without_another_call(b
     outcomes = iter(["count", "fail"])
     real_count = rediswindows.RedisWindows.count.__get__(windows)
 
-    def count_then_fail(found):
+    def count_then_fail(found, generation_key=None):
         batches.append(len(found))
         gevent.sleep(0.01)
         if next(outcomes, "fail") == "fail":
             raise StorageError(TimeoutError("Timeout reading from socket"))
-        return real_count(found)
+        return real_count(found, generation_key)
 
     monkeypatch.setattr(windows, "count", count_then_fail)
     hits = [gevent.spawn(windows.hit, "w", 60) for _ in range(601)]
