@@ -39,7 +39,9 @@ SIZE = 10_000
 MAX_AGE = 10.0
 ANNOUNCE_ATTEMPTS = 3
 
-Entry = collections.namedtuple("Entry", "key generation usable_until read_at")
+# generation: what the worker's current generation must equal for the entry to be used;
+# confirms: what the count must confirm (keep's).
+Entry = collections.namedtuple("Entry", "key generation usable_until read_at confirms")
 READ_FAILED = object()
 
 
@@ -172,8 +174,9 @@ class KeyCache:
         generation = self.generation.current()
         entry = self.entries.get(key_hash)
         now = time.time()
-        if entry is not None and self.usable(entry, generation, now):
-            return entry.key, self.confirmed(entry.generation)
+        if (entry is not None and entry.generation == generation and now < entry.usable_until
+                and now - entry.read_at < self.max_age):
+            return entry.key, entry.confirms
         if secret is None:
             return self.read(key_hash, generation, now)
         if not self.forms.admit(secret):
@@ -185,18 +188,16 @@ class KeyCache:
             return self.read(key_hash, self.generation.current(), time.time(), kind="after first use")
         return found
 
-    def usable(self, entry, generation, now):
-        return entry.generation == generation and now < entry.usable_until and now - entry.read_at < self.max_age
-
     def reload(self, key_hash):
         """Read the key again after the count found its generation stale; return the ApiKey or None."""
         return self.read(key_hash, self.generation.current(), time.time())[0]
 
     def read(self, key_hash, generation, now, kind=None):
-        return self.keep(key_hash, self.read_once((key_hash, generation, kind)), generation, now)
+        key = self.read_once((key_hash, generation, kind))
+        return self.keep(key_hash, key, generation, now, generation if self.generation.confirmed_by_count else None)
 
-    def keep(self, key_hash, key, generation, now):
-        """Keep the key read under the generation; return (it, the generation the count must confirm)."""
+    def keep(self, key_hash, key, generation, now, confirms):
+        """Keep the key read under the generation; return (it, what the count must confirm)."""
         if key is None:
             self.entries.pop(key_hash, None)
             return None, None
@@ -205,8 +206,8 @@ class KeyCache:
                 self.entries.pop(next(iter(self.entries), None), None)
             except RuntimeError:
                 pass  # another thread (outside gevent) changed the entries meanwhile
-        self.entries[key_hash] = Entry(key, generation, key.usable_until, now)
-        return key, self.confirmed(generation)
+        self.entries[key_hash] = Entry(key, generation, key.usable_until, now, confirms)
+        return key, confirms
 
     def read_once(self, flight):
         """find_active_key of the flight's hash, shared with the requests that ask for the same
@@ -227,9 +228,6 @@ class KeyCache:
             del self.reading[flight]
             result.set(key)
 
-    def confirmed(self, generation):
-        return generation if self.generation.confirmed_by_count else None
-
     def announce_change(self, keys):
         """Tell every process that these keys changed; call after the change is committed."""
         self.entries.clear()
@@ -241,9 +239,6 @@ class TaggedKeyCache(KeyCache):
     checks; a key not kept is read after that generation (as on one Redis after the latest one),
     so that a change committed before the read is never kept under the generation it moved. A key
     no entry names yet is read once to learn its tag, then again after its tag's generation."""
-
-    def usable(self, entry, generation, now):
-        return now < entry.usable_until and now - entry.read_at < self.max_age
 
     def read(self, key_hash, generation, now, kind=None):
         outage = self.generation.limiter.outage
@@ -264,7 +259,8 @@ class TaggedKeyCache(KeyCache):
                 raise LimitStorageUnavailable(error.storage_error) from None
             outage.failed(error.storage_error)
             return self.unconfirmed(key_hash)
-        return self.keep(key_hash, key, tagged, now)
+        # Kept under no worker-wide generation (current() is None): the count confirms the tag's.
+        return self.keep(key_hash, key, None, now, tagged)
 
     def unconfirmed(self, key_hash):
         """RATE_LIMIT_ON_STORAGE_FAILURE=open while the cluster cannot tell a generation: the key
