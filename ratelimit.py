@@ -17,7 +17,7 @@ from metering import credits, thresholds
 from models import ApiKey, db
 from ops import metrics, note as request_note, services
 from ops.clientaddress import client_identity
-from ops.outage import StorageOutage
+from ops.outage import FailureLog, StorageOutage
 from store.limitstorage import LimitStorageUnavailable, open_storage, window_admitter, window_counter, window_taker
 from store.rediswindows import KeysChanged, redis_windows
 
@@ -85,18 +85,9 @@ def unavailable(error):
     """The LimitStorageUnavailable (HTTP 503) that refuses a request for the limit storage's failure
     (a StorageError). Each storage call's except clause raises it: wrapping the methods in a
     decorator would add a call frame to every counted request. The limiter's own methods raise it
-    unlogged, and those called from outside log it (storage_unavailable) unless they admit the
+    unlogged, and those called from outside log it (Limiter.logged) unless they admit the
     request instead (fail_open)."""
     return LimitStorageUnavailable(storage_error=error.storage_error)
-
-
-def storage_unavailable(error):
-    return logged(unavailable(error))
-
-
-def logged(refusal):
-    log.error("Rate-limit storage unavailable: %s", refusal.storage_error)
-    return refusal
 
 
 class Limiter:
@@ -106,6 +97,7 @@ class Limiter:
         self.storage = storage
         # RATE_LIMIT_ON_STORAGE_FAILURE=open: a keyed request the storage cannot count is admitted.
         self.outage = StorageOutage() if fail_open else None
+        self.failure_log = FailureLog()
         # What becomes of a key's usage and credit thresholds (metering/thresholds.py's Watcher).
         self.watcher = watcher or thresholds.Watcher()
         # On Redis, the counter also carries the key generation that keys/keycache.py relies on.
@@ -140,7 +132,7 @@ class Limiter:
                 state, _ = self.hit_windows(plan, note, generation, key)
         except LimitStorageUnavailable as refusal:
             if self.outage is None:
-                raise logged(refusal) from None
+                raise self.logged(refusal) from None
             self.outage.failed(refusal.storage_error)
             return self.admit_uncounted(key, note, generation)
         note.counted = True
@@ -279,7 +271,7 @@ class Limiter:
         try:
             self.take_back([(window.key, state.reset, state.window / 2) for window, state in zip(plan.windows, states)])
         except StorageError as error:
-            storage_unavailable(error)  # the request's own failure stands; the place stays counted
+            self.logged(unavailable(error))  # the request's own failure stands; the place stays counted
 
     def hit(self, item, identity, policy, note=None, generation=None):
         """Count one request for identity; return its RateLimitState or raise RateLimitExceeded.
@@ -289,7 +281,12 @@ class Limiter:
         try:
             return self.hit_window(item, item.key_for(identity), policy, note, generation)
         except LimitStorageUnavailable as refusal:
-            raise logged(refusal) from None
+            raise self.logged(refusal) from None
+
+    def logged(self, refusal):
+        """The refusal (a LimitStorageUnavailable), its storage's failure logged (FailureLog)."""
+        self.failure_log.failed(refusal.storage_error)
+        return refusal
 
     def hit_window(self, item, window_key, policy, note=None, generation=None):
         """hit, for the window's storage key (item.key_for(identity))."""
@@ -326,7 +323,7 @@ class Limiter:
             if self.storage.get(window_key) > 0:
                 self.storage.incr(window_key, item.get_expiry(), amount=-1)
         except StorageError as error:
-            raise storage_unavailable(error) from None
+            raise self.logged(unavailable(error)) from None
 
     def used_up(self, item, identity):
         """Return the seconds until identity's window for item ends when its allowance is used up,
@@ -337,7 +334,7 @@ class Limiter:
                 return 0
             return max(1, seconds_until(self.storage.get_expiry(window_key)))
         except StorageError as error:
-            raise storage_unavailable(error) from None
+            raise self.logged(unavailable(error)) from None
 
 
 def init_app(app, watcher):

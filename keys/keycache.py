@@ -255,8 +255,7 @@ class TaggedKeyCache(KeyCache):
         except StorageError as error:
             # The tag's generation lives with the key's windows, so the count cannot be made either.
             if outage is None:
-                log.error("Rate-limit storage unavailable: %s", error.storage_error)
-                raise LimitStorageUnavailable(error.storage_error) from None
+                raise self.generation.limiter.logged(LimitStorageUnavailable(error.storage_error)) from None
             outage.failed(error.storage_error)
             return self.unconfirmed(key_hash)
         # Kept under no worker-wide generation (current() is None): the count confirms the tag's.

@@ -1,5 +1,6 @@
-"""What a worker knows and says while it admits keyed requests the limit storage could not count
-(RATE_LIMIT_ON_STORAGE_FAILURE=open): each one in ratelimit_storage_failopen_total, and one WARNING
+"""What a worker knows and says while the limit storage fails: its failures as an ERROR line every
+few seconds at most (FailureLog); and while it admits keyed requests the storage could not count
+(RATE_LIMIT_ON_STORAGE_FAILURE=open), each one in ratelimit_storage_failopen_total, and one WARNING
 a minute with how many, rather than a log line per request while the storage is down; and, for a
 second after a failure, that the storage is not worth asking (each ask of a hung Redis waits for
 its timeout)."""
@@ -45,3 +46,26 @@ class StorageOutage:
             count, self.admitted_since_warning, self.warned_at = self.admitted_since_warning, 0, now
             log.warning("Rate-limit storage unavailable (%s): admitted %d keyed requests without counting them "
                         "since the last warning (RATE_LIMIT_ON_STORAGE_FAILURE=open).", self.error, count)
+
+
+class FailureLog:
+    """The limit storage's failures as ERROR lines: the first at once, then at most one every
+    INTERVAL seconds with how many it left out, so that an outage under a flood of requests, each
+    refused (or admitted) alike, does not flood the log."""
+
+    INTERVAL = 10.0
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.logged_at = None
+        self.left_out = 0
+
+    def failed(self, error):
+        now = self.clock()
+        if self.logged_at is not None and now - self.logged_at < self.INTERVAL:
+            self.left_out += 1
+            return
+        # Taken and reset before the log call, which may yield to another greenlet.
+        left_out, self.left_out, self.logged_at = self.left_out, 0, now
+        log.error("Rate-limit storage unavailable: %s%s", error,
+                  f" ({left_out} more failures since the last line)" if left_out else "")

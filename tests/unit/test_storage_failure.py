@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 
 import settings
 from models import ApiKey
+from ops import outage
 from ops.outage import StorageOutage
 from orgs import keyactions
 
@@ -126,3 +127,22 @@ def test_for_a_second_after_a_failure_open_admits_without_asking_the_storage(ope
     clock.now += 1
     assert client.get(ENDPOINT, headers={"X-API-Key": api_key}).status_code == 200
     assert len(calls) == 2
+
+
+def test_an_outage_logs_its_first_failure_at_once_then_a_line_an_interval_with_the_count(app, client, api_key,
+                                                                                         monkeypatch, caplog):
+    """A flood of requests refused alike during an outage does not flood the log."""
+    cut_storage(app, monkeypatch)
+    now = [0.0]
+    app.extensions["ratelimit"].failure_log = outage.FailureLog(clock=lambda: now[0])
+
+    def lines():
+        return [record.getMessage() for record in caplog.records
+                if record.levelno == logging.ERROR and "Rate-limit storage unavailable" in record.getMessage()]
+
+    for _ in range(5):
+        assert client.get(ENDPOINT, headers={"X-API-Key": api_key}).status_code == 503
+    assert lines() == ["Rate-limit storage unavailable: redis is down"]
+    now[0] = outage.FailureLog.INTERVAL
+    assert client.get(ENDPOINT, headers={"X-API-Key": api_key}).status_code == 503
+    assert lines()[1:] == ["Rate-limit storage unavailable: redis is down (4 more failures since the last line)"]
