@@ -98,6 +98,8 @@ class Limiter:
         # RATE_LIMIT_ON_STORAGE_FAILURE=open: a keyed request the storage cannot count is admitted.
         self.outage = StorageOutage() if fail_open else None
         self.failure_log = FailureLog()
+        # Public requests pass without the storage: after its failure they skip it for a second.
+        self.public_outage = StorageOutage()
         # What becomes of a key's usage and credit thresholds (metering/thresholds.py's Watcher).
         self.watcher = watcher or thresholds.Watcher()
         # On Redis, the counter also carries the key generation that keys/keycache.py relies on.
@@ -178,10 +180,9 @@ class Limiter:
         return key.limit_plan
 
     def hash_tag(self, key):
-        """The hash tag of the key's windows on Redis Cluster ('' elsewhere): they share one slot, so
-        that one script counts them all at once, as on one Redis. Its organisation's where the
-        organisation has a window, else its own (an organisation's keys then spread over the masters);
-        the key's generation (keys/keycache.py) lives in the same slot."""
+        """The hash tag of the key's windows on Redis Cluster ('' elsewhere), so that one script counts
+        them all at once, as on one Redis, beside the key's generation (keys/keycache.py): its
+        organisation's where that has a window, else its own (the keys then spread over the masters)."""
         if self.windows is None or not self.windows.cluster:
             return ""
         return self.hash_tags(key)[self.organisation_rate is not None]
@@ -366,13 +367,14 @@ def limit_client_ip():
     environ = request_note.current_environ.get()
     note = environ[request_note.ENVIRON_KEY]
     limiter = note.app.extensions["ratelimit"]
-    if limiter.public_rate is None:
+    if limiter.public_rate is None or limiter.public_outage.recent():
         return
     try:
         limiter.hit(limiter.public_rate, f"ip:{client_identity(environ.get('REMOTE_ADDR'))}", PUBLIC_POLICY, note)
-    except LimitStorageUnavailable:
-        # Public endpoints stay up without the limit storage; only keyed traffic fails closed.
-        pass
+    except LimitStorageUnavailable as refusal:
+        # Public endpoints stay up without the limit storage (only keyed traffic fails closed), and
+        # do not each wait for a hung Redis's timeout.
+        limiter.public_outage.failed(refusal.storage_error)
 
 
 def ip_rate_limited(view):

@@ -146,3 +146,16 @@ def test_an_outage_logs_its_first_failure_at_once_then_a_line_an_interval_with_t
     now[0] = outage.FailureLog.INTERVAL
     assert client.get(ENDPOINT, headers={"X-API-Key": api_key}).status_code == 503
     assert lines()[1:] == ["Rate-limit storage unavailable: redis is down (4 more failures since the last line)"]
+
+
+def test_public_requests_pass_and_skip_a_failed_storage_for_a_second(app, client, monkeypatch):
+    """Each would otherwise wait for a hung Redis's timeout, to be admitted uncounted all the same."""
+    calls = cut_storage(app, monkeypatch)
+    clock = Clock()
+    app.extensions["ratelimit"].public_outage = StorageOutage(clock=clock)
+    for _ in range(3):
+        assert client.get("/api/v1/demo/year").status_code == 200
+    assert len(calls) == 1
+    clock.now += 1.0
+    assert client.get("/api/v1/demo/year").status_code == 200
+    assert len(calls) == 2
