@@ -96,28 +96,38 @@ return replies
         # The generation of the latest reply: a key read now is at least as new as it. Until the
         # first reply, one that no reply matches, so keys read meanwhile are confirmed by a new read.
         self.generation = "none seen yet"
-        self.waiting = []
-        self.sender = None
+        # The Lanes with a call in flight, by the Redis key of the generation their calls check:
+        # one Redis has one lane; a cluster one for each tag, so that each tag's requests share a
+        # call while other tags' go on meanwhile.
+        self.lanes = {}
 
     def hit(self, key, expiry, generation=None):
         """Count one request in key's window; return (count, epoch seconds when the window ends).
         With a generation: raise KeysChanged, counting nothing, unless it is still the current one."""
         generation_key, generation = self.split(generation)
         window = (self.storage.prefixed_key(key), int(expiry * 1000), generation)
-        # On a cluster only windows of one tag share a call: a window without one goes alone.
+        # On a cluster a window without a tag's generation shares no call.
         if not greenlets_share_thread() or (self.cluster and generation_key is None):
             return self.outcome(self.count([window], generation_key)[0])
-        if self.sender is None:
-            # Nothing in flight: this request makes the call itself, sparing the switch to a sender
-            # (~70 us); requests arriving meanwhile wait for a sender started after it.
-            self.sender = gevent.getcurrent()
+        lane = self.lanes.get(generation_key)
+        if lane is None:
+            # Nothing in flight in this lane: this request makes the call itself, sparing the switch
+            # to a sender (~70 us); requests arriving meanwhile wait for a sender started after it.
+            self.lanes[generation_key] = lane = Lane()
             try:
                 return self.outcome(self.count([window], generation_key)[0])
             finally:
-                self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
+                self.hand_on(generation_key, lane)
         result = AsyncResult()
-        self.waiting.append((window, generation_key, result))
+        lane.waiting.append((window, result))
         return self.outcome(result.get())
+
+    def hand_on(self, generation_key, lane):
+        """After a call in the lane: a sender for the requests that came meanwhile, or the lane closed."""
+        if lane.waiting:
+            lane.sender = gevent.spawn(self.send_waiting, generation_key, lane)
+        else:
+            del self.lanes[generation_key]
 
     def split(self, generation):
         """(the Redis key of the generation to check, its token or ''), for a caller's generation."""
@@ -215,38 +225,32 @@ return #KEYS
         except self.storage.base_exceptions as error:
             raise StorageError(error) from error
 
-    def send_waiting(self):
-        while self.waiting:
-            batch, self.waiting = self.next_batch()
+    def send_waiting(self, generation_key, lane):
+        """Count the lane's waiting requests, MAX_BATCH a call, in the order they came."""
+        waiting = lane.waiting
+        while waiting:
+            batch = waiting[:self.MAX_BATCH]
+            del waiting[:self.MAX_BATCH]
             try:
-                outcomes = self.count([window for window, _, _ in batch], batch[0][1])
+                outcomes = self.count([window for window, _ in batch], generation_key)
             except BaseException as error:
                 # Every waiter hears of it, whatever it was: none may wait for ever.
                 failed = error if isinstance(error, StorageError) else StorageError(error)
                 if not isinstance(error, Exception):
-                    for _, _, result in batch:
+                    for _, result in batch:
                         result.set_exception(failed)
-                    self.sender = gevent.spawn(self.send_waiting) if self.waiting else None
+                    self.hand_on(generation_key, lane)
                     raise
                 # Those that came meanwhile fail with it rather than wait for another timeout
                 # each, behind the same broken link: a hung Redis costs every request ~1 s at most.
-                batch, self.waiting = batch + self.waiting, []
-                for _, _, result in batch:
+                batch += waiting
+                del waiting[:]
+                for _, result in batch:
                     result.set_exception(failed)
                 continue
-            for (_, _, result), outcome in zip(batch, outcomes):
+            for (_, result), outcome in zip(batch, outcomes):
                 result.set(outcome)
-        self.sender = None
-
-    def next_batch(self):
-        """(the next call's waiting windows, those left): on a cluster, those of the first one's tag
-        (one slot), in the order they came."""
-        if not self.cluster:
-            return self.waiting[:self.MAX_BATCH], self.waiting[self.MAX_BATCH:]
-        tag = self.waiting[0][1]
-        batch = [waiting for waiting in self.waiting if waiting[1] == tag][:self.MAX_BATCH]
-        taken = {id(waiting) for waiting in batch}
-        return batch, [waiting for waiting in self.waiting if id(waiting) not in taken]
+        self.hand_on(generation_key, lane)
 
     def count(self, windows, generation_key=None):
         generation_key = generation_key or self.generation_key
@@ -308,6 +312,17 @@ return #KEYS
 
 def decoded(generation):
     return generation.decode() if isinstance(generation, bytes) else generation
+
+
+class Lane:
+    """The requests waiting for a lane's call in flight, and the greenlet that sends them once it
+    ends (None while the lane's first request makes its own call)."""
+
+    __slots__ = ("waiting", "sender")
+
+    def __init__(self):
+        self.waiting = []
+        self.sender = None
 
 
 def redis_windows(storage):

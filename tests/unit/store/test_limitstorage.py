@@ -211,7 +211,7 @@ def test_requests_waiting_together_share_one_call_and_each_gets_its_own_count(ba
     assert redis_storage.get("shared") == 150
     # The first request goes alone; the rest wait behind it, at most MAX_BATCH a call.
     assert batches == [1, 256, 43]
-    assert windows.sender is None
+    assert windows.lanes == {}
 
 
 def test_a_failed_call_reaches_every_waiter_and_the_next_request_goes_through(batching, monkeypatch):
@@ -241,7 +241,8 @@ def test_a_sender_killed_mid_call_fails_its_waiters_and_hands_over(batching):
     waiting = [gevent.spawn(windows.hit, "w", 60) for _ in range(5)]
     gevent.sleep(0.001)
     first.join(timeout=60)
-    sender = windows.sender
+    [lane] = windows.lanes.values()
+    sender = lane.sender
     assert sender is not None and batches == [1, 5]
     later = gevent.spawn(windows.hit, "w", 60)
     gevent.sleep(0)
@@ -289,7 +290,7 @@ def test_when_a_call_fails_everyone_waiting_fails_with_it_without_another_call(b
     gevent.joinall(hits, timeout=60)
     assert [type(hit.exception) for hit in hits] == [type(None)] + [StorageError] * 600
     assert batches == [1, 256]  # the 344 beyond the failed call were not sent behind it
-    assert windows.sender is None and windows.waiting == []
+    assert windows.lanes == {}
 
 
 @pytest.mark.parametrize("storage_kind", ["memory", "redis"])
