@@ -82,11 +82,9 @@ def limit_items(text):
 
 
 def unavailable(error):
-    """The LimitStorageUnavailable (HTTP 503) that refuses a request for the limit storage's failure
-    (a StorageError). Each storage call's except clause raises it: wrapping the methods in a
-    decorator would add a call frame to every counted request. The limiter's own methods raise it
-    unlogged, and those called from outside log it (Limiter.logged) unless they admit the
-    request instead (fail_open)."""
+    """The LimitStorageUnavailable (HTTP 503) for a StorageError, raised by each storage call's except
+    clause (a decorator would add a frame to every counted request): unlogged by the limiter's own
+    methods, logged (Limiter.logged) by those called from outside unless they admit the request."""
     return LimitStorageUnavailable(storage_error=error.storage_error)
 
 
@@ -137,13 +135,14 @@ class Limiter:
                 raise self.logged(refusal) from None
             self.outage.failed(refusal.storage_error)
             return self.admit_uncounted(key, note, generation)
+        if self.outage is not None:
+            self.outage.answered()
         note.counted = True
         return state
 
     def admit_uncounted(self, key, note, generation):
-        """Admit a request its windows could not count, spending its credit all the same; a key kept
-        from before (generation) is not trusted without the count, and KeysChanged has it read again
-        (its second count_request, within the outage's RETRY_INTERVAL, asks the storage no more)."""
+        """Admit a request its windows could not count, spending its credit all the same; a kept key
+        (generation) is not trusted without the count: KeysChanged has it read again (uncounted)."""
         if generation is not None:
             raise KeysChanged()
         if key.has_credits:
@@ -188,8 +187,7 @@ class Limiter:
         return self.hash_tags(key)[self.organisation_rate is not None]
 
     @staticmethod
-    def hash_tags(key):
-        """Both tags the key's windows may have: its own, and its organisation's."""
+    def hash_tags(key):  # both tags the key's windows may have: its own, its organisation's
         return f"{{key:{key.id}}}", f"{{org:{key.org_id}}}"
 
     def hit_windows(self, plan, note, generation=None, key=None, announce=True):
@@ -375,6 +373,8 @@ def limit_client_ip():
         # Public endpoints stay up without the limit storage (only keyed traffic fails closed), and
         # do not each wait for a hung Redis's timeout.
         limiter.public_outage.failed(refusal.storage_error)
+        return
+    limiter.public_outage.answered()
 
 
 def ip_rate_limited(view):

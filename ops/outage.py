@@ -33,8 +33,21 @@ class StorageOutage:
         self.failed_at, self.error = self.clock(), error
 
     def recent(self):
-        """True for RETRY_INTERVAL after the last failure: admit without asking the storage."""
-        return self.failed_at is not None and self.clock() - self.failed_at < RETRY_INTERVAL
+        """True while the storage is not worth asking: for RETRY_INTERVAL after its last failure. The
+        first caller after that asks it again for all, and the others go on not asking until it
+        has an answer (answered), or for another interval (a hung Redis holds each asker for its
+        timeout: one a second, not every request of that second)."""
+        if self.failed_at is None:
+            return False
+        now = self.clock()
+        if now - self.failed_at < RETRY_INTERVAL:
+            return True
+        self.failed_at = now
+        return False
+
+    def answered(self):
+        """The storage answered: every request asks it again."""
+        self.failed_at = None
 
     def admitted(self):
         """Count one keyed request admitted without its windows."""
@@ -51,18 +64,22 @@ class StorageOutage:
 class FailureLog:
     """The limit storage's failures as ERROR lines: the first at once, then at most one every
     INTERVAL seconds with how many it left out, so that an outage under a flood of requests, each
-    refused (or admitted) alike, does not flood the log."""
+    refused (or admitted) alike, does not flood the log. A failure after QUIET seconds without one
+    starts a new outage, logged at once."""
 
     INTERVAL = 10.0
+    QUIET = 2.0
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
         self.logged_at = None
+        self.failed_at = None
         self.left_out = 0
 
     def failed(self, error):
         now = self.clock()
-        if self.logged_at is not None and now - self.logged_at < self.INTERVAL:
+        last, self.failed_at = self.failed_at, now
+        if self.logged_at is not None and now - self.logged_at < self.INTERVAL and now - last < self.QUIET:
             self.left_out += 1
             return
         # Taken and reset before the log call, which may yield to another greenlet.

@@ -116,6 +116,9 @@ return replies
             self.lanes[generation_key] = lane = Lane()
             try:
                 return self.outcome(self.count([window], generation_key)[0])
+            except StorageError as error:
+                fail_all(lane.waiting, error)
+                raise
             finally:
                 self.hand_on(generation_key, lane)
         result = AsyncResult()
@@ -241,12 +244,8 @@ return #KEYS
                         result.set_exception(failed)
                     self.hand_on(generation_key, lane)
                     raise
-                # Those that came meanwhile fail with it rather than wait for another timeout
-                # each, behind the same broken link: a hung Redis costs every request ~1 s at most.
-                batch += waiting
-                del waiting[:]
-                for _, result in batch:
-                    result.set_exception(failed)
+                fail_all(batch, failed)
+                fail_all(waiting, failed)
                 continue
             for (_, result), outcome in zip(batch, outcomes):
                 result.set(outcome)
@@ -312,6 +311,15 @@ return #KEYS
 
 def decoded(generation):
     return generation.decode() if isinstance(generation, bytes) else generation
+
+
+def fail_all(waiting, error):
+    """Fail every request waiting in the list with the call's error, and empty it: those that came
+    meanwhile fail with it rather than wait for another timeout each behind the same broken link,
+    so a hung Redis costs every request ~1 s at most."""
+    for _, result in waiting:
+        result.set_exception(error)
+    del waiting[:]
 
 
 class Lane:

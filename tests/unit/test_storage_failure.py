@@ -159,3 +159,42 @@ def test_public_requests_pass_and_skip_a_failed_storage_for_a_second(app, client
     clock.now += 1.0
     assert client.get("/api/v1/demo/year").status_code == 200
     assert len(calls) == 2
+
+
+def test_after_the_interval_one_request_asks_again_for_all_and_an_answer_ends_the_outage():
+    clock = Clock()
+    outage = StorageOutage(clock)
+    assert not outage.recent()
+    outage.failed("redis is down")
+    assert outage.recent()
+    clock.now += 1
+    # The first after the interval asks; those meanwhile do not, until it has its answer.
+    assert [outage.recent() for _ in range(3)] == [False, True, True]
+    clock.now += 1
+    assert not outage.recent()  # an asker that never said: another one a second later
+    outage.answered()
+    assert [outage.recent() for _ in range(3)] == [False] * 3
+
+
+def test_public_requests_count_again_once_the_storage_answers(app, client, monkeypatch):
+    clock = Clock()
+    limiter = app.extensions["ratelimit"]
+    limiter.public_outage = StorageOutage(clock=clock)
+    limiter.public_outage.failed("redis is down")
+    clock.now += 1
+    assert client.get("/api/v1/demo/year").headers["X-RateLimit-Remaining"] == "4"
+    assert [client.get("/api/v1/demo/year").headers["X-RateLimit-Remaining"] for _ in range(2)] == ["3", "2"]
+
+
+def test_a_failure_after_a_quiet_spell_is_logged_at_once_as_a_new_outage(caplog):
+    now = [0.0]
+    failures = outage.FailureLog(clock=lambda: now[0])
+    with caplog.at_level(logging.ERROR, logger="ratelimit"):
+        failures.failed("redis is down")
+        now[0] += 1
+        failures.failed("redis is down")
+        now[0] += outage.FailureLog.QUIET
+        failures.failed("redis is gone")
+    assert [record.getMessage() for record in caplog.records] == [
+        "Rate-limit storage unavailable: redis is down",
+        "Rate-limit storage unavailable: redis is gone (1 more failures since the last line)"]

@@ -393,3 +393,18 @@ def test_two_take_backs_racing_on_other_storages_never_restart_the_window():
     take_back([("raced", end, 30)])
     assert storage.get("raced") == 0
     assert storage.get_expiry("raced") - time.time() > 55
+
+
+def test_when_the_first_call_fails_those_waiting_behind_it_fail_with_it_without_another_call(batching, monkeypatch):
+    windows, batches = batching
+
+    def failing(found, generation_key=None):
+        batches.append(len(found))
+        gevent.sleep(0.01)
+        raise StorageError(TimeoutError("Timeout reading from socket"))
+
+    monkeypatch.setattr(windows, "count", failing)
+    hits = [gevent.spawn(windows.hit, "w", 60) for _ in range(6)]
+    gevent.joinall(hits, timeout=60)
+    assert [type(hit.exception) for hit in hits] == [StorageError] * 6
+    assert batches == [1] and windows.lanes == {}
