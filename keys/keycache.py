@@ -258,8 +258,8 @@ class TaggedKeyCache(KeyCache):
                 raise self.generation.limiter.logged(LimitStorageUnavailable(error.storage_error)) from None
             outage.failed(error.storage_error)
             return self.unconfirmed(key_hash)
-        if outage is not None:
-            outage.answered()
+        if outage is not None and tagged is not None:
+            outage.answered()  # only a generation read is an answer: an unknown key asks nothing
         # Kept under no worker-wide generation (current() is None): the count confirms the tag's.
         return self.keep(key_hash, key, None, now, tagged)
 

@@ -3,8 +3,9 @@ each hash tag of the keys' windows has a generation of its own in their slot, a 
 database read, a change moves its keys' tags' generations (and no other's) so that another
 instance reads the key again at its next request, a key is never kept under a generation its
 change moved, a key's credits are spent under its tag, a cluster that cannot tell a generation
-refuses the key (closed) or admits it read and uncached (open), and counts waiting together share
-a call with the windows of their own tag only."""
+refuses the key (closed) or admits it read and uncached (open), an unknown key ends no outage it
+never asked the cluster about, and counts waiting together share a call with the windows of their
+own tag only."""
 
 import gevent
 import pytest
@@ -17,6 +18,7 @@ import models
 from accounts import users
 from app import close_app, create_app
 from keys import keycache, keyformat
+from ops.outage import StorageOutage
 from orgs import keyactions, keyedits, members, organisations
 from store import rediswindows
 from store.limitstorage import LimitStorageUnavailable, open_storage
@@ -220,3 +222,18 @@ def test_counts_waiting_together_share_a_call_with_their_own_tag_only(cluster_ur
     assert calls == [(generation_keys[0], 1), (generation_keys[1], 1), (generation_keys[0], 19),
                      (generation_keys[1], 19)]
     assert windows.lanes == {}
+
+
+def test_an_unknown_key_does_not_end_an_outage_it_never_asked_the_cluster_about(cluster_url, make_app):
+    """Open, after the outage's second: a request with an unknown key asks the cluster nothing, so
+    the others go on not asking it (a hung Redis would hold each for its timeout)."""
+    app = make_app({"DATABASE_URL": services.postgres_url(), "RATELIMIT_STORAGE_URL": cluster_url,
+                    "RATE_LIMIT_ON_STORAGE_FAILURE": "open", "TESTING": True})
+    with app.app_context():
+        clock = [1000.0]
+        outage = StorageOutage(clock=lambda: clock[0])
+        app.extensions["ratelimit"].outage = outage
+        outage.failed("no node answers")
+        clock[0] += 1
+        assert app.extensions["keys"].find(keyformat.hash_key("sk_live_" + "0" * 40)) == (None, None)
+        assert outage.recent()
