@@ -179,9 +179,8 @@ class Limiter:
         return key.limit_plan
 
     def hash_tag(self, key):
-        """The hash tag of the key's windows on Redis Cluster ('' elsewhere), so that one script counts
-        them all at once, as on one Redis, beside the key's generation (keys/keycache.py): its
-        organisation's where that has a window, else its own (the keys then spread over the masters)."""
+        """The hash tag of the key's windows and generation on Redis Cluster ('' elsewhere), for one
+        script to count them all: its organisation's where that has a window, else its own."""
         if self.windows is None or not self.windows.cluster:
             return ""
         return self.hash_tags(key)[self.organisation_rate is not None]
@@ -365,16 +364,17 @@ def limit_client_ip():
     environ = request_note.current_environ.get()
     note = environ[request_note.ENVIRON_KEY]
     limiter = note.app.extensions["ratelimit"]
-    if limiter.public_rate is None or limiter.public_outage.recent():
+    outage = limiter.public_outage
+    # The attribute first: no method call on a public request while the storage answers.
+    if limiter.public_rate is None or (outage.failed_at is not None and outage.recent()):
         return
     try:
         limiter.hit(limiter.public_rate, f"ip:{client_identity(environ.get('REMOTE_ADDR'))}", PUBLIC_POLICY, note)
     except LimitStorageUnavailable as refusal:
-        # Public endpoints stay up without the limit storage (only keyed traffic fails closed), and
-        # do not each wait for a hung Redis's timeout.
-        limiter.public_outage.failed(refusal.storage_error)
+        outage.failed(refusal.storage_error)  # public endpoints stay up; keyed traffic fails closed
         return
-    limiter.public_outage.answered()
+    if outage.failed_at is not None:
+        outage.answered()
 
 
 def ip_rate_limited(view):
