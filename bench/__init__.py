@@ -27,9 +27,9 @@ ceiling: a bare Flask route and a bare flask-sock echo under the service's gunic
 peer.py is the peer: protected/test on FastAPI and uvicorn, as a user might write it instead.
 Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the app, or
 with --served the gunicorn worker's instructions, per protected/test against another checkout and
-the bare route), sendfloor.py (the machine's floor for the time sockets' tick: a bare loop of
-`send` to as many loopback sockets), lifecycle.py (usage rows over a simulated year,
-p99 during a prune), billing.py (the billing export's exactness under faults, events a second and
+the bare route), sendfloor.py (the machine's floor for the time sockets' tick: a server that
+writes the same frame to every socket in a bare loop of `send`, read as the service is),
+lifecycle.py (usage rows over a simulated year, p99 during a prune), billing.py (the billing export's exactness under faults, events a second and
 lag, for each target), pgbouncer.py (the service behind PgBouncer in transaction mode, needs
 pgbouncer) and plot.py (PNGs from a --json report).
 

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import datetime
 import json
+import multiprocessing
 import os
 import select
 import socket
@@ -210,6 +211,38 @@ class TimeSocketReader:
             for opcode, payload in complete:
                 if opcode == 1:
                     yield arrived, payload
+
+
+def read_every_socket(port, paths, tick_seconds, rss_kib=None):
+    """Open paths on port with READER_PROCESSES processes on the client core between them, and read
+    every tick of tick_seconds whole seconds, each arrival stamped by the kernel. rss_kib, if given,
+    is asked for the server's memory once every socket is open."""
+    context = multiprocessing.get_context("spawn")
+    pipes, processes = [], []
+    for share in range(READER_PROCESSES):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=read_time_sockets,
+                                  args=(port, paths[share::READER_PROCESSES], tick_seconds, theirs))
+        process.start()
+        pipes.append(ours)
+        processes.append(process)
+    failures = sum(pipe.recv() for pipe in pipes)
+    time.sleep(2)
+    rss_open = rss_kib and rss_kib()
+    first_second = int(time.time()) + 2
+    for pipe in pipes:
+        pipe.send(first_second)
+    reports = [pipe.recv() for pipe in pipes]
+    for process in processes:
+        process.join()
+    arrived = sorted(late for report in reports for late in report["arrived_ms"])
+    built = sorted(late for report in reports for late in report["built_ms"])
+    # The processes share the client core: their CPU seconds over the window is a share of it.
+    cpu = sum(report["cpu_seconds"] for report in reports) / max(report["wall_seconds"] for report in reports)
+    return {"sockets": len(paths), "handshake_failures": failures,
+            "skipped_seconds": sum(report["skipped"] for report in reports),
+            "built_ms": percentiles(built), "arrived_ms": percentiles(arrived),
+            "client_cpu_percent": round(100 * cpu), "rss_open_kib": rss_open}
 
 
 def read_time_sockets(port, paths, tick_seconds, pipe):

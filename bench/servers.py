@@ -83,6 +83,15 @@ class Peer(Server):
         self.worker_pid = self.process.pid
 
 
+class Floor(Server):
+    """bench/sendfloor.py's server, the tick's floor: one process, pinned to SERVER_CORE."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.start(["bench.sendfloor", "--serve", str(self.port)], dict(os.environ), ROOT)
+        self.worker_pid = self.process.pid
+
+
 def service(env, checkout=ROOT):
     """The service of a checkout (this one by default), under its own gunicorn.conf.py."""
     return Server("app:app", env, chdir=checkout, config=checkout / "gunicorn.conf.py")

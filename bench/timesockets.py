@@ -7,8 +7,6 @@ kernel stamps each arrival, and their CPU share is reported.
 """
 
 import asyncio
-import multiprocessing
-import statistics
 import time
 
 import websockets
@@ -28,11 +26,12 @@ def measure(workdir, options):
               f"of every tick on every socket, as the client's kernel stamped its arrival (SO_TIMESTAMPNS), read by "
               f"{clients.READER_PROCESSES} client processes on core {servers.CLIENT_CORE}, whose CPU use "
               f"(user + system ÷ wall time, in % of that one core) is shown; before each run, the machine's floor "
-              f"in the same minute: a bare loop of send() to as many loopback sockets, read the same way "
-              f"(bench/sendfloor.py), its median loop of {options.tick_seconds}, and the arrival p99 ÷ that loop\n")
+              f"in the same minute, read by the same clients: one process that answers the handshakes and writes "
+              f"the same frame to every socket at each whole second in a bare send() loop (bench/sendfloor.py), "
+              f"its arrival p50 / p99 / max, and the service's arrival p99 ÷ the floor's\n")
         print(f"| sockets{run_column(options)} | handshake failures | skipped seconds | built p50 / p99 / max ms "
-              "| arrived p50 / p99 / max ms | client CPU, % of one core | RSS per socket KiB | floor loop ms "
-              "| p99 ÷ floor |")
+              "| arrived p50 / p99 / max ms | client CPU, % of one core | RSS per socket KiB "
+              "| floor arrived p50 / p99 / max ms | p99 ÷ floor p99 |")
         print("|---" * (9 + (options.runs > 1)) + "|")
     else:
         print(f"\nTime sockets: all open, {options.tick_seconds} s of ticks; lateness after the whole second, "
@@ -44,15 +43,16 @@ def measure(workdir, options):
     rows = []
     for run in range(1, options.runs + 1):
         for count in options.socket_counts:
-            floor = sendfloor.loop_seconds(count, options.tick_seconds) if options.all_sockets else None
+            floor = read_floor(count, options.tick_seconds) if options.all_sockets else None
             server = servers.service(env)
             try:
                 before = server.rss_kib()
                 if options.all_sockets:
                     row = read_every_socket(server, secrets, count, before, options.tick_seconds)
-                    row["floor_loop_ms"] = round(statistics.median(floor) * 1000, 1)
-                    row["p99_to_floor"] = (row["arrived_ms"]
-                                           and round(row["arrived_ms"]["p99"] / row["floor_loop_ms"], 2))
+                    row["floor_arrived_ms"] = floor["arrived_ms"]
+                    row["floor_skipped_seconds"] = floor["skipped_seconds"]
+                    row["p99_to_floor"] = (row["arrived_ms"] and floor["arrived_ms"]
+                                           and round(row["arrived_ms"]["p99"] / floor["arrived_ms"]["p99"], 2))
                 else:
                     row = asyncio.run(measure_ticks(server, secrets, count, before, options.tick_seconds))
             finally:
@@ -72,7 +72,7 @@ def run_column(options):
 def print_runs(rows, options):
     """Each count's figures over the runs, side by side."""
     cpu = "client CPU %, each run | " if options.all_sockets else ""
-    floor = " floor loop, each run ms | p99 ÷ floor, each run |" if options.all_sockets else ""
+    floor = " floor p99, each run ms | p99 ÷ floor p99, each run |" if options.all_sockets else ""
     print(f"\n| sockets | arrived p50, each run ms | arrived p99, each run ms | {cpu}handshake failures, "
           f"skipped seconds | RSS per socket, each run KiB |{floor}")
     print("|---" * (5 + 3 * bool(cpu)) + "|")
@@ -82,7 +82,7 @@ def print_runs(rows, options):
         arrived = {field: each([row["arrived_ms"] and row["arrived_ms"][field] for row in runs])
                    for field in ("p50", "p99")}
         cpu_cell = f"{' / '.join(str(row['client_cpu_percent']) for row in runs)} | " if cpu else ""
-        floor_cells = (f" {each([row['floor_loop_ms'] for row in runs])} | "
+        floor_cells = (f" {each([row['floor_arrived_ms'] and row['floor_arrived_ms']['p99'] for row in runs])} | "
                        f"{each([row['p99_to_floor'] for row in runs], '.2f')} |") if cpu else ""
         print(f"| {count:,} | {arrived['p50']} | {arrived['p99']} | {cpu_cell}"
               f"{sum(row['handshake_failures'] for row in runs)}, {sum(row['skipped_seconds'] for row in runs)} "
@@ -98,7 +98,8 @@ def tick_row(first_cell, row):
     def layout(spread):
         return "-" if spread is None else f"{spread['p50']:.1f} / {spread['p99']:.1f} / {spread['max']:.1f}"
     cpu = f" {row['client_cpu_percent']} |" if "client_cpu_percent" in row else ""
-    floor = f" {row['floor_loop_ms']:.1f} | {each([row['p99_to_floor']], '.2f')} |" if "floor_loop_ms" in row else ""
+    floor = (f" {layout(row['floor_arrived_ms'])} | {each([row['p99_to_floor']], '.2f')} |"
+             if "floor_arrived_ms" in row else "")
     return (f"| {first_cell} | {row['handshake_failures']} | {row['skipped_seconds']} | {layout(row['built_ms'])} "
             f"| {layout(row['arrived_ms'])} |{cpu} {row['rss_per_socket_kib']:.1f} |{floor}")
 
@@ -106,33 +107,18 @@ def tick_row(first_cell, row):
 def read_every_socket(server, secrets, count, rss_before, tick_seconds):
     """--all: clients.READER_PROCESSES processes open `count` sockets between them and read every tick."""
     paths = [f"/api/v1/ws/time?api_key={secrets[index // 10]}" for index in range(count)]
-    context = multiprocessing.get_context("spawn")
-    pipes, processes = [], []
-    for share in range(clients.READER_PROCESSES):
-        ours, theirs = context.Pipe()
-        process = context.Process(target=clients.read_time_sockets,
-                                  args=(server.port, paths[share::clients.READER_PROCESSES], tick_seconds, theirs))
-        process.start()
-        pipes.append(ours)
-        processes.append(process)
-    failures = sum(pipe.recv() for pipe in pipes)
-    time.sleep(2)
-    rss_open = server.rss_kib()
-    first_second = int(time.time()) + 2
-    for pipe in pipes:
-        pipe.send(first_second)
-    reports = [pipe.recv() for pipe in pipes]
-    for process in processes:
-        process.join()
-    arrived = sorted(late for report in reports for late in report["arrived_ms"])
-    built = sorted(late for report in reports for late in report["built_ms"])
-    skipped = sum(report["skipped"] for report in reports)
-    # Both processes share the client core: their CPU seconds over the window is a share of it.
-    cpu = sum(report["cpu_seconds"] for report in reports) / max(report["wall_seconds"] for report in reports)
-    per_socket = (rss_open - rss_before) / max(1, count - failures)
-    return {"sockets": count, "handshake_failures": failures, "skipped_seconds": skipped,
-            "built_ms": clients.percentiles(built), "arrived_ms": clients.percentiles(arrived),
-            "client_cpu_percent": round(100 * cpu), "rss_per_socket_kib": round(per_socket, 1)}
+    row = clients.read_every_socket(server.port, paths, tick_seconds, server.rss_kib)
+    rss_open = row.pop("rss_open_kib")
+    return row | {"rss_per_socket_kib": round((rss_open - rss_before) / max(1, count - row["handshake_failures"]), 1)}
+
+
+def read_floor(count, tick_seconds):
+    """The floor of the same count, read the same way (bench/sendfloor.py)."""
+    floor = servers.Floor()
+    try:
+        return clients.read_every_socket(floor.port, [sendfloor.PATH] * count, tick_seconds)
+    finally:
+        floor.stop()
 
 
 async def measure_ticks(server, secrets, count, rss_before, tick_seconds, stalled=0, flood=False):
