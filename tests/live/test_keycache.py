@@ -122,6 +122,26 @@ def test_a_key_changed_on_one_instance_is_refused_as_changed_on_the_other_at_onc
         assert status(b, secret) == 403 and status(a, secret) == 403
 
 
+def limit_of(server, secret):
+    response = requests.get(server.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=10)
+    return response.status_code, response.headers.get("X-RateLimit-Limit")
+
+
+def test_a_key_s_tier_and_allow_list_changed_on_one_instance_hold_on_the_other_at_once(pair, commands):
+    a, b, env, browser = pair
+    for key_id, secret in postgres_keys(env, browser.username, 5):
+        hold(a, secret)
+        hold(b, secret)
+        response = browser.post(f"/settings/security/keys/{key_id}/edit", {"tier": "tiny"})
+        assert response.status_code == 302
+        assert limit_of(b, secret) == (200, "2") and limit_of(a, secret) == (200, "2")
+        assert limit_of(b, secret)[0] == 429
+        # The tests' clients come from 127.0.0.1: an allow-list without it refuses them.
+        commands("keys", "update", str(key_id), "--allow-ips", "203.0.113.7")
+        response = requests.get(b.base + "/api/v1/protected/test", headers={"X-API-Key": secret}, timeout=10)
+        assert (response.status_code, response.json()["error"]["code"]) == (403, "ip_not_allowed")
+
+
 def test_a_secret_rolled_out_without_grace_fails_at_once_on_the_other_instance(pair):
     a, b, env, browser = pair
     # An account rolls at most 30 keys an hour in the web application.

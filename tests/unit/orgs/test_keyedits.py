@@ -11,6 +11,8 @@ import psycopg
 import pytest
 from teams import make_org
 
+from keys import lookup
+from keys.keyformat import hash_key
 from models import ApiKey, Membership, SecurityEvent, User, utcnow
 from orgs import keyactions, keyedits, members
 from webhooks import endpoints, periodic
@@ -170,15 +172,18 @@ def test_a_revoked_or_expired_key_cannot_be_changed(user, key):
 
 
 @contextlib.contextmanager
-def revoked_by_another_connection(database_url, key_id):
-    """Another connection revokes the key and holds its row until the block ends, then commits."""
+def held_by_another_connection(database_url, sets, values):
+    """Another connection runs `UPDATE api_keys SET <sets> WHERE id = ?` (values end with the key's
+    id; `?` for each, `now` for the time) and holds the key's row until the block ends, then commits."""
     if database_url.startswith("sqlite"):
         other = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
-        other.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (utcnow().isoformat(" "), key_id))
+        other.execute(f"UPDATE api_keys SET {sets} WHERE id = ?".replace("now", "?"),
+                      [utcnow().isoformat(" ") if value is utcnow else value for value in values])
     else:
         other = psycopg.connect(database_url)
-        other.execute("UPDATE api_keys SET revoked_at = now() WHERE id = %s", (key_id,))
+        other.execute(f"UPDATE api_keys SET {sets} WHERE id = ?".replace("?", "%s").replace("now", "%s"),
+                      [utcnow() if value is utcnow else value for value in values])
     try:
         yield
     finally:
@@ -186,18 +191,26 @@ def revoked_by_another_connection(database_url, key_id):
         other.close()
 
 
-def test_a_change_waiting_for_a_revocation_is_refused_and_never_brings_the_key_back(app, database_url, user, key):
-    outcome = []
+def revoked_by_another_connection(database_url, key_id):
+    """Another connection revokes the key and holds its row until the block ends, then commits."""
+    return held_by_another_connection(database_url, "revoked_at = now", [utcnow, key_id])
 
-    def change():
+
+def changed_in_a_thread(app, key_id, outcome, **change):
+    """A thread that changes the key as an owner would, and appends what update_key gave or raised."""
+    def change_key():
         with app.app_context():
             try:
-                outcome.append(keyedits.update_key(key.id, True, name="Back", expires_in=None))
+                outcome.append(keyedits.update_key(key_id, True, **change))
             except keyedits.KeyNotChangeable as error:
                 outcome.append(error)
+    return threading.Thread(target=change_key)
 
+
+def test_a_change_waiting_for_a_revocation_is_refused_and_never_brings_the_key_back(app, database_url, user, key):
+    outcome = []
     with revoked_by_another_connection(database_url, key.id):
-        waiting = threading.Thread(target=change)
+        waiting = changed_in_a_thread(app, key.id, outcome, name="Back", expires_in=None)
         waiting.start()
         waiting.join(0.5)
         assert waiting.is_alive(), "the change did not wait for the revocation's row"
@@ -217,3 +230,40 @@ def test_the_actors_role_read_with_the_keys_row_decides_not_the_one_the_page_was
     Membership.update(role="admin").where(Membership.user == dora.id).execute()
     assert keyedits.update_key(own.id, False, actor=dora, tier="pro") == ["tier"]  # an admin's now: it may widen
     assert ApiKey.get_by_id(own.id).name == "Dora's"
+
+
+def test_a_change_waiting_for_a_roll_keeps_the_new_secret_and_the_old_one_only_for_its_grace(app, database_url, user,
+                                                                                            key):
+    old_hash, new_hash = key.key_hash, hash_key("sk_test_rolled-by-the-other-connection")
+    grace_ends = utcnow() + datetime.timedelta(hours=1)
+    outcome = []
+    with held_by_another_connection(database_url, "key_hash = ?, previous_key_hash = ?, previous_expires_at = ?",
+                                    [new_hash, old_hash, grace_ends, key.id]):
+        waiting = changed_in_a_thread(app, key.id, outcome, name="Renamed", scopes=["test:read"])
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive(), "the change did not wait for the roll's row"
+    waiting.join(10)
+    assert outcome == [["name", "scopes"]]
+    row = ApiKey.get_by_id(key.id)
+    assert (row.name, row.scopes, row.key_hash, row.previous_key_hash) == ("Renamed", "test:read", new_hash, old_hash)
+    assert lookup.secret_is_active(new_hash) and lookup.secret_is_active(old_hash)
+
+
+def test_a_roll_of_a_key_read_before_a_change_keeps_the_change(user, key):
+    seen_by_the_roll = ApiKey.get_by_id(key.id)
+    keyedits.update_key(key.id, True, name="Renamed", tier="free", scopes=["usage:read"])
+    secret = keyactions.roll_key(seen_by_the_roll, grace=0)
+    row = ApiKey.get_by_id(key.id)
+    assert (row.name, row.rate_limit_tier, row.scopes, row.key_hash) == ("Renamed", "free", "usage:read",
+                                                                         hash_key(secret))
+    assert not lookup.secret_is_active(key.key_hash)
+
+
+def test_a_roll_racing_a_revocation_after_a_change_never_brings_the_key_back(user, key):
+    seen_by_the_roll = ApiKey.get_by_id(key.id)
+    keyedits.update_key(key.id, True, name="Renamed")
+    keyactions.revoke_key(ApiKey.get_by_id(key.id))
+    with pytest.raises(keyactions.RollConflict):
+        keyactions.roll_key(seen_by_the_roll, grace=0)
+    assert ApiKey.get_by_id(key.id).revoked_at is not None
