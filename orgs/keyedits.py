@@ -176,6 +176,11 @@ def configured_tiers():
     return current_app.extensions["ratelimit"].tiers.keys()
 
 
+def describe_tier(tier):
+    """A tier's windows as a person reads them: "100000 per 1 hour, 2000 per 1 minute"."""
+    return ", ".join(str(item) for item in current_app.extensions["ratelimit"].tiers.get(tier, ()))
+
+
 def tier_windows(tier):
     """[(amount, seconds), ...] of a configured tier (an unknown one allows nothing)."""
     items = current_app.extensions["ratelimit"].tiers.get(tier, ())

@@ -101,8 +101,8 @@ def render_edit_form(key, status=200):
     may_widen = roles.allows(g.membership.role, roles.KEY_WIDEN)
     now = utcnow()
     current = keyedits.tier_windows(key.rate_limit_tier)
-    tiers = [tier for tier in sorted(keyedits.configured_tiers())
-             if may_widen or tier == key.rate_limit_tier or keyedits.no_looser(keyedits.tier_windows(tier), current)]
+    tiers = {tier: keyedits.describe_tier(tier) for tier in sorted(keyedits.configured_tiers())
+             if may_widen or tier == key.rate_limit_tier or keyedits.no_looser(keyedits.tier_windows(tier), current)}
     expiries = {value: label for value, label in EXPIRIES.items()
                 if may_widen or not key.expires_at or shortens(key, value, now)}
     return render_template("key_edit.html", key=key, now=now, may_widen=may_widen, scopes=SCOPES, tiers=tiers,

@@ -98,7 +98,8 @@ def test_a_developer_is_offered_only_narrowing_and_refused_widening(team, log_in
     assert "you may only narrow the key" in form
     assert re.search(r'value="usage:read" disabled>', form) and 'name="credits_add"' not in form
     assert 'name="rates"' not in form
-    assert '<option value="free">' in form and '<option value="pro" selected>' in form
+    assert '<option value="free">free: 3 per 1 minute</option>' in form
+    assert '<option value="pro" selected>pro: 100 per 1 minute (current)</option>' in form
     windows = client.post(edit_path(key), data={"rates": "1/minute"})
     assert windows.status_code == 403 and "this change would change its own windows" in windows.text
     refused = client.post(edit_path(key), data={"scopes": ["test:read", "usage:read"], "name": "Wider"})
