@@ -102,7 +102,7 @@ def on_starting(server):
 def http_parser_in_use(cfg):
     """Say which parser reads requests: gunicorn's C parser (gunicorn_h1c, pinned in
     requirements.txt) when it is installed and no setting turns it off, else gunicorn's own Python
-    one, which costs each request several times as much (docs/performance.md) and falls back silently."""
+    one, which costs each request several times as much (docs/bench/hot-path.md) and falls back silently."""
     # gunicorn decides per request with this function, from the same settings.
     if message._check_fast_parser(cfg):
         return f"Parsing requests with gunicorn's C parser (gunicorn_h1c {metadata.version('gunicorn_h1c')})"

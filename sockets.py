@@ -282,7 +282,7 @@ class Ticker:
         refused = 0
         # Straight to each outbox, the one object of the socket's a tick reads: at 10,000 sockets
         # the kernel's work for each send evicts them from the cache, and reading the Server as
-        # well cost a tenth of the tick (docs/performance.md).
+        # well cost a tenth of the tick (docs/bench/time-sockets.md).
         for outbox in outboxes:
             try:
                 outbox.send_nowait(frame)

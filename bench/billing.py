@@ -1,7 +1,7 @@
 """Benchmark of the usage export to billing (docs/billing.md), run by hand, for each target (stripe,
 lago, openmeter, cloudevents): the long proof that every hour reaches the billing system once, the
 events a second it sends, and the time from an hour's close to its last event accepted. Prints
-markdown tables; docs/performance.md has the figures. A run of all four takes about 8 minutes.
+markdown tables; docs/bench/billing-export.md has the figures. A run of all four takes about 8 minutes.
 
     python -m bench.billing                               # every target, one run
     python -m bench.billing --runs 2                      # two runs, each on fresh servers and stores

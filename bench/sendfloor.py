@@ -4,7 +4,7 @@ second, builds the service's time_update frame and writes it to every socket in 
 `socket.send`: no framework, no greenlets, no other work. `python -m bench.timesockets --all`
 reads it with the same client processes, on the same core, as it reads the service, just before
 each run, so the tick's p99 is compared with the floor's p99 of the same minute
-(docs/performance.md, "Time sockets").
+(docs/bench/time-sockets.md).
 
     python -m bench.sendfloor [--sockets N] [--seconds S]      # the floor alone, read as the bench reads it
     python -m bench.sendfloor --serve PORT                     # the server (what the bench starts)

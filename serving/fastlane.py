@@ -2,7 +2,7 @@
 
 Flask's request context, routing, hooks and response objects cost more than everything the service
 itself does for `GET /api/v1/protected/test` (one interleaved run: the keyed request at 0.79 x a
-bare Flask route through Flask, 1.09 x through this lane; docs/performance.md). A request takes the
+bare Flask route through Flask, 1.09 x through this lane; docs/bench/hot-path.md). A request takes the
 lane only when Flask would do nothing for it beyond calling its view:
 
 - its view is declared `without_flask` (it returns a dict and reads nothing but its key, if

@@ -4,9 +4,9 @@ together with its first body bytes, straight to the socket.
 gunicorn sends a response's head alone and then its body: two `sendall` calls, two system calls
 and, for a small JSON answer, two packets; gevent's `sendall` also asks the kernel for the socket's
 buffer size each time, and gunicorn formats the Date header anew for every response. Sending the
-head with the body made a served keyed request about 6 % faster (docs/performance.md, "The hot
-path"). gunicorn lets a protocol bring its own response class to `wsgi.create`, but its worker
-does not pass one, so `Worker.handle_async_request` is gunicorn's own with that one argument
+head with the body made a served keyed request about 6 % faster (docs/bench/hot-path.md).
+gunicorn lets a protocol bring its own response class to `wsgi.create`, but its worker does not
+pass one, so `Worker.handle_async_request` is gunicorn's own with that one argument
 added; tests/unit/serving/test_worker.py fails when a new gunicorn changes what these copies were
 made from."""
 
