@@ -224,3 +224,19 @@ def test_the_webhook_forms_need_the_csrf_token(app, logged_in, user, receiver):
                  f"/settings/webhooks/{endpoint.id}/remove"]:
         assert logged_in.post(path, data={"url": f"{receiver.url}/x"}).status_code == 400
     assert WebhookEndpoint.select().count() == 1 and WebhookMessage.select().count() == 0
+
+
+def words(page):
+    """The page's text with its runs of white space made one space, as a browser shows it."""
+    return " ".join(page.split())
+
+
+def test_the_tab_says_whose_endpoints_they_are_and_that_the_cap_is_an_organisations(app, logged_in, user, hook):
+    tab = words(logged_in.get("/settings/webhooks").text)
+    assert "The service POSTs an event to the endpoints of alice when one of its keys is created" in tab
+    assert "your endpoints" not in tab and "your receiver" not in tab
+    for number in range(endpoints.MAX_ENDPOINTS - 1):
+        endpoints.add_endpoint(user, f"http://127.0.0.1:9/{number}")
+    full = words(logged_in.get("/settings/webhooks").text)
+    assert "alice has 10 endpoints, the most an organisation may have; remove one to add another." in full
+    assert "Add endpoint" not in full and "the most an account may have" not in full
