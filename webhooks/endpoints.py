@@ -224,6 +224,15 @@ def attempted(endpoint, message_id):
                                          & (WebhookAttempt.message_id == message_id)).exists()
 
 
+def kept_message_ids(endpoint, message_ids):
+    """Those of the webhook-ids that name a message of the endpoint still kept: a message is
+    forgotten a week after it was made, its attempts later."""
+    if not message_ids:
+        return set()
+    return {row.message_id for row in WebhookMessage.select(WebhookMessage.message_id)
+            .where((WebhookMessage.endpoint == endpoint.id) & WebhookMessage.message_id.in_(sorted(message_ids)))}
+
+
 def state(endpoint):
     """The endpoint's state in a word: paused, disabled, failing or active."""
     if endpoint.paused_at is not None:

@@ -34,13 +34,27 @@ def webhook_section():
     """webhook_section(): what templates/_webhooks.html shows, read only where it is included."""
 
     def section():
-        owned = endpoints.owned(g.org.id)
-        return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint),
-                               endpoints.waiting_test(endpoint)) for endpoint in owned],
+        shown = []
+        for endpoint in endpoints.owned(g.org.id):
+            state = endpoints.state(endpoint)
+            shown.append((endpoint, state, attempts_view(endpoint, state)))
+        return {"endpoints": shown,
                 "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS,
                 "recover_since": RECOVER_SINCE, "overlaps": OVERLAPS}
 
     return {"webhook_section": section}
+
+
+def attempts_view(endpoint, state):
+    """What templates/_webhook_attempts.html shows of the endpoint: its kept attempts, newest first;
+    its test event still waiting for a first attempt, or None; and the webhook-ids it offers Resend
+    for: none while the endpoint is paused, nor a message no longer kept, since resend() refuses
+    those whatever the moment."""
+    attempts = endpoints.recent_attempts(endpoint)
+    resendable = (set() if state == "paused"
+                  else endpoints.kept_message_ids(endpoint, {attempt.message_id for attempt in attempts}))
+    return {"attempts": attempts, "waiting": endpoints.waiting_test(endpoint), "paused": state == "paused",
+            "resendable": resendable}
 
 
 @bp.get(TAB)
@@ -190,8 +204,8 @@ def attempts(endpoint_id):
         # No flash and no redirect to the log-in page: a script asks, not a person.
         abort(401)
     endpoint = org_endpoint(endpoint_id, roles.VIEW)
-    return render_template("_webhook_attempts.html", endpoint=endpoint, attempts=endpoints.recent_attempts(endpoint),
-                           waiting=endpoints.waiting_test(endpoint))
+    return render_template("_webhook_attempts.html", endpoint=endpoint,
+                           view=attempts_view(endpoint, endpoints.state(endpoint)))
 
 
 @bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/resend")
@@ -203,7 +217,8 @@ def resend(endpoint_id):
     if message is None:
         if not recovery.MESSAGE_ID.fullmatch(message_id) or not endpoints.attempted(endpoint, message_id):
             abort(404)
-        # Its attempts are still listed, with their button, after the message is forgotten.
+        # Its attempts are still listed after the message is forgotten, without the button; a page
+        # drawn before then still has it.
         flash(f"{message_id} is no longer kept: messages are forgotten a week after they were made.", "error")
         return render_webhooks_tab(status=409)
     try:

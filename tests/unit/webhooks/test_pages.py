@@ -112,7 +112,7 @@ def test_rotate_shows_the_new_secret_once_and_the_overlap(app, logged_in, hook):
     assert len(delivery.secrets_in_force(hook.id)) == 1
 
 
-def test_the_resend_button_of_a_forgotten_message_says_it_is_no_longer_kept(app, logged_in, hook):
+def test_a_resend_of_a_forgotten_message_from_a_page_drawn_before_says_it_is_no_longer_kept(app, logged_in, hook):
     message = endpoints.send_test(hook)
     delivery.deliver_due(app)
     WebhookMessage.delete().execute()  # forgotten a week on; its attempt is still listed
@@ -240,3 +240,39 @@ def test_the_tab_says_whose_endpoints_they_are_and_that_the_cap_is_an_organisati
     full = words(logged_in.get("/settings/webhooks").text)
     assert "alice has 10 endpoints, the most an organisation may have; remove one to add another." in full
     assert "Add endpoint" not in full and "the most an account may have" not in full
+
+
+def resend_buttons(page):
+    """The webhook-ids the page offers Resend for."""
+    return re.findall(r'aria-label="Resend (msg_[^"]+)"', page)
+
+
+def test_a_paused_endpoint_offers_no_resend_which_it_would_refuse(app, logged_in, hook):
+    message = endpoints.send_test(hook)
+    delivery.deliver_due(app)
+    attempts = f"/settings/webhooks/{hook.id}/attempts"
+    assert resend_buttons(logged_in.get(attempts).text) == [message.message_id]
+    endpoints.pause_endpoint(hook)
+    refused = logged_in.post(f"/settings/webhooks/{hook.id}/resend", data={"message_id": message.message_id})
+    assert refused.status_code == 409 and "The endpoint is paused: resume it to send its messages." in refused.text
+    for page in [refused.text, logged_in.get("/settings/webhooks").text, logged_in.get(attempts).text,
+                 logged_in.get(f"/settings/webhooks/{hook.id}/messages").text,
+                 logged_in.get(f"/settings/webhooks/{hook.id}/messages/{message.message_id}").text]:
+        assert message.message_id in page
+        assert resend_buttons(page) == [] and f"/webhooks/{hook.id}/resend" not in page
+    assert "none is sent again before then" in words(logged_in.get("/settings/webhooks").text)
+    endpoints.resume_endpoint(hook)
+    assert resend_buttons(logged_in.get(attempts).text) == [message.message_id]
+
+
+def test_an_attempt_of_a_forgotten_message_offers_no_resend_and_says_why(app, logged_in, hook):
+    forgotten = endpoints.send_test(hook)
+    delivery.deliver_due(app)
+    kept = endpoints.send_test(hook)
+    delivery.deliver_due(app)
+    WebhookMessage.delete().where(WebhookMessage.id == forgotten.id).execute()
+    for url in ["/settings/webhooks", f"/settings/webhooks/{hook.id}/attempts"]:
+        page = logged_in.get(url).text
+        assert page.count('<tr class="attempt">') == 2 and forgotten.message_id in page
+        assert resend_buttons(page) == [kept.message_id]
+        assert words(page).count("Message no longer kept") == 1
