@@ -176,13 +176,18 @@ def send_test(endpoint):
     if is_paused(endpoint.id):
         raise ValueError("The endpoint is paused: resume it to send a test event.")
     with db.atomic():
-        waiting = WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
-                                                & (WebhookMessage.event == "webhook.test")
-                                                & (WebhookMessage.state == PENDING))
-        if waiting.exists():
+        if test_pending(endpoint):
             raise ValueError("A test event for this endpoint is still waiting to be delivered; try again once "
                              "it has been.")
         return outbox.write_test(endpoint)
+
+
+def test_pending(endpoint):
+    """True while the endpoint's last test event is still to be delivered or to fail (its first
+    attempt made or not): send_test refuses another until then."""
+    return WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
+                                         & (WebhookMessage.event == "webhook.test")
+                                         & (WebhookMessage.state == PENDING)).exists()
 
 
 def waiting_test(endpoint):

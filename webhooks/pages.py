@@ -46,15 +46,16 @@ def webhook_section():
 
 
 def attempts_view(endpoint, state):
-    """What templates/_webhook_attempts.html shows of the endpoint: its kept attempts, newest first;
-    its test event still waiting for a first attempt, or None; and the webhook-ids it offers Resend
-    for: none while the endpoint is paused, nor a message no longer kept, since resend() refuses
-    those whatever the moment."""
+    """What templates/_webhook_attempts.html and _webhook_test.html show of the endpoint: its kept
+    attempts, newest first; its test event still waiting for a first attempt, or None; whether a
+    test event is still to be delivered or to fail (Send test event is refused until then); and the
+    webhook-ids it offers Resend for: none while the endpoint is paused, nor a message no longer
+    kept, since resend() refuses those whatever the moment."""
     attempts = endpoints.recent_attempts(endpoint)
     resendable = (set() if state == "paused"
                   else endpoints.kept_message_ids(endpoint, {attempt.message_id for attempt in attempts}))
     return {"attempts": attempts, "waiting": endpoints.waiting_test(endpoint), "paused": state == "paused",
-            "resendable": resendable}
+            "test_pending": endpoints.test_pending(endpoint), "resendable": resendable}
 
 
 @bp.get(TAB)
@@ -198,14 +199,20 @@ def send_test(endpoint_id):
 
 @bp.get(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/attempts")
 def attempts(endpoint_id):
-    """The endpoint's attempts list alone (templates/_webhook_attempts.html); reading changes nothing,
-    so a GET needs no CSRF token, and another account's endpoint is a 404."""
+    """The endpoint's attempts list alone (templates/_webhook_attempts.html), followed, for whoever
+    may send a test event, by its Send test event or why not yet (_webhook_test.html), which the
+    test's answer changes too; reading changes nothing, so a GET needs no CSRF token, and another
+    account's endpoint is a 404."""
     if g.user is None:
         # No flash and no redirect to the log-in page: a script asks, not a person.
         abort(401)
     endpoint = org_endpoint(endpoint_id, roles.VIEW)
-    return render_template("_webhook_attempts.html", endpoint=endpoint,
-                           view=attempts_view(endpoint, endpoints.state(endpoint)))
+    state = endpoints.state(endpoint)
+    view = attempts_view(endpoint, state)
+    fragment = render_template("_webhook_attempts.html", endpoint=endpoint, view=view)
+    if state != "paused" and roles.allows(g.membership.role, roles.WEBHOOK_MANAGE):
+        fragment += render_template("_webhook_test.html", endpoint=endpoint, view=view)
+    return fragment
 
 
 @bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/resend")

@@ -1,5 +1,6 @@
-"""The Security tab's webhook endpoints in headless Chromium against the real server: Send test event
-comes back to its endpoint and shows the attempt without a reload (and on reload without script);
+"""The Webhooks tab's endpoints in headless Chromium against the real server: Send test event comes
+back to its endpoint, gives way to a line while the test is on its way, and shows the attempt and
+itself again without a reload (and on reload without script);
 an endpoint's Edit form, Pause and Resume, fitting 390 and 1280 px with axe-core clean. With
 UPDATE_SCREENSHOTS=1 it saves docs/webhooks-tab.png and docs/phone-webhooks-tab.png."""
 
@@ -71,6 +72,9 @@ def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_r
         expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
         expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
         expect(article.get_by_role("status")).to_contain_text("A test event")
+        # Not offered while the test is on its way (it would be refused): a line says why instead.
+        expect(article.get_by_role("button", name="Send test event")).to_have_count(0)
+        expect(article.locator(".waiting-test")).to_contain_text("A test event is on its way")
         status_seen.set()
     finally:
         server.receiver.answer = answer
@@ -78,6 +82,8 @@ def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_r
     expect(article.locator("tr.attempt")).to_contain_text("webhook.test")
     expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
     expect(article.get_by_role("status")).to_have_count(0)
+    expect(article.get_by_role("button", name="Send test event")).to_be_visible()
+    expect(article.locator(".waiting-test")).to_have_count(0)
     assert len(loads) == 1, loads  # the redirect after the button, and no reload since
     expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
 
@@ -100,6 +106,7 @@ def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_s
             page.wait_for_timeout(250)
             page.reload()
         expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
+        expect(article.get_by_role("button", name="Send test event")).to_be_visible()
     finally:
         context.close()
 

@@ -276,3 +276,34 @@ def test_an_attempt_of_a_forgotten_message_offers_no_resend_and_says_why(app, lo
         assert page.count('<tr class="attempt">') == 2 and forgotten.message_id in page
         assert resend_buttons(page) == [kept.message_id]
         assert words(page).count("Message no longer kept") == 1
+
+
+def test_send_test_event_is_not_offered_while_a_test_event_is_on_its_way(app, logged_in, hook, receiver):
+    form, hint = f'action="/settings/webhooks/{hook.id}/test"', "A test event is on its way: another can be sent once"
+    tab, attempts = "/settings/webhooks", f"/settings/webhooks/{hook.id}/attempts"
+    assert form in logged_in.get(tab).text
+    message = endpoints.send_test(hook)
+    drawn = logged_in.get(tab).text
+    assert form not in drawn and hint in words(drawn)
+    # The list's script puts the fragment's control in the page's: the same id on both.
+    assert f'data-control="webhook-{hook.id}-test"' in drawn
+    for page in [drawn, logged_in.get(attempts).text]:
+        assert form not in page and hint in words(page) and f'id="webhook-{hook.id}-test"' in page
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/test").status_code == 409
+    # A failed first attempt leaves the test event waiting for its retry: still none offered.
+    answer, receiver.answer = receiver.answer, lambda delivery: 500
+    delivery.deliver_due(app)
+    receiver.answer = answer
+    assert WebhookMessage.get_by_id(message.id).state == PENDING
+    assert form not in logged_in.get(attempts).text and hint in words(logged_in.get(tab).text)
+    WebhookMessage.update(next_attempt_at=WebhookMessage.created_at).execute()  # its retry due now
+    delivery.deliver_due(app)
+    for page in [logged_in.get(tab).text, logged_in.get(attempts).text]:
+        assert form in page and hint not in words(page)
+    assert logged_in.post(f"/settings/webhooks/{hook.id}/test").status_code == 302
+
+
+def test_the_attempts_fragment_has_no_send_test_event_for_a_paused_endpoint(app, logged_in, hook):
+    endpoints.pause_endpoint(hook)
+    fragment = logged_in.get(f"/settings/webhooks/{hook.id}/attempts").text
+    assert f'id="webhook-{hook.id}-attempts"' in fragment and f'id="webhook-{hook.id}-test"' not in fragment
