@@ -279,7 +279,8 @@ def test_an_attempt_of_a_forgotten_message_offers_no_resend_and_says_why(app, lo
 
 
 def test_send_test_event_is_not_offered_while_a_test_event_is_on_its_way(app, logged_in, hook, receiver):
-    form, hint = f'action="/settings/webhooks/{hook.id}/test"', "A test event is on its way: another can be sent once"
+    form = f'action="/settings/webhooks/{hook.id}/test"'
+    hint = f'<p class="hint waiting-test" id="webhook-{hook.id}-test">A test event is on its way</p>'
     tab, attempts = "/settings/webhooks", f"/settings/webhooks/{hook.id}/attempts"
     assert form in logged_in.get(tab).text
     message = endpoints.send_test(hook)
@@ -288,7 +289,7 @@ def test_send_test_event_is_not_offered_while_a_test_event_is_on_its_way(app, lo
     # The list's script puts the fragment's control in the page's: the same id on both.
     assert f'data-control="webhook-{hook.id}-test"' in drawn
     for page in [drawn, logged_in.get(attempts).text]:
-        assert form not in page and hint in words(page) and f'id="webhook-{hook.id}-test"' in page
+        assert form not in page and hint in words(page)
     assert logged_in.post(f"/settings/webhooks/{hook.id}/test").status_code == 409
     # A failed first attempt leaves the test event waiting for its retry: still none offered.
     answer, receiver.answer = receiver.answer, lambda delivery: 500
