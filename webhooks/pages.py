@@ -26,6 +26,10 @@ FORMER_PREFIX = "/settings/security/webhooks"
 # The choices of the Recover and Rotate forms: how far back, and how long the old secret signs too.
 RECOVER_SINCE = {"1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days"}
 OVERLAPS = {"24h": "for 24 hours", "1h": "for an hour", "7d": "for 7 days", "0": "no longer: stop at once"}
+# The attempts each endpoint shows open, newest first; the rest of its last 50 wait folded under
+# them, beside its message log. Five show whether it works now and a short run of retries, and keep
+# the tab short on a phone, where each attempt is a card (11 drawn open made a 7,962 px page).
+ATTEMPTS_SHOWN = 5
 
 
 
@@ -34,11 +38,11 @@ def webhook_section():
     """webhook_section(): what templates/_webhooks.html shows, read only where it is included."""
 
     def section():
-        shown = []
+        rows = []
         for endpoint in endpoints.owned(g.org.id):
             state = endpoints.state(endpoint)
-            shown.append((endpoint, state, attempts_view(endpoint, state)))
-        return {"endpoints": shown,
+            rows.append((endpoint, state, attempts_view(endpoint, state)))
+        return {"endpoints": rows,
                 "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS,
                 "recover_since": RECOVER_SINCE, "overlaps": OVERLAPS}
 
@@ -47,14 +51,16 @@ def webhook_section():
 
 def attempts_view(endpoint, state):
     """What templates/_webhook_attempts.html and _webhook_test.html show of the endpoint: its kept
-    attempts, newest first; its test event still waiting for a first attempt, or None; whether a
-    test event is still to be delivered or to fail (Send test event is refused until then); and the
-    webhook-ids it offers Resend for: none while the endpoint is paused, nor a message no longer
-    kept, since resend() refuses those whatever the moment."""
+    attempts, newest first, the first ATTEMPTS_SHOWN open and the rest folded; its test event still
+    waiting for a first attempt, or None; whether a test event is still to be delivered or to fail
+    (Send test event is refused until then); and the webhook-ids it offers Resend for: none while
+    the endpoint is paused, nor a message no longer kept, since resend() refuses those whatever the
+    moment."""
     attempts = endpoints.recent_attempts(endpoint)
     resendable = (set() if state == "paused"
                   else endpoints.kept_message_ids(endpoint, {attempt.message_id for attempt in attempts}))
-    return {"attempts": attempts, "waiting": endpoints.waiting_test(endpoint), "paused": state == "paused",
+    return {"shown": attempts[:ATTEMPTS_SHOWN], "folded": attempts[ATTEMPTS_SHOWN:],
+            "waiting": endpoints.waiting_test(endpoint), "paused": state == "paused",
             "test_pending": endpoints.test_pending(endpoint), "resendable": resendable}
 
 

@@ -12,7 +12,7 @@ from werkzeug.datastructures import MultiDict
 from accounts import users
 from models import SecurityEvent
 from webhooks import delivery, endpoints, signing
-from webhooks.models import FAILED, PENDING, WebhookEndpoint, WebhookMessage
+from webhooks.models import FAILED, PENDING, WebhookAttempt, WebhookEndpoint, WebhookMessage
 
 
 def test_send_test_event_returns_to_the_endpoints_section(logged_in, hook):
@@ -308,3 +308,24 @@ def test_the_attempts_fragment_has_no_send_test_event_for_a_paused_endpoint(app,
     endpoints.pause_endpoint(hook)
     fragment = logged_in.get(f"/settings/webhooks/{hook.id}/attempts").text
     assert f'id="webhook-{hook.id}-attempts"' in fragment and f'id="webhook-{hook.id}-test"' not in fragment
+
+
+def test_the_newest_five_attempts_show_open_and_the_rest_folded_beside_the_message_log(app, logged_in, hook):
+    sent = []
+    for _ in range(12):
+        sent.append(endpoints.send_test(hook).message_id)
+        delivery.deliver_due(app)
+    newest = sent[::-1]
+    for url in ["/settings/webhooks", f"/settings/webhooks/{hook.id}/attempts"]:
+        page = logged_in.get(url).text
+        assert page.count('<tr class="attempt">') == 12 and page.count('<details class="older-attempts">') == 1
+        shown, folded = page.split('<details class="older-attempts">')
+        assert resend_buttons(shown) == newest[:5] and shown.count('<tr class="attempt">') == 5
+        assert "The newest 5 of the last 12 attempts" in shown
+        assert resend_buttons(folded) == newest[5:] and "<summary>7 older attempts</summary>" in folded
+    assert (f'<a href="/settings/webhooks/{hook.id}/messages">Message log'
+            in logged_in.get("/settings/webhooks").text.split('<details class="older-attempts">')[1])
+    WebhookAttempt.delete().where(WebhookAttempt.message_id.not_in(sent[-3:])).execute()
+    page = logged_in.get(f"/settings/webhooks/{hook.id}/attempts").text
+    assert "older-attempts" not in page and "The last 3 attempts, newest first" in page
+    assert resend_buttons(page) == newest[:3]
