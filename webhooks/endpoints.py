@@ -231,7 +231,7 @@ def attempted(endpoint, message_id):
 
 def kept_message_ids(endpoint, message_ids):
     """Those of the webhook-ids that name a message of the endpoint still kept: a message is
-    forgotten a week after it was made, its attempts later."""
+    forgotten a week after it was made, while its attempts stay among the endpoint's last 50."""
     if not message_ids:
         return set()
     return {row.message_id for row in WebhookMessage.select(WebhookMessage.message_id)

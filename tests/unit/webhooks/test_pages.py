@@ -1,8 +1,10 @@
-"""webhooks/pages.py, the Security tab's webhook section in-process: an endpoint added with its
-secret shown once and its events chosen, Send test event returning to the endpoint's own section,
-the attempts list served alone (for the page's script) to its owner only, saying whether a test
-event still waits for its first attempt; refusals in a sentence, another account's endpoint a 404,
-a removed endpoint's messages dropped, the CSRF token required."""
+"""webhooks/pages.py, the Webhooks tab in-process: an endpoint added with its secret shown once and
+its events chosen, Send test event returning to the endpoint's own section, the attempts list served
+alone (for the page's script) to its owner only, saying whether a test event still waits for its
+first attempt; only the actions that would not be refused offered (no Resend while paused or for a
+forgotten message, no Send test event while one is on its way); the newest 5 attempts open, the
+rest folded; refusals in a sentence, another account's endpoint a 404, a removed endpoint's
+messages dropped, the CSRF token required; the organisation named."""
 
 import html.parser
 import re
