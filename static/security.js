@@ -45,25 +45,30 @@ function copy(button, source) {
 }
 
 // Fetch an endpoint's attempts list again (an HTML fragment of this origin, behind the session's
-// log-in) until the test event waiting for its first attempt has had it; then stop.
+// log-in), and its Send test event with it, until the test event waiting for its first attempt has
+// had it; then stop.
 async function refreshAttempts(list) {
   const started = Date.now();
   let pause = 500;
   while (list.hasAttribute("data-waiting") && Date.now() - started < 180000) {
     await new Promise(resolve => setTimeout(resolve, pause));
     pause = Math.min(pause * 1.5, 5000);
-    let fresh;
+    let fresh, freshControl;
     try {
       const response = await fetch(list.dataset.refresh, {credentials: "same-origin", headers: {"Accept": "text/html"}});
       if (!response.ok) return;
       const html = new DOMParser().parseFromString(await response.text(), "text/html");
       fresh = html.getElementById(list.id);
+      freshControl = html.getElementById(list.dataset.control);
     } catch {
       continue;  // offline for a moment: try again
     }
     if (!fresh) return;
     list.replaceChildren(...fresh.childNodes);
     list.toggleAttribute("data-waiting", fresh.hasAttribute("data-waiting"));
+    // Send test event, or why not yet, comes after the list: offered again once the test is answered.
+    const control = document.getElementById(list.dataset.control);
+    if (control && freshControl) control.replaceWith(freshControl);
   }
 }
 

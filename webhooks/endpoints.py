@@ -176,13 +176,18 @@ def send_test(endpoint):
     if is_paused(endpoint.id):
         raise ValueError("The endpoint is paused: resume it to send a test event.")
     with db.atomic():
-        waiting = WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
-                                                & (WebhookMessage.event == "webhook.test")
-                                                & (WebhookMessage.state == PENDING))
-        if waiting.exists():
+        if test_pending(endpoint):
             raise ValueError("A test event for this endpoint is still waiting to be delivered; try again once "
                              "it has been.")
         return outbox.write_test(endpoint)
+
+
+def test_pending(endpoint):
+    """True while the endpoint's last test event is still to be delivered or to fail (its first
+    attempt made or not): send_test refuses another until then."""
+    return WebhookMessage.select().where((WebhookMessage.endpoint == endpoint.id)
+                                         & (WebhookMessage.event == "webhook.test")
+                                         & (WebhookMessage.state == PENDING)).exists()
 
 
 def waiting_test(endpoint):
@@ -222,6 +227,15 @@ def attempted(endpoint, message_id):
     """True when the endpoint's kept attempts include one of the message with this webhook-id."""
     return WebhookAttempt.select().where((WebhookAttempt.endpoint == endpoint.id)
                                          & (WebhookAttempt.message_id == message_id)).exists()
+
+
+def kept_message_ids(endpoint, message_ids):
+    """Those of the webhook-ids that name a message of the endpoint still kept: a message is
+    forgotten a week after it was made, while its attempts stay among the endpoint's last 50."""
+    if not message_ids:
+        return set()
+    return {row.message_id for row in WebhookMessage.select(WebhookMessage.message_id)
+            .where((WebhookMessage.endpoint == endpoint.id) & WebhookMessage.message_id.in_(sorted(message_ids)))}
 
 
 def state(endpoint):

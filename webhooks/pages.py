@@ -26,6 +26,10 @@ FORMER_PREFIX = "/settings/security/webhooks"
 # The choices of the Recover and Rotate forms: how far back, and how long the old secret signs too.
 RECOVER_SINCE = {"1h": "the last hour", "24h": "the last 24 hours", "7d": "the last 7 days"}
 OVERLAPS = {"24h": "for 24 hours", "1h": "for an hour", "7d": "for 7 days", "0": "no longer: stop at once"}
+# The attempts each endpoint shows open, newest first; the rest of its last 50 wait folded under
+# them, beside its message log. Five show whether it works now and a short run of retries, and keep
+# the tab short on a phone, where each attempt is a card (11 drawn open made a 7,962 px page).
+ATTEMPTS_SHOWN = 5
 
 
 
@@ -34,13 +38,30 @@ def webhook_section():
     """webhook_section(): what templates/_webhooks.html shows, read only where it is included."""
 
     def section():
-        owned = endpoints.owned(g.org.id)
-        return {"endpoints": [(endpoint, endpoints.state(endpoint), endpoints.recent_attempts(endpoint),
-                               endpoints.waiting_test(endpoint)) for endpoint in owned],
+        rows = []
+        for endpoint in endpoints.owned(g.org.id):
+            state = endpoints.state(endpoint)
+            rows.append((endpoint, state, attempts_view(endpoint, state)))
+        return {"endpoints": rows,
                 "events": outbox.SUBSCRIBABLE, "all_events": ALL_EVENTS, "cap": endpoints.MAX_ENDPOINTS,
                 "recover_since": RECOVER_SINCE, "overlaps": OVERLAPS}
 
     return {"webhook_section": section}
+
+
+def attempts_view(endpoint, state):
+    """What templates/_webhook_attempts.html and _webhook_test.html show of the endpoint: its kept
+    attempts, newest first, the first ATTEMPTS_SHOWN open and the rest folded; its test event still
+    waiting for a first attempt, or None; whether a test event is still to be delivered or to fail
+    (Send test event is refused until then); and the webhook-ids it offers Resend for: none while
+    the endpoint is paused, nor a message no longer kept, since resend() refuses those whatever the
+    moment."""
+    attempts = endpoints.recent_attempts(endpoint)
+    resendable = (set() if state == "paused"
+                  else endpoints.kept_message_ids(endpoint, {attempt.message_id for attempt in attempts}))
+    return {"shown": attempts[:ATTEMPTS_SHOWN], "folded": attempts[ATTEMPTS_SHOWN:],
+            "waiting": endpoints.waiting_test(endpoint), "paused": state == "paused",
+            "test_pending": endpoints.test_pending(endpoint), "resendable": resendable}
 
 
 @bp.get(TAB)
@@ -184,14 +205,20 @@ def send_test(endpoint_id):
 
 @bp.get(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/attempts")
 def attempts(endpoint_id):
-    """The endpoint's attempts list alone (templates/_webhook_attempts.html); reading changes nothing,
-    so a GET needs no CSRF token, and another account's endpoint is a 404."""
+    """The endpoint's attempts list alone (templates/_webhook_attempts.html), followed, for whoever
+    may send a test event, by its Send test event or why not yet (_webhook_test.html), which the
+    test's answer changes too; reading changes nothing, so a GET needs no CSRF token, and another
+    account's endpoint is a 404."""
     if g.user is None:
         # No flash and no redirect to the log-in page: a script asks, not a person.
         abort(401)
     endpoint = org_endpoint(endpoint_id, roles.VIEW)
-    return render_template("_webhook_attempts.html", endpoint=endpoint, attempts=endpoints.recent_attempts(endpoint),
-                           waiting=endpoints.waiting_test(endpoint))
+    state = endpoints.state(endpoint)
+    view = attempts_view(endpoint, state)
+    fragment = render_template("_webhook_attempts.html", endpoint=endpoint, view=view)
+    if state != "paused" and roles.allows(g.membership.role, roles.WEBHOOK_MANAGE):
+        fragment += render_template("_webhook_test.html", endpoint=endpoint, view=view)
+    return fragment
 
 
 @bp.post(f"{TAB}/<int(max={MAX_ID}):endpoint_id>/resend")
@@ -203,7 +230,8 @@ def resend(endpoint_id):
     if message is None:
         if not recovery.MESSAGE_ID.fullmatch(message_id) or not endpoints.attempted(endpoint, message_id):
             abort(404)
-        # Its attempts are still listed, with their button, after the message is forgotten.
+        # Its attempts are still listed after the message is forgotten, without the button; a page
+        # drawn before then still has it.
         flash(f"{message_id} is no longer kept: messages are forgotten a week after they were made.", "error")
         return render_webhooks_tab(status=409)
     try:

@@ -1,6 +1,8 @@
-"""The Security tab's webhook endpoints in headless Chromium against the real server: Send test event
-comes back to its endpoint and shows the attempt without a reload (and on reload without script);
-an endpoint's Edit form, Pause and Resume, fitting 390 and 1280 px with axe-core clean. With
+"""The Webhooks tab's endpoints in headless Chromium against the real server: Send test event comes
+back to its endpoint, gives way to a line while the test is on its way, and shows the attempt and
+itself again without a reload (and on reload without script);
+an endpoint's Edit form, Pause and Resume, fitting 390 and 1280 px with axe-core clean; on a phone,
+an endpoint with 12 attempts shows its newest 5 and a page as short as with 5. With
 UPDATE_SCREENSHOTS=1 it saves docs/webhooks-tab.png and docs/phone-webhooks-tab.png."""
 
 import itertools
@@ -9,6 +11,7 @@ import time
 
 import pytest
 from browsing import DESKTOP, PHONE, PageProblems, painted, sign_up
+from liveserver import wait_for
 from webhookreceiver import receiving
 
 try:
@@ -71,6 +74,9 @@ def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_r
         expect(article).to_be_focused()  # the next Tab goes on from the endpoint, not from the top
         expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
         expect(article.get_by_role("status")).to_contain_text("A test event")
+        # Not offered while the test is on its way (it would be refused): a line says why instead.
+        expect(article.get_by_role("button", name="Send test event")).to_have_count(0)
+        expect(article.locator(".waiting-test")).to_contain_text("A test event is on its way")
         status_seen.set()
     finally:
         server.receiver.answer = answer
@@ -78,6 +84,8 @@ def test_send_test_event_stays_at_the_endpoint_and_shows_its_attempt_without_a_r
     expect(article.locator("tr.attempt")).to_contain_text("webhook.test")
     expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
     expect(article.get_by_role("status")).to_have_count(0)
+    expect(article.get_by_role("button", name="Send test event")).to_be_visible()
+    expect(article.locator(".waiting-test")).to_have_count(0)
     assert len(loads) == 1, loads  # the redirect after the button, and no reload since
     expect(article.get_by_role("heading", level=3)).to_be_in_viewport()
 
@@ -100,6 +108,7 @@ def test_without_script_the_test_event_returns_to_the_endpoint_and_its_attempt_s
             page.wait_for_timeout(250)
             page.reload()
         expect(article.locator("tr.attempt")).to_contain_text("HTTP 204")
+        expect(article.get_by_role("button", name="Send test event")).to_be_visible()
     finally:
         context.close()
 
@@ -129,6 +138,44 @@ def test_an_endpoint_is_edited_paused_and_resumed_through_forms_that_fit_and_pas
     problems.look(page, "a paused endpoint")
     article.get_by_role("button", name="Resume").click()
     expect(article.get_by_role("button", name="Send test event")).to_be_visible()
+    assert problems == {}
+
+
+def send_tests(commands, endpoint_id, count):
+    """Send count test events from the command line, each once the one before is no longer pending
+    (should the server's sender have claimed it first, the next would be refused)."""
+    for _ in range(count):
+        commands("webhooks", "test", endpoint_id)
+        wait_for(lambda: not commands("webhooks", "messages", endpoint_id, "--state", "pending"))
+
+
+def test_on_a_phone_an_endpoint_with_many_attempts_shows_its_newest_five_and_stays_short(open_page, server, commands):
+    page = open_page(PHONE)
+    article = add_endpoint(page, server)
+    endpoint_id = article.get_attribute("id").removeprefix("webhook-")
+    send_tests(commands, endpoint_id, 5)
+    page.reload()
+    expect(article.locator("tr.attempt")).to_have_count(5)
+    five = page.evaluate("document.documentElement.scrollHeight")
+    send_tests(commands, endpoint_id, 7)
+    page.reload()
+    expect(article.locator("table.attempts").first.locator("tr.attempt")).to_have_count(5)
+    older = article.locator("details.older-attempts")
+    expect(older.locator("summary")).to_have_text("7 older attempts")
+    expect(older.locator("tr.attempt")).to_have_count(7)
+    expect(older.locator("tr.attempt").first).to_be_hidden()
+    log = article.get_by_role("link", name="Message log")
+    expect(log).to_be_visible()
+    # Seven attempts more add the folded list's one line, not seven cards (each over 200 px here).
+    twelve = page.evaluate("document.documentElement.scrollHeight")
+    assert twelve - five < 100, (five, twelve)
+    problems = PageProblems()
+    problems.look(page, "an endpoint with 12 attempts")
+    older.locator("summary").click()
+    expect(older.locator("tr.attempt").first).to_be_visible()
+    problems.look(page, "its older attempts unfolded")
+    log.click()
+    expect(page.locator("table.messages tbody tr")).to_have_count(12)
     assert problems == {}
 
 
