@@ -1,5 +1,5 @@
 """orgs/keyedits.py: a key changed in place, what it writes, who may widen it, and a change racing a
-revocation; the web form and `keys update` are tested in tests/unit/web/test_keyedit.py."""
+revocation or a roll; the web form and `keys update` are tested in tests/unit/web/test_keyedit.py."""
 
 import contextlib
 import datetime
@@ -173,17 +173,17 @@ def test_a_revoked_or_expired_key_cannot_be_changed(user, key):
 
 @contextlib.contextmanager
 def held_by_another_connection(database_url, sets, values):
-    """Another connection runs `UPDATE api_keys SET <sets> WHERE id = ?` (values end with the key's
-    id; `?` for each, `now` for the time) and holds the key's row until the block ends, then commits."""
+    """Another connection runs `UPDATE api_keys SET <sets> WHERE id = ?` with values (`?` marks them;
+    the last is the key's id) and holds the key's row until the block ends, then commits."""
+    statement = f"UPDATE api_keys SET {sets} WHERE id = ?"
     if database_url.startswith("sqlite"):
         other = sqlite3.connect(database_url.removeprefix("sqlite:///"), isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
-        other.execute(f"UPDATE api_keys SET {sets} WHERE id = ?".replace("now", "?"),
-                      [utcnow().isoformat(" ") if value is utcnow else value for value in values])
+        other.execute(statement, [value.isoformat(" ") if isinstance(value, datetime.datetime) else value
+                                  for value in values])
     else:
         other = psycopg.connect(database_url)
-        other.execute(f"UPDATE api_keys SET {sets} WHERE id = ?".replace("?", "%s").replace("now", "%s"),
-                      [utcnow() if value is utcnow else value for value in values])
+        other.execute(statement.replace("?", "%s"), values)
     try:
         yield
     finally:
@@ -193,7 +193,7 @@ def held_by_another_connection(database_url, sets, values):
 
 def revoked_by_another_connection(database_url, key_id):
     """Another connection revokes the key and holds its row until the block ends, then commits."""
-    return held_by_another_connection(database_url, "revoked_at = now", [utcnow, key_id])
+    return held_by_another_connection(database_url, "revoked_at = ?", [utcnow(), key_id])
 
 
 def changed_in_a_thread(app, key_id, outcome, **change):
