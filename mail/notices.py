@@ -2,8 +2,11 @@
 written in the transaction of the change by the signals the change already sends (keys/events.py's
 key_changed, the security log's recorded), so that a notice goes exactly when its change commits."""
 
+import contextlib
 import datetime
 import logging
+
+from flask import g, has_app_context
 
 from accounts import securitylog
 from keys import events as key_events
@@ -23,6 +26,8 @@ ACCOUNT_NOTICES = {
     "user.2fa_disabled": "two_factor_off",
     "user.passkey_added": "passkey_added",
 }
+# Where remembered() keeps, for its duration, each key's recipients and the accounts found at the cap.
+REMEMBERED = "notices_remembered"
 
 
 def init_app(app):
@@ -35,8 +40,37 @@ def mail_key_notice(event, key, data=None, **_):
     expired; the organisation's owners do once its maker is no longer a member, and of a leak
     also while its maker's address is not confirmed."""
     if event in KEY_NOTICES:
-        for user_id in key_recipients(key, confirmed_only=event == "key.revoked_as_leaked"):
+        for user_id in remembered_recipients(key, confirmed_only=event == "key.revoked_as_leaked"):
             mail_owner(user_id, KEY_NOTICES[event], key=data or {}, link=outbox.link("/settings/security"))
+
+
+@contextlib.contextmanager
+def remembered():
+    """Within it, the recipients of a creator's keys in an organisation are looked up once, and an
+    account found at NOTICES_PER_HOUR is neither counted again nor warned of again: a report of
+    leaked keys may revoke a thousand keys of one creator in one request."""
+    if g.get(REMEMBERED) is not None:
+        yield  # an outer one remembers
+        return
+    g.setdefault(REMEMBERED, {"recipients": {}, "capped": set()})
+    try:
+        yield
+    finally:
+        g.pop(REMEMBERED, None)
+
+
+def remembering():
+    return g.get(REMEMBERED) if has_app_context() else None
+
+
+def remembered_recipients(key, confirmed_only):
+    """key_recipients, looked up once within remembered()."""
+    if (memo := remembering()) is None:
+        return key_recipients(key, confirmed_only)
+    asked = (key.org_id, key.user_id, confirmed_only)
+    if asked not in memo["recipients"]:
+        memo["recipients"][asked] = key_recipients(key, confirmed_only)
+    return memo["recipients"][asked]
 
 
 def key_recipients(key, confirmed_only=False):
@@ -61,6 +95,9 @@ def mail_owner(user_id, name, **context):
     """Queue the notice for the account's address once it is confirmed: an address nobody has
     confirmed may be a stranger's, given at sign-up, and the account's owner could make the
     service mail it at will. At most NOTICES_PER_HOUR reach one address."""
+    memo = remembering()
+    if memo is not None and user_id in memo["capped"]:
+        return
     user = User.select(User.username, User.email, User.email_verified_at).where(User.id == user_id).first()
     if user is None or user.email_verified_at is None:
         return
@@ -69,6 +106,8 @@ def mail_owner(user_id, name, **context):
                                   ).count() >= NOTICES_PER_HOUR:
         log.warning("No %s notice for user %d: %d mails went to their address in the last hour.", name, user_id,
                     NOTICES_PER_HOUR)
+        if memo is not None:
+            memo["capped"].add(user_id)
         return
     try:
         outbox.queue(user.email, name, username=user.username, **context)
