@@ -285,7 +285,7 @@ class Ticker:
         # well cost a tenth of the tick (docs/bench/time-sockets.md).
         for outbox in outboxes:
             try:
-                outbox.send_nowait(frame)
+                outbox.send(frame, limited=True)
             except Exception as error:
                 refused += 1
                 self.let_go(outbox, error)

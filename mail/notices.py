@@ -60,6 +60,7 @@ def remembered():
 
 
 def remembering():
+    """What the remembered() under way keeps, else None."""
     return g.get(REMEMBERED) if has_app_context() else None
 
 

@@ -46,13 +46,15 @@ class Outbox:
         self.closing = False
         self.closed = False
 
-    def send(self, data):
+    def send(self, data, limited=False):
         """Write data now if the kernel takes it, else queue it; never waits. A connection that
-        has failed is closed and BrokenPipeError raised."""
-        if self.closed or self.closing or self.sealed:
-            raise BrokenPipeError("The socket is closed.")
-        if self.pending:
-            self._queue(data)
+        has failed is closed and BrokenPipeError raised. limited (the ticker's way): raise
+        OutputFull rather than queue data past the limit (alone, a frame goes out as
+        wait_for_room lets it)."""
+        # One call and the fewest fields read when nothing is queued: a tick writes to 10,000
+        # sockets, and each call and each object it reads costs it (docs/bench/time-sockets.md).
+        if self.pending or self.closed or self.closing or self.sealed:
+            self._send_later(data, limited)
             return
         try:
             sent = self.send_now(data)
@@ -65,16 +67,13 @@ class Outbox:
             # A view marks the rest of a frame the kernel took only part of.
             self._queue(memoryview(data)[sent:] if sent else data)
 
-    def send_nowait(self, data):
-        """send, or raise OutputFull when data would queue past the limit (alone, a frame goes
-        out as wait_for_room lets it): the ticker's way, which touches only this object of the
-        socket's, since at 10,000 sockets each object a tick reads costs it a cache miss."""
-        if self.pending and not self.fits(len(data)):
-            if self.sealed or self.closing or self.closed:
-                # Its close frame is queued: giving up would drop it.
-                raise BrokenPipeError("The socket is closed.")
+    def _send_later(self, data, limited):
+        if self.closed or self.closing or self.sealed:
+            # Its close frame is queued or sent: nothing goes after it.
+            raise BrokenPipeError("The socket is closed.")
+        if limited and not self.fits(len(data)):
             raise OutputFull
-        self.send(data)
+        self._queue(data)
 
     def seal(self):
         """Take nothing more, as after a close frame; what is queued still goes out, and the

@@ -151,7 +151,7 @@ class FakeOutbox:
         self.failure = failure
         self.sent = []
 
-    def send_nowait(self, frame):
+    def send(self, frame, limited=False):
         if self.failure:
             raise self.failure
         self.sent.append(frame)
@@ -192,7 +192,7 @@ def test_a_socket_its_handler_let_go_of_during_a_tick_costs_the_others_nothing()
     waiting, let_go, healthy = FakeSocket(), FakeSocket(BrokenPipeError()), FakeSocket()
     for ws in (waiting, let_go, healthy):
         follow(ticker, ws)
-    waiting.outbox.send_nowait = lambda frame: ticker.discard(let_go)
+    waiting.outbox.send = lambda frame, limited: ticker.discard(let_go)
     ticker.tick(1_795_315_403)
     assert len(healthy.outbox.sent) == 1
     assert list(ticker.sockets) == [waiting, healthy]

@@ -278,22 +278,22 @@ def test_nothing_written_to_the_outbox_follows_the_server_s_close_frame(pair, cl
         wait_until(lambda: not server.connected)
     assert not server.outbox.closing and not server.outbox.closed
     with pytest.raises(BrokenPipeError):
-        server.outbox.send_nowait(wsserver.text_frame("a tick"))
+        server.outbox.send(wsserver.text_frame("a tick"), limited=True)
     assert [frame.opcode for frame in client.receive(30)] == [Opcode.CLOSE]
     server.thread.join(timeout=wsserver.LINGER_SECONDS + 30)
     assert server.thread.thread.dead and server.outbox.closed
 
 
-def test_send_nowait_refuses_a_frame_that_would_queue_past_the_limit_but_sends_one_alone(pair):
+def test_a_limited_send_refuses_a_frame_that_would_queue_past_the_limit_but_sends_one_alone(pair):
     server, client = pair
     outbox = Outbox(server, 256 * 1024, stall_timeout=5, on_stall=pytest.fail)
-    outbox.send_nowait(b"x" * MIB)  # alone, it goes out as the client reads it
+    outbox.send(b"x" * MIB, limited=True)  # alone, it goes out as the client reads it
     assert outbox.pending
     with pytest.raises(OutputFull):
-        outbox.send_nowait(b"frame")
+        outbox.send(b"frame", limited=True)
     assert read_exactly(client, MIB) == b"x" * MIB
     wait_until(lambda: not outbox.pending)
-    outbox.send_nowait(b"frame")
+    outbox.send(b"frame", limited=True)
     assert read_exactly(client, 5) == b"frame"
 
 
