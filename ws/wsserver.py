@@ -36,6 +36,7 @@ from wsproto.frame_protocol import FrameProtocol
 from wsproto.utilities import LocalProtocolError
 
 from ops import logs, note as request_note
+from ws.frames import whole_texts
 from ws.outbox import Outbox
 
 OUTPUT_LIMIT = 1024 * 1024
@@ -268,8 +269,13 @@ class Server(simple_websocket.Server):
                 if not data:
                     break
                 drained = len(data) < self.receive_bytes
-                self.ws.receive_data(data)
-                self.connected = self._handle_events() and self.connected
+                texts = whole_texts(data, self.max_message_size or OUTPUT_LIMIT) if self._between_messages() else None
+                if texts is None:
+                    self.ws.receive_data(data)
+                    self.connected = self._handle_events() and self.connected
+                else:
+                    self.input_buffer += texts
+                    self.event.set()
                 if not self.connected:
                     # A close frame has gone out (the answer to the client's, or ours to a message
                     # too big): nothing may follow it.
@@ -292,6 +298,15 @@ class Server(simple_websocket.Server):
             self.outbox.close()
             if self.close_timer is not None:
                 self.close_timer.kill(block=False)
+
+    def _between_messages(self):
+        """Whether wsproto and the library hold nothing of a frame or message not yet whole, and
+        the connection is open: a read of whole text frames then changes nothing in them, and
+        ws/frames.py may parse it in their place."""
+        protocol = self.ws.connection._proto
+        frames = protocol._frame_decoder
+        return (self.incoming_message is None and frames.header is None and not frames.buffer.buffer
+                and protocol._message_decoder.opcode is None and self.ws.connection.state is ConnectionState.OPEN)
 
     def _hold_back(self):
         """Wait until the handler has taken every message and the client our answers; False

@@ -6,8 +6,8 @@ import select
 
 import gevent
 import gevent.socket
-from wsproto.frame_protocol import FrameProtocol
-from wsservers import open_server
+from wsproto.frame_protocol import FrameProtocol, Opcode
+from wsservers import Client, open_server
 
 from ws import wsserver
 
@@ -57,3 +57,30 @@ def test_a_socket_closed_by_another_greenlet_while_the_reader_yields_ends_the_re
     handling.join(timeout=30)
     server.thread.join(timeout=30)
     assert handling.dead and server.thread.thread.dead
+
+
+def test_reads_of_whole_text_frames_skip_wsproto_and_every_other_read_goes_through_it(pair, monkeypatch):
+    server_sock, client_sock = pair
+    server = open_server(server_sock, ping_interval=None, max_message_size=100)
+    parsed_by_wsproto = []
+    receive_data = server.ws.receive_data
+    monkeypatch.setattr(server.ws, "receive_data", lambda data: parsed_by_wsproto.append(data) or receive_data(data))
+    server.thread.start_now()
+    client = FrameProtocol(client=True, extensions=[])
+    split = client.send_data("split across reads", fin=True)
+    # Each read and the messages it completes; the reader reads on once the handler has taken them.
+    reads = [(client.send_data("one", fin=True) + client.send_data("two", fin=True), ["one", "two"]),
+             (split[:5], []), (split[5:] + client.send_data("after the split", fin=True),
+                               ["split across reads", "after the split"]),
+             (client.send_data("frag", fin=False), []), (client.send_data("mented", fin=True), ["fragmented"]),
+             (client.send_data("x" * 101, fin=True), [])]  # past max_message_size: the library's 1009
+    for data, messages in reads:
+        client_sock.sendall(data)
+        gevent.sleep(0.05)  # read alone
+        assert [server.receive(timeout=30) for _ in messages] == messages
+    assert parsed_by_wsproto == [data for data, _ in reads[1:]]
+    # The client answers no close: the reader ends LINGER_SECONDS after the 1009.
+    server.thread.join(timeout=wsserver.LINGER_SECONDS + 30)
+    assert not server.connected and server.thread.thread.dead
+    assert [(frame.opcode, frame.payload) for frame in Client(client_sock).receive(30)] == [
+        (Opcode.CLOSE, (1009, "Message is too big"))]
