@@ -269,13 +269,7 @@ class Server(simple_websocket.Server):
                 if not data:
                     break
                 drained = len(data) < self.receive_bytes
-                texts = whole_texts(data, self.max_message_size or OUTPUT_LIMIT) if self._between_messages() else None
-                if texts is None:
-                    self.ws.receive_data(data)
-                    self.connected = self._handle_events() and self.connected
-                else:
-                    self.input_buffer += texts
-                    self.event.set()
+                self._take_read(data)
                 if not self.connected:
                     # A close frame has gone out (the answer to the client's, or ours to a message
                     # too big): nothing may follow it.
@@ -299,14 +293,25 @@ class Server(simple_websocket.Server):
             if self.close_timer is not None:
                 self.close_timer.kill(block=False)
 
+    def _take_read(self, data):
+        """Parse a read into input_buffer: by ws/frames.py when it is whole text frames read between
+        frames, else by wsproto and the library, which also answer pings and closes."""
+        texts = whole_texts(data, self.max_message_size or OUTPUT_LIMIT) if self._between_messages() else None
+        if texts is None:
+            self.ws.receive_data(data)
+            self.connected = self._handle_events() and self.connected
+        else:
+            self.input_buffer += texts
+            self.event.set()
+
     def _between_messages(self):
-        """Whether wsproto and the library hold nothing of a frame or message not yet whole, and
-        the connection is open: a read of whole text frames then changes nothing in them, and
-        ws/frames.py may parse it in their place."""
+        """Whether wsproto holds nothing of a frame or message not yet whole (nor then does the
+        library, which assembles the messages wsproto gives it), and the connection is open: a read
+        of whole text frames then changes nothing in wsproto, and ws/frames.py may parse it instead."""
         protocol = self.ws.connection._proto
         frames = protocol._frame_decoder
-        return (self.incoming_message is None and frames.header is None and not frames.buffer.buffer
-                and protocol._message_decoder.opcode is None and self.ws.connection.state is ConnectionState.OPEN)
+        return (frames.header is None and not frames.buffer.buffer and protocol._message_decoder.opcode is None
+                and self.ws.connection.state is ConnectionState.OPEN)
 
     def _hold_back(self):
         """Wait until the handler has taken every message and the client our answers; False

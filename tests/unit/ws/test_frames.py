@@ -1,10 +1,8 @@
 """ws/frames.py's reading of whole text frames, held to wsproto's answer for the same bytes: where it
 returns messages, wsproto reads exactly those messages and nothing else, and ends between frames."""
 
-import os
-import struct
-
 from hypothesis import given, settings, strategies as st
+from wsframes import frame, streams, texts
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request, TextMessage
 
@@ -14,28 +12,9 @@ HANDSHAKE = (b"GET /echo HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nU
              b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
 
 
-def frame(payload, first_byte=0x81, masked=True, length_form=None, mask=None):
-    """A client's frame: first_byte (FIN, RSV, opcode), payload masked with mask (random), its length
-    in the shortest form unless length_form ("7", "16", "64") says otherwise."""
-    length = len(payload)
-    length_form = length_form or ("7" if length <= 125 else "16" if length < 65536 else "64")
-    mask_bit = 0x80 if masked else 0
-    header = bytes([first_byte])
-    if length_form == "7":
-        header += bytes([mask_bit | length])
-    elif length_form == "16":
-        header += bytes([mask_bit | 126]) + struct.pack("!H", length)
-    else:
-        header += bytes([mask_bit | 127]) + struct.pack("!Q", length)
-    if not masked:
-        return header + payload
-    mask = mask or os.urandom(4)
-    return header + mask + bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
-
-
 def wsproto_reading(data):
-    """What a fresh server connection of wsproto makes of data after the handshake: its events, or
-    the exception it raises, and whether it then holds no part of a frame or message."""
+    """What a fresh server connection of wsproto makes of data after the handshake: its events, and
+    whether it then holds no part of a frame or message."""
     connection = WSConnection(ConnectionType.SERVER)
     connection.receive_data(HANDSHAKE)
     assert isinstance(next(connection.events()), Request)
@@ -48,26 +27,9 @@ def wsproto_reading(data):
     return events, idle
 
 
-texts = st.text(max_size=300)
-well_formed = st.builds(lambda text: frame(text.encode()), texts)
-# Each the bytes of a frame that wsproto reads otherwise: another kind of frame, a fragment, a bad
-# length, bad UTF-8, no mask, RSV bits, or a frame cut short.
-unusual = st.one_of(
-    st.builds(lambda text, first: frame(text.encode(), first), texts,
-              st.sampled_from([0x01, 0x00, 0x80, 0x82, 0x89, 0x8A, 0x88, 0x91, 0xA1, 0xC1, 0x83])),
-    st.builds(lambda text: frame(text.encode(), masked=False), texts),
-    st.builds(lambda text, form: frame(text.encode(), length_form=form), st.text(max_size=200),
-              st.sampled_from(["16", "64"])),
-    st.builds(lambda raw: frame(raw), st.binary(max_size=40)),
-    st.builds(lambda text, cut: frame(text.encode())[:cut], texts, st.integers(0, 40)),
-    st.binary(max_size=20),
-)
-
-
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.one_of(well_formed, well_formed, unusual), max_size=6), st.sampled_from([None, 0, 5, 125, 300]))
-def test_what_it_reads_wsproto_reads_alike(pieces, longest):
-    data = b"".join(pieces)
+@given(streams, st.sampled_from([None, 0, 5, 125, 300]))
+def test_what_it_reads_wsproto_reads_alike(data, longest):
     read = whole_texts(data, 1 << 20 if longest is None else longest)
     if read is None:
         return

@@ -2,12 +2,17 @@
 client's next bytes rather than reading an empty socket, and ends when another greenlet closes the
 socket while it yields."""
 
+import contextlib
+import itertools
 import select
+import socket
 
 import gevent
 import gevent.socket
+from hypothesis import example, given, settings, strategies as st
+from wsframes import frame, reads
 from wsproto.frame_protocol import FrameProtocol, Opcode
-from wsservers import Client, open_server
+from wsservers import Client, open_server, socket_pair
 
 from ws import wsserver
 
@@ -84,3 +89,53 @@ def test_reads_of_whole_text_frames_skip_wsproto_and_every_other_read_goes_throu
     assert not server.connected and server.thread.thread.dead
     assert [(frame.opcode, frame.payload) for frame in Client(client_sock).receive(30)] == [
         (Opcode.CLOSE, (1009, "Message is too big"))]
+
+
+def written(sock):
+    """What the server has written to the client's end so far, without waiting."""
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := sock._sock.recv(65536, socket.MSG_DONTWAIT):
+            data += chunk
+    return data
+
+
+def library_reading(server, data):
+    """The library's own reading of data (simple-websocket's reader loop, all wsproto)."""
+    server.ws.receive_data(data)
+    server.connected = server._handle_events() and server.connected
+
+
+def failure(call, *args):
+    """The exception call(*args) raises, or None."""
+    try:
+        call(*args)
+    except Exception as error:
+        return error
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(reads(), st.sampled_from([None, 5, 125, 300]))
+# Whole text frames read while a message in parts waits for its continuation: wsproto's 1002.
+@example([frame(b"first part", 0x01), frame(b"whole")], None)
+@example([frame(b"first part", 0x02), frame(b"whole") + frame(b"whole")], 125)
+# Whole text frames after the client's close, which wsproto ignores.
+@example([frame(b"\x03\xe8", 0x88), frame(b"whole")], None)
+def test_a_stream_cut_into_reads_anywhere_is_read_as_wsproto_and_the_library_read_it(cut_stream, limit):
+    pairs = [socket_pair(), socket_pair()]
+    try:
+        server, reference = (open_server(server_sock, ping_interval=None, max_message_size=limit)
+                             for server_sock, _ in pairs)
+        # Read on past a close too, as a reader that was waiting in recv when its handler closed does.
+        for data in cut_stream:
+            server_failed = failure(server._take_read, data)
+            reference_failed = failure(library_reading, reference, data)
+            assert repr(server_failed) == repr(reference_failed)
+            assert (server.input_buffer, server.connected, server.close_reason, server.close_message) == (
+                reference.input_buffer, reference.connected, reference.close_reason, reference.close_message)
+            assert server.ws.state is reference.ws.state
+        assert written(pairs[0][1]) == written(pairs[1][1])
+    finally:
+        for sock in itertools.chain.from_iterable(pairs):
+            sock.close()
