@@ -6,7 +6,8 @@ the ticker, its reader answering pings). One client that sends without reading c
 worker's memory, and two greenlets waiting to write on one gevent socket raise
 ConcurrentObjectUseError. This adapter reaches into the library (its reader loop `_thread`,
 `_handle_events`, `input_buffer`, `sock`, `ws`, `environ`), into wsproto (the `WSConnection`'s
-`handshake`, let go once the connection is made) and into gevent (the real socket `_sock`, a
+`handshake`, let go once the connection is made; its frame and message decoders' state, read to
+hand whole text frames to ws/frames.py) and into gevent (the real socket `_sock`, a
 TLS socket's send returning 0 rather than waiting only while its own timeout is 0, the wait for
 readable bytes `_wait(_read_event)`);
 tests/unit/ws/test_wsserver.py fails if a new version moves any of it.

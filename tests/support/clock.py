@@ -24,3 +24,12 @@ def fake_time(monkeypatch, *modules, start=1_000_000.0):
     for module in modules:
         monkeypatch.setattr(f"{module}.time", clock)
     return clock
+
+
+def clear_of_the_hour(seconds):
+    """Return once the next `seconds` all fall within one UTC hour, sleeping past the turn of the hour
+    when it is nearer: for a live test whose requests must land in the hour (and day) it then reads,
+    as a server's clock cannot be faked."""
+    left = 3600 - time.time() % 3600
+    if left < seconds:
+        time.sleep(left + 0.5)
