@@ -117,22 +117,30 @@ def postgres_url_as_built(build):
 def emptied_as_built():
     """Empty the session database if it still holds the schema as built; False where a test changed it.
     Through one connection kept for the process: a new one starts a server process whose catalog
-    caches are cold, which tripled the time. A test may have ended it (a restart of PostgreSQL, its
-    sessions terminated): then once more through a new one."""
+    caches are cold, which tripled the time."""
+    try:
+        return emptied_if_as_built(keeper())
+    except psycopg.OperationalError:
+        # A test ended the kept connection (PostgreSQL restarted, its sessions terminated): once more
+        # through a new one.
+        keeper().close()
+        return emptied_if_as_built(keeper())
+
+
+def keeper():
+    """The connection kept for emptying the session database, opened again once closed."""
     global _keeper
-    for attempt in range(2):
-        if _keeper is None or _keeper.closed or _keeper.broken:
-            # No statement prepared: a schema built anew reuses the names of the tables it dropped.
-            _keeper = psycopg.connect(postgres_url_of(_session_database), autocommit=True, prepare_threshold=None)
-        try:
-            if schema_of(_keeper) != _built_schema:
-                return False
-            _keeper.execute(_emptying)
-            return True
-        except psycopg.OperationalError:
-            if attempt:
-                raise
-    return False
+    if _keeper is None or _keeper.closed:
+        # No statement prepared: a schema built anew reuses the names of the tables it dropped.
+        _keeper = psycopg.connect(postgres_url_of(_session_database), autocommit=True, prepare_threshold=None)
+    return _keeper
+
+
+def emptied_if_as_built(connection):
+    if schema_of(connection) != _built_schema:
+        return False
+    connection.execute(_emptying)
+    return True
 
 
 def emptying(connection):
