@@ -24,7 +24,7 @@ def screenshots(tmp_path_factory):
 @pytest.fixture(scope="module")
 def browser():
     require(sync_playwright is not None, "Python Playwright is not installed (pip install -r requirements-dev.txt)")
-    require(os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} is missing (apt-get install chromium)")
+    require(os.access(CHROMIUM, os.X_OK), "Chromium is missing (apt-get install chromium-headless-shell)")
     # An expect() waits for its condition and returns once it holds: 30 s instead of Playwright's
     # 5 s, for a loaded machine (reset for the next module).
     expect.set_options(timeout=30_000)

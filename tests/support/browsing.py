@@ -4,6 +4,7 @@ user's first steps on the pages (sign up, create a key, turn two-factor log-in o
 put on the clipboard, and what the Content Security Policy refused."""
 
 import contextlib
+import os
 import re
 import time
 
@@ -16,7 +17,11 @@ try:
 except ImportError:
     pass
 
-CHROMIUM = "/usr/bin/chromium"
+# Debian's Chromium: its headless shell (package chromium-headless-shell: the same engine without the
+# browser's own windows, as Playwright itself runs headless) where installed, else the browser, which
+# takes twice the CPU for the same tests (docs/development.md, "Browser tests").
+CHROMIUMS = ["/usr/bin/chromium-headless-shell", "/usr/bin/chromium"]
+CHROMIUM = next((path for path in CHROMIUMS if os.access(path, os.X_OK)), CHROMIUMS[0])
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 DOCS = ROOT / "docs"
