@@ -16,6 +16,7 @@ from models import ApiKey, utcnow
 from orgs import keyactions
 from store.rediswindows import RedisWindows
 from ws import slots, wsserver
+from ws.outbox import Outbox
 
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
@@ -146,20 +147,37 @@ def test_a_bad_send_timeout_stops_start_up_with_a_sentence(value):
         load_config({"SECRET_KEY": "x", "WS_SEND_TIMEOUT": value})
 
 
-class FakeOutbox:
+class FakeConnection:
+    """A client's connection under a real Outbox: it takes every frame, or fails each with failure;
+    on_send runs first, as whatever yields during a tick would."""
+
     def __init__(self, failure):
         self.failure = failure
         self.sent = []
+        self.on_send = None
 
-    def send(self, frame, limited=False):
+    def gettimeout(self):
+        return None
+
+    def settimeout(self, timeout):
+        pass
+
+    def send(self, frame):
+        if self.on_send:
+            self.on_send()
         if self.failure:
             raise self.failure
         self.sent.append(frame)
+        return len(frame)
+
+    def close(self):
+        pass
 
 
 class FakeSocket:
     def __init__(self, failure=None):
-        self.outbox = FakeOutbox(failure)
+        self.connection = FakeConnection(failure)
+        self.outbox = Outbox(self.connection, wsserver.OUTPUT_LIMIT, stall_timeout=5, on_stall=pytest.fail)
         self.closed_with = None
 
     def close(self, code, reason):
@@ -173,16 +191,19 @@ def follow(ticker, ws):
     ticker.outboxes[ws.outbox] = ws
 
 
-def test_one_failing_socket_costs_only_itself_its_tick():
+def test_one_failing_socket_costs_only_itself_its_tick(caplog):
     ticker = sockets.Ticker(slots.SocketSlots(10), 5)
     broken, gone, healthy = FakeSocket(RuntimeError("boom")), FakeSocket(BrokenPipeError()), FakeSocket()
     for ws in (broken, gone, healthy):
         follow(ticker, ws)
     ticker.tick(1_795_315_403)
     ticker.tick(1_795_315_404)
-    assert len(healthy.outbox.sent) == 2
+    assert len(healthy.connection.sent) == 2
     assert list(ticker.sockets) == list(ticker.outboxes.values()) == [healthy]
     assert broken.closed_with == sockets.INTERNAL_ERROR and gone.closed_with is None
+    # The unexpected failure is logged with its traceback; the closed connection is not logged.
+    [logged] = [record for record in caplog.records if record.getMessage() == "A time socket failed; closing it."]
+    assert logged.exc_text.endswith("RuntimeError: boom")
 
 
 def test_a_socket_its_handler_let_go_of_during_a_tick_costs_the_others_nothing():
@@ -192,9 +213,9 @@ def test_a_socket_its_handler_let_go_of_during_a_tick_costs_the_others_nothing()
     waiting, let_go, healthy = FakeSocket(), FakeSocket(BrokenPipeError()), FakeSocket()
     for ws in (waiting, let_go, healthy):
         follow(ticker, ws)
-    waiting.outbox.send = lambda frame, limited: ticker.discard(let_go)
+    waiting.connection.on_send = lambda: ticker.discard(let_go)
     ticker.tick(1_795_315_403)
-    assert len(healthy.outbox.sent) == 1
+    assert len(healthy.connection.sent) == 1
     assert list(ticker.sockets) == [waiting, healthy]
 
 

@@ -28,7 +28,7 @@ from wsservers import Client, open_server, socket_pair
 
 import sockets
 from ws import wsserver
-from ws.outbox import ENTRY_OVERHEAD, Outbox, OutputFull
+from ws.outbox import ENTRY_OVERHEAD, Outbox, OutputFull, send_to_each
 
 MIB = 1024 * 1024
 
@@ -302,6 +302,47 @@ def test_a_limited_send_refuses_a_frame_that_would_queue_past_the_limit_but_send
     wait_until(lambda: not outbox.pending)
     outbox.send(b"frame", limited=True)
     assert read_exactly(client, 5) == b"frame"
+
+
+def test_send_to_each_sends_as_a_limited_send_would_and_returns_each_refusal():
+    pairs = [socket_pair() for _ in range(4)]
+    ready, sealed, behind, aborted = (Outbox(server, 256 * 1024, stall_timeout=5, on_stall=pytest.fail)
+                                      for server, _ in pairs)
+    sealed.seal()
+    behind.send(b"x" * MIB)  # its client reads nothing yet: the rest of it waits in the queue
+    aborted.abort()
+    refused = send_to_each([ready, sealed, behind, aborted], b"tick")
+    assert [(outbox, type(error)) for outbox, error in refused] == [
+        (sealed, BrokenPipeError), (behind, OutputFull), (aborted, BrokenPipeError)]
+    assert read_exactly(pairs[0][1], 4) == b"tick" and not ready.pending
+    assert read_exactly(pairs[2][1], MIB) == b"x" * MIB
+    for server, client in pairs:
+        server.close()
+        client.close()
+
+
+def test_send_to_each_queues_what_the_kernel_does_not_take_and_sends_straight_again_once_it_is_out(pair):
+    server, client = pair
+    outbox = Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
+    frame = b"f" * (2 * MIB)
+    assert send_to_each([outbox], frame) == [] and outbox.pending and not outbox.ready
+    assert read_exactly(client, 2 * MIB) == frame
+    wait_until(lambda: not outbox.pending)
+    assert outbox.ready
+    assert send_to_each([outbox], b"tock") == [] and not outbox.pending
+    assert read_exactly(client, 4) == b"tock"
+
+
+def test_an_outbox_sealed_or_closing_while_it_queued_is_not_ready_once_the_queue_is_out(pair):
+    server, client = pair
+    outbox = Outbox(server, 8 * MIB, stall_timeout=5, on_stall=pytest.fail)
+    outbox.send(b"s" * (2 * MIB))
+    outbox.seal()
+    assert read_exactly(client, 2 * MIB) == b"s" * (2 * MIB)
+    wait_until(lambda: not outbox.pending)
+    assert not outbox.ready
+    with pytest.raises(BrokenPipeError):
+        outbox.send(b"after the seal")
 
 
 def test_an_outbox_with_nothing_queued_holds_no_queue(pair):
