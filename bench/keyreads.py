@@ -33,6 +33,8 @@ with app.app_context():
     secrets = []
     for account in range(500):  # 20 keys an account, the most one may hold
         user = models.User.create(username=f"bench{account}", email=f"bench{account}@example.com", password_hash="-")
+        if hasattr(models, "create_personal_organisation"):  # a key belongs to an organisation
+            models.create_personal_organisation(user)
         secrets += [keyactions.issue_key(user, f"key {number}", "development")[1] for number in range(20)]
 services.start(app)
 environs = {secret: EnvironBuilder(path="/api/v1/protected/test", headers={"X-API-Key": secret}).get_environ()
