@@ -52,6 +52,7 @@ def simulated_year(workdir):
     with app.app_context():
         database = models.db.obj
         user = models.User.create(username="year", email="year@example.com", password_hash="-")
+        models.create_personal_organisation(user)  # where its keys belong
         numbers = itertools.count()
         keys = [new_key(user, start, next(numbers)) for _ in range(KEYS)]
         hourly_sql = ("INSERT INTO usage_hours (api_key_id, hour, endpoint, status, requests) VALUES (?, ?, ?, ?, ?)")
