@@ -2,6 +2,7 @@
 client logged in to the web application; the slow marker and the order of the files, both read from
 the folders (unit/, live/, browser/)."""
 
+import atexit
 import collections
 import contextlib
 import os
@@ -18,6 +19,8 @@ sys.path.insert(0, str(TESTS / "support"))
 
 # app.py builds `app = create_app()` on import: point it at throwaway state first.
 _import_dir = tempfile.mkdtemp(prefix="apiservice-import-")
+# Gone with the process, which each test process (and the run's controller) would otherwise leave.
+atexit.register(shutil.rmtree, _import_dir, ignore_errors=True)
 os.environ["DATABASE_URL"] = f"sqlite:///{_import_dir}/import.db"
 os.environ.setdefault("SECRET_KEY", "test-secret")
 # scrypt at a test's cost, for the in-process apps and the live servers (whose environment starts
