@@ -1,5 +1,5 @@
 """A wsserver.Server on one end of a socket pair, as flask-sock makes one under gevent's worker,
-and the client's end of it."""
+the client's end of it, and the waits the WebSocket adapter's tests share."""
 
 import gevent
 import gevent.event
@@ -54,3 +54,19 @@ class Client:
                     assert head.startswith(b"HTTP/1.1 101")
                 self.frames.receive_bytes(data)
                 yield from self.frames.received_frames()
+
+
+def read_exactly(sock, count):
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        assert chunk, "closed early"
+        data += chunk
+    return data
+
+
+def wait_until(condition, seconds=30):
+    """Let the loop run until condition() holds; fail after `seconds` (generous, for a loaded machine)."""
+    with gevent.Timeout(seconds, AssertionError("condition not met in time")):
+        while not condition():
+            gevent.sleep(0.01)
