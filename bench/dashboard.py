@@ -100,7 +100,7 @@ def main():
     assert client.post("/login", data={"username": "dash", "password": PASSWORD}).status_code == 302
     pages = [
         ("a key's page, 30 days of usage", f"/settings/security/keys/{key_id}"),
-        (f"the Security tab, {KEYS} keys", "/settings/security"),
+        (f"the Security tab, the first page of {KEYS} keys", "/settings/security"),
         ("the Webhooks tab", "/settings/webhooks"),
         (f"the message log, newest 20 of {MESSAGES}", f"/settings/webhooks/{endpoint_id}/messages"),
         ("the message log, its oldest page", f"/settings/webhooks/{endpoint_id}/messages?before={oldest + 21}"),
