@@ -6,7 +6,8 @@ for less; the test client's own cost is in both.
 With --instructions, the machine's load does not count at all: valgrind's callgrind counts the
 CPU instructions of one request through the WSGI app (no server, no test client), for this
 checkout, the other and bench/bare.py's route, each with one hash seed (with a random one, a
-count moved by up to ~5 % between runs of the same code; with one seed, by 0.15 %).
+count moved by up to ~5 % between runs of the same code; with one seed, the bare route's repeats
+and the service's, whose usage flusher runs beside it, moves by up to ~0.7 %).
 
 With --served, callgrind counts the instructions of the gunicorn worker itself (gevent, parsing,
 the app, the access line, writing; the kernel's work is not counted) per request from one
@@ -144,7 +145,7 @@ def count_instructions(checkout, requests, bare=False, imported=False):
                             str(ROOT / "bench") if bare else ""], cwd=checkout, capture_output=True, check=True,
                            env={**os.environ, "BENCH_IMPORTED_KEY": "1" if imported else "",
                                 # One hash seed for every count: with a random one, the same code's
-                                # count moved by up to ~5 % between runs; with this one, by 0.15 %.
+                                # count moved by up to ~5 % between runs; with this one, by ~0.7 %.
                                 "PYTHONHASHSEED": "0"})
             main_thread = Path(f"{out}-01").read_text().splitlines()
             totals.append(int(next(line for line in main_thread
