@@ -22,16 +22,17 @@ Shared by the parts: servers.py (gunicorn with one pinned worker, free ports, th
 environment, seeded keys, copied accounts), wrk.py (a run and its parsed report), clients.py (the
 WebSocket clients: raw handshakes, the kernel-stamped time-socket reader, the asyncio echo client;
 percentiles), sharedstores.py (a redis-server of the bench's own, a PostgreSQL database made afresh,
-and their counters read from outside), suite.py (the command line and the JSON report). bare.py and bare.conf.py are the
-ceiling: a bare Flask route and a bare flask-sock echo under the service's gunicorn settings;
-peer.py is the peer: protected/test on FastAPI and uvicorn, as a user might write it instead.
-Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the app, or with
---served the gunicorn worker's instructions, per protected/test against another checkout and the
-bare route), sendfloor.py (the machine's floor for the time sockets' tick: a server that writes the
-same frame to every socket in a bare loop of `send`, read as the service is), lifecycle.py (usage
-rows over a simulated year, p99 during a prune), billing.py (the billing export's exactness under
-faults, events a second and lag, for each target), pgbouncer.py (the service behind PgBouncer in
-transaction mode, needs pgbouncer) and plot.py (PNGs from a --json report).
+and their counters read from outside), suite.py (the command line and the JSON report). bare.py and
+bare.conf.py are the ceiling: a bare Flask route and a bare flask-sock echo under the service's
+gunicorn settings; peer.py is the peer: protected/test on FastAPI and uvicorn, as a user might write
+it instead. Standalone: hotpath.py (CPU time, or with --instructions CPU instructions through the
+app, or with --served the gunicorn worker's instructions, per protected/test against another
+checkout and the bare route), sendfloor.py (the machine's floor for the time sockets' tick: a server
+that writes the same frame to every socket in a bare loop of `send`, read as the service is),
+lifecycle.py (usage rows over a simulated year, p99 during a prune), billing.py (the billing
+export's exactness under faults, events a second and lag, for each target; billingstores.py its
+stores and their rows), pgbouncer.py (the service behind PgBouncer in transaction mode, needs
+pgbouncer) and plot.py (PNGs from a --json report).
 
 The parts import the service's modules (accounts, auth, app ...) from the project root, so a
 module here is never named like one of them or like a library (sockets, redis, select). The two

@@ -4,7 +4,7 @@ sentence, given, shown with the export's state, then removed. With UPDATE_SCREEN
 docs/billing-section.png and docs/phone-billing-section.png."""
 
 import pytest
-from billingvendors import VendorReceiver
+from billingreceiver import VendorReceiver
 from browsing import DESKTOP, PHONE, PageProblems, painted, sign_up
 
 try:

@@ -12,7 +12,7 @@ import time
 
 import psycopg
 import pytest
-from billingvendors import VendorReceiver
+from billingreceiver import VendorReceiver
 from keyload import Load, make_keys
 from liveserver import cli, service_env, start_procfile, wait_for
 from privateservers import PrivatePostgres, PrivateRedis

@@ -1,7 +1,7 @@
-"""Receivers that play the billing vendors the usage export posts to: Stripe, Lago, OpenMeter and a
-plain CloudEvents sink, each a local HTTP server on a loopback port, in a thread of its own, that
-holds every request to the vendor's own published description (tests/fixtures/billing/, cut from the
-vendors' repositories; its README.md names the commits) and answers as the vendor does.
+"""The billing vendors the usage export posts to, as tests/support/billingreceiver.py plays them:
+Stripe, Lago, OpenMeter and a plain CloudEvents sink, each holding every request to the vendor's own
+published description (tests/fixtures/billing/, cut from the vendors' repositories; its README.md
+names the commits) and answering as the vendor does.
 
 What each vendor answers when an identifier comes again, and when it limits the rate, as read in the
 vendors' code, documents and issues (the receivers answer the same):
@@ -60,167 +60,37 @@ data, the meter's value under "value" (a whole number) and the service's "key_id
 """
 
 import base64
-import collections
-import contextlib
 import datetime
 import http
 import http.server
-import json
 import re
-import sys
 import threading
 import time
 import urllib.parse
 import uuid
-from decimal import Decimal
-from pathlib import Path
-from typing import NamedTuple
 
+from billingwire import (
+    UNIX_SECONDS,
+    VALUE,
+    WHOLE_NUMBER,
+    Answer,
+    Refused,
+    Vendor,
+    body_validators,
+    json_answer,
+    load,
+    record,
+    schema_errors,
+    text,
+    whole_number,
+)
 from jsonschema import Draft7Validator
 from openapi_schema_validator import OAS30Validator, OAS31Validator
-from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4, DRAFT202012
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "billing"
-# The meter's value key: Stripe's default value_settings.event_payload_key, and the field the Lago
-# billable metric and the OpenMeter meter are taken to be configured with.
-VALUE = "value"
-WHOLE_NUMBER = re.compile(r"-?\d+")
-UNIX_SECONDS = re.compile(r"-?\d+(\.\d+)?")
 # Lago's CreateBatchService.MAX_LENGTH (LAGO_EVENTS_BATCH_MAX_LENGTH, 100 by default), as its
 # description also says.
 LAGO_BATCH_MAX = 100
-
-
-class Answer(NamedTuple):
-    status: int
-    body: bytes = b""
-    headers: dict = {}
-
-    def with_headers(self, **headers):
-        """The answer with these headers too, their names written with _ for -."""
-        return self._replace(headers={**self.headers, **{name.replace("_", "-"): value
-                                                         for name, value in headers.items()}})
-
-
-class Request(NamedTuple):
-    method: str
-    path: str
-    headers: dict
-    body: bytes
-    answer: int | None  # the status answered; None: the connection was closed unanswered
-
-
-class Refused(Exception):
-    """A request the vendor refuses because it does not match the vendor's description: the
-    vendor's answer, and why."""
-
-    def __init__(self, answer, reason):
-        super().__init__(reason)
-        self.answer = answer
-        self.reason = reason
-
-
-def json_answer(status, body, content_type="application/json"):
-    return Answer(status, json.dumps(body).encode(), {"Content-Type": content_type})
-
-
-def load(name):
-    return json.loads((FIXTURES / name).read_text())
-
-
-def body_validators(description, specification, validator_class, path):
-    """A validator of the body of the POST at path for each media type it takes, resolving the
-    description's own $refs."""
-    registry = Registry().with_resource("urn:vendor", Resource.from_contents(description, specification))
-    operation = "/".join(("urn:vendor#/paths", path.replace("/", "~1"), "post/requestBody/content"))
-    return {media_type: validator_class({"$ref": f"{operation}/{media_type.replace('/', '~1')}/schema"},
-                                        registry=registry, format_checker=validator_class.FORMAT_CHECKER)
-            for media_type in description["paths"][path]["post"]["requestBody"]["content"]}
-
-
-def schema_errors(validator, instance):
-    """How the instance differs from the schema, a sentence each, the deepest first."""
-    errors = sorted(validator.iter_errors(instance), key=lambda error: -len(error.absolute_path))
-    return [f"body at {error.json_path}: {error.message}" for error in errors]
-
-
-def whole_number(value):
-    """The value as an int when it is a whole number or one written as a string, else None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and WHOLE_NUMBER.fullmatch(value):
-        return int(value)
-    return None
-
-
-def text(value):
-    """The value as text: a string as it is, a whole number written out; else None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    return value if isinstance(value, str) else None
-
-
-def event_time(value):
-    """An aware UTC datetime from Unix seconds (a number or a decimal string) or an RFC 3339 string."""
-    if isinstance(value, int) or UNIX_SECONDS.fullmatch(str(value)):
-        return datetime.datetime.fromtimestamp(float(Decimal(str(value))), datetime.UTC)
-    return datetime.datetime.fromisoformat(value).astimezone(datetime.UTC)
-
-
-def record(event_id, meter, customer, payload, time_value, raw):
-    """What the receiver lists for one event; a time the event leaves out is the time it arrived, as
-    every vendor here takes it."""
-    payload = payload if isinstance(payload, dict) else {}
-    return {"id": event_id, "meter": meter, "customer": customer, "value": whole_number(payload.get(VALUE)),
-            "time": datetime.datetime.now(datetime.UTC) if time_value is None else event_time(time_value),
-            "key_id": text(payload.get("key_id")), "org": text(payload.get("org")), "raw": raw}
-
-
-class Vendor:
-    """One vendor's endpoint as its description has it: `path`, the `media_types` it takes (each with
-    the validator of its body) and the authorizations; a subclass reads the events and words the
-    answers as the vendor does."""
-
-    def __init__(self, token):
-        self.authorizations = {f"Bearer {token}"}
-
-    def read(self, method, path, headers, body):
-        """The request's events, each as the receiver lists it; Refused when the vendor would refuse
-        the request."""
-        if path != self.path:
-            raise Refused(self.refusal(404, f"Unrecognized request URL ({method}: {path})."),
-                          f"{method} {path}: the path is {self.path}")
-        if method != "POST":
-            raise Refused(self.refusal(405, f"{method} is not allowed on {path}."), f"{method} {path}: not POST")
-        if headers.get("authorization") not in self.authorizations:
-            raise Refused(self.unauthorized(), f"Authorization {headers.get('authorization')!r} is not the token")
-        media_type = headers.get("content-type", "").split(";")[0].strip().lower()
-        if media_type not in self.media_types:
-            raise Refused(self.refusal(400, f"invalid content type: {media_type}"),
-                          f"Content-Type {media_type!r} is none of {sorted(self.media_types)}")
-        return self.events(media_type, body)
-
-    def identity(self, event):
-        """What makes two events the same event for this vendor."""
-        return event["id"]
-
-    def unauthorized(self):
-        return self.refusal(401, "Unauthorized")
-
-    def server_error(self):
-        return self.refusal(500, "Internal Server Error")
-
-    def replayed(self, headers, body, execute):
-        """The answer to a request that passed; a vendor that keeps answers by idempotency key gives
-        the kept one instead of running execute() again."""
-        return execute()
-
-    def json_body(self, body):
-        try:
-            return json.loads(body)
-        except ValueError as error:
-            raise Refused(self.refusal(400, f"invalid JSON: {error}"), f"the body is not JSON: {error}") from None
 
 
 def form_fields(body):
@@ -526,167 +396,3 @@ class CloudEventsSink(Vendor):
 
 
 VENDORS = {"stripe": Stripe, "lago": Lago, "openmeter": OpenMeter, "cloudevents": CloudEventsSink}
-
-
-class Server(http.server.ThreadingHTTPServer):
-    # A backlog for a sender's bursts (http.server's default is 5).
-    request_queue_size = 1024
-    # server_close() joins the request threads (a held answer is woken first): none outlives the receiver.
-    daemon_threads = False
-    block_on_close = True
-
-    def handle_error(self, request, client_address):
-        # A client that gave up on a held answer has closed its end: no fault of the receiver's.
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
-
-
-class VendorReceiver:
-    """A vendor's API on 127.0.0.1:<free port>, in a thread, as a context manager (stopped on exit; no
-    thread outlives it). vendor is "stripe", "lago", "openmeter" or "cloudevents"; url is the base URL
-    the vendor's client takes (for "cloudevents", the sink's own URL). What the receiver took is in
-    `accepted`, what it dropped or refused as a reused identifier in `duplicates` (dicts with id, meter,
-    customer, value, time, key_id, org and raw), every request in `requests` (method, path, headers
-    with lower-case names, body, the status answered), and the reason for every request refused for not
-    matching the vendor's description (401s included) in `invalid`."""
-
-    def __init__(self, vendor, token="test-billing-token"):
-        self.vendor = VENDORS[vendor](token)
-        self.accepted, self.duplicates, self.invalid, self.requests = [], [], [], []
-        self.lock = threading.Lock()
-        self.failures = collections.deque()
-        self.seen = set()
-        self.in_flight = collections.Counter()
-        self.most_in_flight = collections.Counter()
-        self.stopping = threading.Event()
-        self.server = Server(("127.0.0.1", 0), handler_for(self))
-        base = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.url = base + self.vendor.path if vendor == "cloudevents" else base
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       name=f"{vendor} receiver")
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info):
-        self.stopping.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-    def fail(self, times, how):
-        """The next `times` requests that match the description get, instead of the answer: 500, 400,
-        ("429", seconds) (the vendor's rate limit, announcing the wait as the vendor does), "close" (the
-        connection closed unanswered) or ("slow", seconds) (the vendor takes that long over the request,
-        then answers as usual)."""
-        if how not in (500, 400, "close") and not (isinstance(how, tuple) and how[0] in ("429", "slow")):
-            raise ValueError(f"no such failure: {how!r}")
-        with self.lock:
-            self.failures.extend([how] * times)
-
-    def concurrent_max(self, key):
-        """The most requests in flight at once for one (customer, meter) pair."""
-        with self.lock:
-            return self.most_in_flight[key]
-
-    def wait_for(self, count, seconds=60):
-        """The accepted events once there are at least count; AssertionError after `seconds`."""
-        deadline = time.monotonic() + seconds
-        while True:
-            with self.lock:
-                accepted = list(self.accepted)
-            if len(accepted) >= count:
-                return accepted
-            assert time.monotonic() < deadline, f"{len(accepted)} of {count} events arrived in {seconds} s"
-            time.sleep(0.05)
-
-    def serve(self, handler, body):
-        method, path = handler.command, urllib.parse.urlsplit(handler.path).path
-        headers = {name.lower(): value for name, value in handler.headers.items()}
-        try:
-            events = self.vendor.read(method, path, headers, body)
-        except Refused as refused:
-            with self.lock:
-                self.invalid.append(f"{type(self.vendor).__name__}: {refused.reason}")
-                self.requests.append(Request(method, path, headers, body, refused.answer.status))
-            return refused.answer
-        with self.counted({(event["customer"], event["meter"]) for event in events}):
-            with self.lock:
-                failure = self.failures.popleft() if self.failures else None
-            answer = self.outcome(failure, events, headers, body)
-            with self.lock:
-                self.requests.append(Request(method, path, headers, body, answer and answer.status))
-        return answer
-
-    def outcome(self, failure, events, headers, body):
-        """The answer to a request that matches the description, given the failure asked for (None:
-        close the connection unanswered)."""
-        if failure == "close":
-            return None
-        if failure == 400:
-            return self.vendor.refusal(400, "Refused at the test's request.")
-        if isinstance(failure, tuple) and failure[0] == "429":
-            return self.vendor.rate_limited(failure[1])
-
-        def execute():
-            # A slow vendor is slow at its work: the events are taken (and an idempotency key held)
-            # only once the time is up, whether or not the client still waits.
-            if isinstance(failure, tuple) and failure[0] == "slow":
-                self.stopping.wait(failure[1])
-            return self.vendor.server_error() if failure == 500 else self.settle(events)
-
-        return self.vendor.replayed(headers, body, execute)
-
-    def settle(self, events):
-        with self.lock:
-            reused, identities = [], set()
-            for event in events:
-                identity = self.vendor.identity(event)
-                reused.append(identity in self.seen or identity in identities)
-                identities.add(identity)
-            answer, kept = self.vendor.settle(events, reused)
-            self.accepted.extend(kept)
-            self.seen.update(self.vendor.identity(event) for event in kept)
-            self.duplicates.extend(event for event, again in zip(events, reused) if again)
-        return answer
-
-    @contextlib.contextmanager
-    def counted(self, keys):
-        """Counts the request in flight for each key until its answer is ready; the answer is written
-        after, so a client that waits for it never overlaps itself."""
-        with self.lock:
-            for key in keys:
-                self.in_flight[key] += 1
-                self.most_in_flight[key] = max(self.most_in_flight[key], self.in_flight[key])
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.in_flight.subtract(keys)
-
-
-def handler_for(receiver):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            answer = receiver.serve(self, self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            # One request a connection: nothing keeps a request thread waiting once it is answered.
-            self.close_connection = True
-            if answer is None:
-                return
-            self.send_response(answer.status)
-            for name, value in answer.headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(answer.body)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(answer.body)
-
-        do_GET = do_PUT = do_PATCH = do_DELETE = do_POST
-
-        def log_message(self, *args):
-            pass
-
-    return Handler

@@ -47,6 +47,11 @@ def report(*tokens, url="https://github.com/octo/repo/blob/0123abc/settings.py",
                       separators=(",", ":")).encode()
 
 
+def send(client, signer, body, **options):
+    """The report's raw body posted as GitHub posts it, signed, with Flask's test client."""
+    return client.post(PATH, data=body, headers=signer.headers(body), **options)
+
+
 class KeysServer(http.server.ThreadingHTTPServer):
     # server_close joins every request's thread: none outlives the test.
     daemon_threads = False

@@ -73,3 +73,14 @@ def test_an_import_against_the_rule_breaks_its_contract(monkeypatch, contract_id
         graph.add_import(importer=imported, imported=importer, line_number=1, line_contents=f"import {importer}")
     monkeypatch.setattr(layering, "checkout_graph", lambda: graph)
     assert not contract(contract_id).check(None, verbose=False).kept
+
+
+def test_no_module_of_the_service_the_tests_or_the_benchmarks_passes_400_lines():
+    """One concern a module (docs/development.md, "Layout")."""
+    folders = [layering.ROOT / "tests", layering.ROOT / "bench"]
+    modules = [*layering.service_files(), *(path for folder in folders for path in folder.rglob("*.py")
+                                            if "node_modules" not in path.parts)]
+    assert len(modules) > 300
+    too_long = {str(path.relative_to(layering.ROOT)): lines for path in modules
+                if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400}
+    assert too_long == {}

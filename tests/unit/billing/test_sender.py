@@ -10,7 +10,7 @@ import http.server
 import threading
 
 import pytest
-from billingvendors import VendorReceiver
+from billingreceiver import VendorReceiver
 from prometheus_client import REGISTRY
 
 from billing import closing, sender, targets

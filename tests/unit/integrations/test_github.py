@@ -2,7 +2,8 @@
 against a loopback server of GitHub's keys: a signed report revokes the active keys it names (the
 security log, the webhook event with source and url, the owner's mail), labels every token, and
 changes nothing when replayed; forged, malformed, oversized and unjudgeable reports are refused and
-change nothing; no token reaches a log or an error (the real server: tests/live/test_github_scanning.py)."""
+change nothing; no token reaches a log or an error (the real server: tests/live/test_github_scanning.py;
+reports of many keys: test_github_batches.py)."""
 
 import datetime
 import io
@@ -11,59 +12,20 @@ import logging
 
 import pytest
 from contract import assert_conforms, assert_error
-from githubscanning import PATH, Signer, report, serving_keys
+from githubscanning import PATH, Signer, report, send
 from webhookreceiver import catalog_errors
 
-from accounts import securitylog, users
-from integrations import github, githubkeys
+from accounts import users
+from integrations import github
 from keys import keyformat
-from mail import notices, outbox
+from mail import outbox
 from mail.models import MailMessage
-from models import ApiKey, Membership, SecurityEvent, User, db, personal_organisation, utcnow
+from models import ApiKey, Membership, SecurityEvent, utcnow
 from orgs import keyactions, members
 from webhooks import endpoints
 from webhooks.models import WebhookMessage
 
 MIB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def signer():
-    return Signer("a" * 64)
-
-
-@pytest.fixture
-def keys(signer):
-    with serving_keys(signer) as keys:
-        yield keys
-
-
-@pytest.fixture
-def scanning(make_app, database_url, keys):
-    """An app with GITHUB_SECRET_SCANNING on, its keys read from the loopback server."""
-    app = make_app({"DATABASE_URL": database_url, "RATELIMIT_STORAGE_URL": "memory://", "TESTING": True,
-                    "PUBLIC_RATE_LIMIT": "50/minute", "WTF_CSRF_ENABLED": False, "MAIL_URL": "console",
-                    "PUBLIC_URL": "https://api.example.com", "WEBHOOK_ALLOW_PRIVATE": True,
-                    "GITHUB_SECRET_SCANNING": True, "GITHUB_SECRET_SCANNING_KEYS_URL": keys.url})
-    with app.app_context():
-        yield app
-
-
-@pytest.fixture
-def client(scanning):
-    return scanning.test_client()
-
-
-@pytest.fixture
-def bob(scanning):
-    bob = users.create_user("bob", "bob@example.com", "correct horse battery")
-    User.update(email_verified_at=utcnow()).where(User.id == bob.id).execute()
-    endpoints.add_endpoint(bob, "http://127.0.0.1:9/hooks")
-    return bob
-
-
-def send(client, signer, body, **options):
-    return client.post(PATH, data=body, headers=signer.headers(body), **options)
 
 
 def state():
@@ -363,51 +325,3 @@ def test_no_token_reaches_the_log_or_an_answer(client, signer, bob, caplog):
         assert token not in caplog.text and token[8:] not in caplog.text
         assert all(token not in answer.get_data(as_text=True) for answer in answers)
     assert "GitHub reported 2 tokens: 1 of this service's secrets, 1 revoked now." in caplog.text
-
-
-def test_the_keys_module_reads_with_bounds_github_sets():
-    assert (githubkeys.KEPT_FOR, githubkeys.READ_AGAIN_AFTER) == (30 * 60, 60)
-    assert githubkeys.READ_SECONDS <= 5 and github.MAX_REPORT_BYTES == MIB and github.MAX_ENTRIES == 1000
-
-
-def test_a_report_trims_each_organisations_log_once_at_its_end(client, signer, bob, monkeypatch):
-    """Eight keys revoked by one report in a log that keeps five: the newest five events are kept,
-    and the trim's index walk ran once for the organisation, not once per key."""
-    monkeypatch.setattr(securitylog, "KEPT", 5)
-    secrets = [keyactions.issue_key(bob, f"key {n}", "development")[1] for n in range(8)]
-    trims = []
-    forget = securitylog.forget_beyond_kept
-    monkeypatch.setattr(securitylog, "forget_beyond_kept", lambda whose: trims.append(whose) or forget(whose))
-    assert send(client, signer, report(*secrets)).status_code == 200
-    kept = securitylog.recent_in(personal_organisation(bob.id).id, limit=None)
-    assert [event.event for event in kept] == ["key.revoked_as_leaked"] * 5
-    revoked_in_order = [f"key {secrets.index(secret)}" for secret in sorted(secrets)]  # the secrets' order
-    assert [event.detail.split(" (")[0] for event in kept] == revoked_in_order[:2:-1]
-    assert len(trims) == 1
-
-
-def test_a_report_s_revocations_commit_a_few_at_a_time_each_announced_after_its_commit(scanning, client, signer,
-                                                                                       bob, monkeypatch):
-    """Seven keys in transactions of three: three announcements, each of its transaction's keys and
-    made once it has committed (another process must never read a key's old row under the new
-    generation); the keys are taken in their secrets' order, whatever the report's."""
-    monkeypatch.setattr(github, "ENTRIES_PER_TRANSACTION", 3)
-    made = [keyactions.issue_key(bob, f"key {n}", "development") for n in range(7)]
-    announced = []
-    monkeypatch.setattr(scanning.extensions["keys"], "announce_change",
-                        lambda keys: announced.append((db.in_transaction(), [key.id for key in keys])))
-    assert send(client, signer, report(*(secret for _, secret in made))).status_code == 200
-    ids = [key.id for key, _ in sorted(made, key=lambda pair: pair[1])]
-    assert announced == [(False, ids[:3]), (False, ids[3:6]), (False, ids[6:])]
-    assert ApiKey.select().where(ApiKey.revoked_at.is_null()).count() == 0
-
-
-def test_a_report_of_many_keys_of_one_creator_counts_their_mails_once_past_the_cap(client, signer, bob, caplog):
-    """Fourteen keys of one creator: ten notices reach the address, and the four past the hourly cap
-    are one warning, not one each."""
-    secrets = [keyactions.issue_key(bob, f"key {n}", "development")[1] for n in range(14)]
-    caplog.set_level(logging.WARNING, logger="mail.notices")
-    assert send(client, signer, report(*secrets)).status_code == 200
-    assert MailMessage.select().where(MailMessage.recipient == "bob@example.com").count() == notices.NOTICES_PER_HOUR
-    assert [record.getMessage() for record in caplog.records if record.name == "mail.notices"] == [
-        f"No key_leaked notice for user {bob.id}: 10 mails went to their address in the last hour."]

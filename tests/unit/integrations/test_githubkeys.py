@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from githubscanning import SAMPLES, Signer, serving_keys
 from liveserver import free_port
 
-from integrations import githubkeys
+from integrations import github, githubkeys
 from integrations.githubkeys import GitHubKeys, KeysUnavailable, KeysUnreadable, parse_keys, signature_holds
 
 
@@ -255,3 +255,8 @@ def test_the_log_names_the_keys_host_only(caplog):
         keys.key_for("any")
     assert "https://keys.example.com" in caplog.text
     assert "s3cr3t" not in caplog.text and "abc" not in caplog.text
+
+
+def test_the_keys_module_reads_with_bounds_github_sets():
+    assert (githubkeys.KEPT_FOR, githubkeys.READ_AGAIN_AFTER) == (30 * 60, 60)
+    assert githubkeys.READ_SECONDS <= 5 and github.MAX_REPORT_BYTES == 1024 * 1024 and github.MAX_ENTRIES == 1000
