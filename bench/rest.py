@@ -1,6 +1,7 @@
 """REST under wrk: bare Flask, the public endpoint, protected/test with one key and with a
-random one of 100,000, and the FastAPI peer's async and sync routes (bench/peer.py) with one key,
-interleaved rounds; with --against, another checkout's beside them.
+random one of 100,000, the other keyed GETs (user/me, usage/stats, usage/history) with one key,
+and the FastAPI peer's async and sync routes (bench/peer.py) with one key, interleaved rounds;
+with --against, another checkout's beside them.
 
     python -m bench.rest [--against DIR] [--runs N] [--quick] [--json FILE]
 """
@@ -16,6 +17,8 @@ ONE_KEY = "`GET /api/v1/protected/test`, 1 key"
 RANDOM_KEY = "`GET /api/v1/protected/test`, random of {:,} keys"
 PEER_ASYNC = "FastAPI + uvicorn peer, `async def` route, 1 key"
 PEER_SYNC = "FastAPI + uvicorn peer, `def` route, 1 key"
+# The other keyed GETs, each with one key: they read the database on every request.
+OTHER_KEYED = {f"`GET /api/v1/{path}`, 1 key": path for path in ("user/me", "usage/stats", "usage/history")}
 
 
 def measure(workdir, options):
@@ -74,6 +77,8 @@ def measure_rounds(service, bare, peer, other, secrets, keys_file, options):
         PEER_SYNC: lambda: wrk.run(peer.base + "/sync/api/v1/protected/test", **keyed),
         random_name: lambda: wrk.run(service.base, **random_key),
     }
+    for name, path in OTHER_KEYED.items():
+        cases[name] = (lambda path: lambda: wrk.run(f"{service.base}/api/v1/{path}", **keyed))(path)
     if other:
         name = options.against.name
         cases[f"{DEMO}, of {name}"] = lambda: wrk.run(other.base + "/api/v1/demo/year", seconds=seconds)
@@ -103,7 +108,7 @@ def order(random_name, repetition, against):
         return pair if repetition % 2 == 0 else pair[::-1]
 
     keyed = servers.rotated([beside(ONE_KEY), [PEER_ASYNC], [PEER_SYNC]], repetition)
-    return [BARE, *beside(DEMO), *(name for group in keyed for name in group), *beside(random_name)]
+    return [BARE, *beside(DEMO), *(name for group in keyed for name in group), *OTHER_KEYED, *beside(random_name)]
 
 
 def medians_of(rounds):
