@@ -23,10 +23,11 @@ if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench import servers
-from bench.sharedstores import fresh_database
+from bench.sharedstores import drop_database, fresh_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "a long bench password"
+POSTGRES_DATABASE = "bench_keyimports"
 
 
 def write_file(path, lines):
@@ -110,9 +111,13 @@ def main():
         for name in ("sqlite", "postgresql"):
             runs = []
             for run in range(args.runs):
-                url = (f"sqlite:///{workdir}/import-{run}.db" if name == "sqlite"
-                       else fresh_database("bench_keyimports"))
-                runs.append(import_once(url, path))
+                if name == "sqlite":
+                    runs.append(import_once(f"sqlite:///{workdir}/import-{run}.db", path))
+                    continue
+                try:
+                    runs.append(import_once(fresh_database(POSTGRES_DATABASE), path))
+                finally:
+                    drop_database(POSTGRES_DATABASE)
             print(f"| {name} | {' / '.join(f'{s:.1f}' for s in runs)} | {statistics.median(runs):.1f} |")
         known, unknown = probe(workdir, args.probes)
         print(f"Refusal, median of {args.probes} each, alternating: a lookup prefix past its allowance "

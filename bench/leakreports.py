@@ -67,11 +67,7 @@ def run_once(database):
             return float(result.stdout.split()[-1])
         finally:
             if drop:
-                psql(f"DROP DATABASE {drop}")
-
-
-def psql(statement):
-    subprocess.run(["psql", sharedstores.POSTGRES_ADMIN_URL, "-q", "-c", statement], check=True, capture_output=True)
+                sharedstores.drop_database(drop)
 
 
 def main():

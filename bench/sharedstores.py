@@ -92,6 +92,14 @@ def fresh_database(name):
     return POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
 
 
+def drop_database(name):
+    """Drop the database `name` on 127.0.0.1:5432, as a run ends: nothing of the bench's stays behind."""
+    import psycopg
+
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 # PostgreSQL: pg_stat_database read from the admin database adds nothing to the counts; the
 # per-table counts, read in the bench database, add one transaction a read (the idle rate has them too).
 
