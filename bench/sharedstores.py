@@ -86,14 +86,15 @@ def fresh_database(name):
     """Drop the database `name` on 127.0.0.1:5432 if it is there, make it again, empty, and return its URL."""
     import psycopg
 
+    drop_database(name)
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         connection.execute(f"CREATE DATABASE {name}")
     return POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
 
 
 def drop_database(name):
-    """Drop the database `name` on 127.0.0.1:5432, as a run ends: nothing of the bench's stays behind."""
+    """Drop the database `name` on 127.0.0.1:5432 if it is there: as a run ends, nothing of the
+    bench's stays behind."""
     import psycopg
 
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
