@@ -4,16 +4,16 @@ import math
 import re
 
 from flask import Blueprint, current_app, request
-from peewee import JOIN
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 import auth
 import models
 import openapi
 import ratelimit
+from accounts import keycreators
 from auth import require_api_key
 from metering import analytics, credits, usage
-from models import ApiKey, User, iso_ms, iso_seconds, utc_from_epoch
+from models import iso_ms, iso_seconds, utc_from_epoch
 from openapi import VERSION
 from ops import note as request_note
 from orgs import keyactions
@@ -63,21 +63,12 @@ def protected_test(api_key):
 @without_flask
 @require_api_key("user:read")
 def user_me(api_key):
-    # The key's creator: None once that account is deleted (the key still works for its
-    # organisation). The key itself may have been deleted with its organisation since it was admitted.
-    row = auth.found_key(ApiKey.select(ApiKey.id, ApiKey.user, User).join(User, JOIN.LEFT_OUTER)
-                         .where(ApiKey.id == api_key.id).first())
-    user = row.user if row.user_id is not None else None
-    return {
-        "user_id": user and user.id,
-        "username": user and user.username,
-        "email": user and user.email,
-        "created_at": user and iso_seconds(user.created_at),
-        "api_key_count": ApiKey.active_in(api_key.org_id, created_by=user.id).count() if user else 0,
-    }
+    # The key itself may have been deleted with its organisation since it was admitted.
+    return auth.found_key(keycreators.described(api_key))
 
 
 @api.get("/usage/stats")
+@without_flask
 @require_api_key("usage:read")
 def usage_stats(api_key):
     key, window = api_key, ratelimit.current_window()
@@ -95,12 +86,13 @@ def usage_stats(api_key):
         "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
     }
     if key.has_credits:
-        stats["credits"] = credits.summary(key, request_note.of(request.environ).credits_remaining)
+        stats["credits"] = credits.summary(key, request_note.current().credits_remaining)
         stats["credits_spent_today"] = usage.credits_spent_today(key)
     return stats
 
 
 @api.get("/usage/history")
+@without_flask
 @require_api_key("usage:read")
 def usage_history(api_key):
     return analytics.history(api_key)

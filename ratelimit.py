@@ -7,7 +7,6 @@ import logging
 import math
 import time
 
-from flask import request
 from limits import RateLimitItemPerDay, RateLimitItemPerHour, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.errors import StorageError
 from werkzeug.exceptions import InternalServerError, TooManyRequests
@@ -397,4 +396,4 @@ def seconds_until(epoch):
 
 def current_window():
     """The RateLimitState this request was counted in."""
-    return request_note.of(request.environ).rate_limit
+    return request_note.current().rate_limit

@@ -4,12 +4,16 @@ endpoint, read from the hourly and daily rows with one bounded query each."""
 import collections
 import datetime
 
-from models import UsageDay, UsageHour, iso_seconds, start_of_hour, utcnow
+from models import UsageDay, UsageHour, db, iso_seconds, start_of_hour, utcnow
+from store.kept import KeptAnswers
 
 HOURS = 24
 DAYS = 30
 HOUR = datetime.timedelta(hours=1)
 DAY = datetime.timedelta(days=1)
+# Keys whose history is kept between two commits: up to 54 periods each, a few KiB to tens of KiB.
+HISTORIES_KEPT = 1_000
+kept_histories = KeptAnswers(db, HISTORIES_KEPT)
 # How the key page groups statuses: a success, a refusal for scope, a refusal for rate, the rest.
 OUTCOMES = {"success": "Success", "insufficient_scope": "Refused for scope", "rate_limited": "Rate limited",
             "other": "Other"}
@@ -81,14 +85,18 @@ def daily_json(periods):
 
 
 def history(key):
-    """GET /api/v1/usage/history's answer for the key."""
+    """GET /api/v1/usage/history's answer for the key: its hours and days as the database holds them,
+    kept while nothing is committed (a usage flush commits every second) within the hour."""
     now = utcnow()
-    return {
-        "api_key_name": key.name,
-        "generated_at": iso_seconds(now),
-        "hourly": [period.as_json("hour", iso_seconds(period.start)) for period in hourly([key.id], now=now)],
-        "daily": daily_json(daily([key.id], now=now)),
-    }
+    hour = start_of_hour(now)
+    hours, days = kept_histories.get((key.id, hour), lambda: (periods_json(key.id, hour), None))
+    return {"api_key_name": key.name, "generated_at": iso_seconds(now), "hourly": hours, "daily": days}
+
+
+def periods_json(key_id, now):
+    """(the key's hours, its days) as usage/history gives them."""
+    return ([period.as_json("hour", iso_seconds(period.start)) for period in hourly([key_id], now=now)],
+            daily_json(daily([key_id], now=now)))
 
 
 def endpoints_of(periods):

@@ -15,6 +15,7 @@ from peewee import DatabaseError, __exception_wrapper__
 from models import DATABASE_ERRORS, db, release_connection, start_of_hour, utcnow
 from ops import metrics, note as request_note, services
 from store import locks
+from store.kept import KeptAnswers
 from store.writelock import write_transaction
 
 # The HTTP status recorded for a time socket's accepted handshake.
@@ -29,6 +30,8 @@ KEYS_PER_TRANSACTION = 500
 # How long a graceful stop keeps trying to write what is pending while the database refuses,
 # within gunicorn's graceful_timeout (20 s), which also covers the requests still running.
 CLOSE_RETRY_SECONDS = 15
+# Keys whose written counts are kept between two commits: two numbers each.
+WRITTEN_COUNTS_KEPT = 10_000
 
 
 def pause_between_transactions():
@@ -75,6 +78,10 @@ class UsageCounter:
         self.writer = secrets.token_hex(16)
         self.sequence = 0
         self.in_doubt = None
+        # What the database holds of a key's counts, kept while nothing is committed (a flush of
+        # this process or another commits every second): a keyed GET asked many times in that
+        # second reads it once. Read under write_lock, as the counts pending beside it.
+        self.written_counts = KeptAnswers(database, WRITTEN_COUNTS_KEPT)
 
     def add(self, key_id, endpoint, status, counted, spent=False):
         """Record one request of the key; counted: it passed the key's allowance (total_requests);
@@ -95,23 +102,31 @@ class UsageCounter:
         self.database.connect(reuse_if_open=True)  # before the lock, as in flush_pending
         with self.write_lock:
             self.settle_doubt()
-            row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
-            if row is None:
+            written = self.written_counts.get(("total", key_id), lambda: (self.read_total(key_id), None))
+            if written is None:
                 return None
             with self.pending_lock:
-                return row[0] + sum(n for (pending_id, _, _, counted, _), n in self.pending.items()
-                                    if pending_id == key_id and counted)
+                return written + sum(n for (pending_id, _, _, counted, _), n in self.pending.items()
+                                     if pending_id == key_id and counted)
+
+    def read_total(self, key_id):
+        row = self.database.execute_sql(self.database.statements.total_requests, (key_id,)).fetchone()
+        return None if row is None else row[0]
 
     def credits_spent_today(self, key_id):
         """Return the credits the key spent today (UTC): what the database holds plus what is pending here."""
         self.database.connect(reuse_if_open=True)  # before the lock, as in flush_pending
         with self.write_lock:
             self.settle_doubt()
-            row = self.database.execute_sql(self.database.statements.credits_spent_on, (key_id, utcnow().date()))
-            written = row.fetchone()[0] or 0
+            today = utcnow().date()
+            written = self.written_counts.get(("spent", key_id, today), lambda: (self.read_spent(key_id, today), None))
             with self.pending_lock:
                 return written + sum(n for (pending_id, _, _, _, spent), n in self.pending.items()
                                      if pending_id == key_id and spent)
+
+    def read_spent(self, key_id, day):
+        row = self.database.execute_sql(self.database.statements.credits_spent_on, (key_id, day))
+        return row.fetchone()[0] or 0
 
     def flush(self):
         """Write what is pending (and what the riders hand over), KEYS_PER_TRANSACTION keys a
@@ -275,15 +290,15 @@ def record_handshake(key):
 
 def credits_spent_today(key):
     """Return the credits the key spent today (UTC), this request's included (recorded with its answer)."""
-    note = request_note.of(request.environ)
-    return current_app.extensions["usage"].credits_spent_today(key.id) + (1 if note.credit_spent else 0)
+    note = request_note.current()
+    return note.app.extensions["usage"].credits_spent_today(key.id) + (1 if note.credit_spent else 0)
 
 
 def total_requests(key):
     """Return the key's exact lifetime request count, this request included (it is recorded with its
     answer, after the view), or None when the key was deleted."""
-    total = current_app.extensions["usage"].total(key.id)
+    note = request_note.current()
+    total = note.app.extensions["usage"].total(key.id)
     if total is None:
         return None
-    note = request_note.of(request.environ)
     return total + (1 if note.counted and note.usage_key_id == key.id else 0)

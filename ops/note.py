@@ -45,6 +45,11 @@ def of(environ):
     return environ.get(ENVIRON_KEY)
 
 
+def current():
+    """The note of the request being served, in Flask or in the fast lane (serving/fastlane.py)."""
+    return current_environ.get()[ENVIRON_KEY]
+
+
 def request_method(environ):
     """The method as Werkzeug gives it (request.method), by which Flask routes: "post" is a POST."""
     return environ.get("REQUEST_METHOD", "GET").upper()

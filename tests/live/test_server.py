@@ -92,6 +92,23 @@ def test_revocation_by_cli_takes_effect_on_the_next_request(server, env, command
     assert refused.json()["error"]["code"] == "invalid_api_key"
 
 
+def test_user_me_and_usage_stats_see_a_command_s_change_on_the_next_request(server, env, commands):
+    """Their answers are kept while nothing is committed (store/kept.py): a command's commit is seen."""
+    username = next(usernames)
+    headers = {"X-API-Key": make_key(env, commands=commands, user=username)}
+
+    def get(path):
+        return requests.get(f"{server.base}/api/v1/{path}", headers=headers, timeout=10).json()
+
+    assert [get("user/me")["api_key_count"] for _ in range(3)] == [1, 1, 1]
+    make_key(env, commands=commands, user=username)
+    assert get("user/me")["api_key_count"] == 2
+    newest = max(int(line.split("\t")[0]) for line in commands("keys", "list", username).splitlines())
+    commands("keys", "revoke", str(newest))
+    assert get("user/me")["api_key_count"] == 1
+    assert [get("usage/stats")["total_requests"] for _ in range(3)] == [6, 7, 8]
+
+
 @pytest.mark.parametrize("value", ["sk_live_" + "a" * 4000, "sk_live_\xe9\xe9" + "a" * 40,
                                    "sk_live_" + "a" * 40 + "\t"])
 def test_odd_key_headers_get_a_json_401(server, value):

@@ -73,11 +73,12 @@ def answer(response):
 
 
 def test_the_default_app_serves_its_plain_views_in_the_lane(lane_app):
-    assert set(lane_of(lane_app).views) == {"/api/v1/protected/test", "/api/v1/user/me", "/api/v1/demo/year",
-                                            "/api/v1/status"}
+    assert set(lane_of(lane_app).views) == {"/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats",
+                                            "/api/v1/usage/history", "/api/v1/demo/year", "/api/v1/status"}
 
 
-@pytest.mark.parametrize("path", ["/api/v1/protected/test", "/api/v1/user/me"])
+@pytest.mark.parametrize("path", ["/api/v1/protected/test", "/api/v1/user/me", "/api/v1/usage/stats",
+                                  "/api/v1/usage/history"])
 def test_a_plain_keyed_get_takes_the_lane(lane_app, path, monkeypatch):
     _, secret = issue(lane_app)
     response, dispatched = through_flask(lane_app, lambda: lane_app.test_client().get(
@@ -211,8 +212,13 @@ def test_the_storage_s_and_the_database_s_errors_are_flask_s(lane_app, monkeypat
     through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/demo/year"))
     assert through_lane == through_flask_alone and through_lane[0] == "200 OK"
     monkeypatch.undo()
-    monkeypatch.setattr(api.ApiKey, "select", database_down)
+    monkeypatch.setattr(models.ApiKey, "select", database_down)
     through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/user/me"))
+    assert through_lane == through_flask_alone and through_lane[0] == "503 SERVICE UNAVAILABLE"
+    monkeypatch.undo()
+    _, secret = issue(lane_app, "Alice history")  # three requests a minute each
+    monkeypatch.setattr(models.UsageHour, "select", database_down)
+    through_lane, through_flask_alone = both_ways(lane_app, monkeypatch, send("/api/v1/usage/history"))
     assert through_lane == through_flask_alone and through_lane[0] == "503 SERVICE UNAVAILABLE"
 
 

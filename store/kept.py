@@ -1,0 +1,56 @@
+"""Answers read from the database, kept in a process while nothing has been committed to it since:
+a keyed GET that asks the same question as the request before it answers without a database read.
+
+SQLite tells cheaply whether anything was committed since a connection last looked: its
+`PRAGMA data_version` moves with another connection's commit, its `total_changes` with its own
+writes. Nothing as cheap tells that of PostgreSQL, where another process may have committed: there
+nothing is kept and every answer is read."""
+
+import time
+
+from peewee import DatabaseProxy, SqliteDatabase
+
+
+def commit_mark(database):
+    """What equals an earlier mark only when nothing was committed to the database in between, by
+    any connection: (this thread's connection, its data_version, its total_changes) for SQLite;
+    None for another database, whose marks tell nothing."""
+    if isinstance(database, DatabaseProxy):
+        database = database.obj
+    if not isinstance(database, SqliteDatabase):
+        return None
+    connection = database.connection()
+    # The connection itself belongs in the mark: data_version counts per connection (threads,
+    # outside gevent, each have their own).
+    return connection, connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes
+
+
+class KeptAnswers:
+    """At most `size` answers, each kept under the commit mark it was read after, and used while
+    the mark is unchanged and the clock is before the time its read gave (when an answer depends on
+    the time too: a key expiring). Entries of an older mark are dropped as a new one is seen."""
+
+    def __init__(self, database, size):
+        self.database = database
+        self.size = size
+        self.mark = None
+        self.entries = {}
+
+    def get(self, question, read):
+        """The answer to a question: kept, or read(), which returns (the answer, the time.time()
+        from which it may no longer hold, or None: only a commit changes it)."""
+        mark = commit_mark(self.database)
+        if mark is None:
+            return read()[0]
+        if mark != self.mark:
+            # Each entry carries its mark as well: threads outside gevent see different marks.
+            self.entries = {}
+            self.mark = mark
+        entry = self.entries.get(question)
+        if entry is not None and entry[0] == mark and (entry[2] is None or time.time() < entry[2]):
+            return entry[1]
+        # The mark was taken before the read: after a commit in between, the next look reads again.
+        answer, until = read()
+        if question in self.entries or len(self.entries) < self.size:
+            self.entries[question] = (mark, answer, until)
+        return answer

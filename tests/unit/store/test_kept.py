@@ -1,0 +1,88 @@
+"""Answers kept while nothing is committed (store/kept.py): the mark moves with a commit of this
+connection or of another process, an answer may end at a time of its own, the entries are bounded,
+and a database without such a mark keeps nothing."""
+
+import contextlib
+import sqlite3
+import time
+
+from peewee import DatabaseProxy
+
+from store.connections import open_database
+from store.kept import KeptAnswers, commit_mark
+
+
+@contextlib.contextmanager
+def sqlite_database(tmp_path):
+    database = open_database(f"sqlite:///{tmp_path / 'kept.db'}")
+    database.execute_sql("CREATE TABLE numbers (n INTEGER)")
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def counting(answer, until=None):
+    """read() for KeptAnswers.get that gives the answer and counts its calls in .reads."""
+    def read():
+        read.reads += 1
+        return answer, until
+
+    read.reads = 0
+    return read
+
+
+def test_an_answer_is_read_again_after_a_commit_of_this_connection_or_another(tmp_path):
+    with sqlite_database(tmp_path) as database:
+        kept, read = KeptAnswers(database, 10), counting("answer")
+        assert [kept.get("question", read) for _ in range(3)] == ["answer"] * 3 and read.reads == 1
+        database.execute_sql("INSERT INTO numbers VALUES (1)")
+        kept.get("question", read)
+        assert read.reads == 2
+        with contextlib.closing(sqlite3.connect(tmp_path / "kept.db")) as other_process, other_process:
+            other_process.execute("INSERT INTO numbers VALUES (2)")
+        kept.get("question", read)
+        kept.get("question", read)
+        assert read.reads == 3
+
+
+def test_a_mark_tells_commits_apart_and_reads_through_a_proxy(tmp_path):
+    with sqlite_database(tmp_path) as database:
+        proxy = DatabaseProxy()
+        proxy.initialize(database)
+        before = commit_mark(proxy)
+        assert commit_mark(database) == before
+        database.execute_sql("UPDATE numbers SET n = 1")  # no row: nothing changed
+        assert commit_mark(database) == before
+        database.execute_sql("INSERT INTO numbers VALUES (1)")
+        assert commit_mark(database) != before
+
+
+def test_an_answer_that_ends_at_a_time_is_read_again_from_then(tmp_path):
+    with sqlite_database(tmp_path) as database:
+        kept, read = KeptAnswers(database, 10), counting("answer", until=time.time() + 0.2)
+        kept.get("question", read)
+        kept.get("question", read)
+        assert read.reads == 1
+        time.sleep(0.25)
+        kept.get("question", read)
+        assert read.reads == 2
+
+
+def test_no_more_than_size_answers_are_kept(tmp_path):
+    with sqlite_database(tmp_path) as database:
+        kept = KeptAnswers(database, 2)
+        reads = {question: counting(question) for question in "abc"}
+        for question in "abcabc":
+            assert kept.get(question, reads[question]) == question
+        assert len(kept.entries) == 2
+        assert [reads[question].reads for question in "abc"] == [1, 1, 2]
+
+
+def test_a_database_without_a_mark_keeps_nothing():
+    class OtherDatabase:
+        """Not SQLite: PostgreSQL, say, where another process's commit cannot be seen cheaply."""
+
+    kept, read = KeptAnswers(OtherDatabase(), 10), counting("answer")
+    assert commit_mark(OtherDatabase()) is None
+    assert [kept.get("question", read) for _ in range(3)] == ["answer"] * 3 and read.reads == 3
