@@ -5,6 +5,7 @@ import collections
 import datetime
 
 from models import UsageDay, UsageHour, db, iso_seconds, start_of_hour, utcnow
+from ops.encoded import Encoded, encode
 from store.kept import KeptAnswers
 
 HOURS = 24
@@ -86,17 +87,21 @@ def daily_json(periods):
 
 def history(key):
     """GET /api/v1/usage/history's answer for the key: its hours and days as the database holds them,
-    kept while nothing is committed (a usage flush commits every second) within the hour."""
+    kept with their JSON while nothing is committed (a usage flush commits every second) within the
+    hour."""
     now = utcnow()
     hour = start_of_hour(now)
-    hours, days = kept_histories.get((key.id, hour), lambda: (periods_json(key.id, hour), None))
-    return {"api_key_name": key.name, "generated_at": iso_seconds(now), "hourly": hours, "daily": days}
+    hours, days, text = kept_histories.get((key.id, hour), lambda: (periods_json(key.id, hour), None))
+    generated_at = iso_seconds(now)
+    return Encoded(f'{{"api_key_name":{encode(key.name)},"generated_at":"{generated_at}",{text}}}',
+                   api_key_name=key.name, generated_at=generated_at, hourly=hours, daily=days)
 
 
 def periods_json(key_id, now):
-    """(the key's hours, its days) as usage/history gives them."""
-    return ([period.as_json("hour", iso_seconds(period.start)) for period in hourly([key_id], now=now)],
-            daily_json(daily([key_id], now=now)))
+    """(the key's hours, its days, both as the JSON members "hourly" and "daily")."""
+    hours = [period.as_json("hour", iso_seconds(period.start)) for period in hourly([key_id], now=now)]
+    days = daily_json(daily([key_id], now=now))
+    return hours, days, f'"hourly":{encode(hours)},"daily":{encode(days)}'
 
 
 def endpoints_of(periods):

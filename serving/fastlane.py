@@ -5,9 +5,10 @@ itself does for `GET /api/v1/protected/test` (one interleaved run: the keyed req
 bare Flask route through Flask, 1.09 x through this lane; docs/bench/hot-path.md). A request takes the
 lane only when Flask would do nothing for it beyond calling its view:
 
-- its view is declared `without_flask` (it returns a dict and reads nothing but its key, if
-  any: no `request`, `g` or `current_app`) right above its guard, auth.require_api_key or, for a
-  public view, ratelimit.ip_rate_limited, on a GET route without URL variables;
+- its view is declared `without_flask` (it returns a dict, or an ops.encoded.Encoded, and reads
+  nothing but its key, if any: no `request`, `g` or `current_app`) right above its guard,
+  auth.require_api_key or, for a public view, ratelimit.ip_rate_limited, on a GET route without
+  URL variables;
 - it is exactly `GET` on exactly that path, with no body (no Content-Length but 0, no
   Transfer-Encoding), no Origin, no Upgrade, a Host that Werkzeug's routing accepts, and a scheme
   other than ws or wss (which a proxy may forward: Werkzeug routes those to WebSocket rules only);
@@ -26,6 +27,7 @@ from flask import signals
 
 import models
 from ops import note as request_note
+from ops.encoded import Encoded
 
 # What CONTENT_LENGTH holds for a request without a body: absent (servers), or 0 (Werkzeug's test client).
 NO_BODY = frozenset({None, "", "0"})
@@ -76,14 +78,15 @@ class Lane:
         request_note.of(environ).route = environ["PATH_INFO"]
         try:
             answer = view()
-            if type(answer) is not dict:
+            if type(answer) is not dict and type(answer) is not Encoded:
                 raise TypeError(f"{environ['PATH_INFO']}: a view declared without_flask returned {type(answer)}")
         except Exception as error:
             return self.render(environ, start_response, error, raised_by_view=True)
         finally:
             models.release_connection()
         try:
-            body = (self.app.json.encoder.encode(answer) + "\n").encode()
+            text = answer.json if type(answer) is Encoded else self.app.json.encoder.encode(answer)
+            body = (text + "\n").encode()
         except Exception as error:
             return self.render(environ, start_response, error, raised_by_view=False)
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])

@@ -9,6 +9,8 @@ from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.routing import Rule
 
+from ops.encoded import Encoded
+
 
 class CompactJson(DefaultJSONProvider):
     """Flask's JSON responses, keys in the order the views give them, written by one encoder made
@@ -25,7 +27,9 @@ class CompactJson(DefaultJSONProvider):
         # output go Flask's way.
         if len(args) != 1 or kwargs or self._app.debug or self.compact is False:
             return super().response(*args, **kwargs)
-        return self._app.response_class(self.encoder.encode(args[0]) + "\n", mimetype=self.mimetype)
+        answer = args[0]
+        text = answer.json if type(answer) is Encoded else self.encoder.encode(answer)
+        return self._app.response_class(text + "\n", mimetype=self.mimetype)
 
 
 class LazyBuilderRule(Rule):

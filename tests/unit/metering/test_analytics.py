@@ -92,6 +92,18 @@ def test_history_counts_itself_after_the_flush_and_needs_its_scope(app, client, 
     assert get(client, HISTORY, "sk_live_" + "b" * 40).status_code == 401
 
 
+def test_history_s_own_json_is_the_answer_it_carries_as_the_app_would_write_it(app, client, user):
+    key, secret = keyactions.issue_key(user, "Café \u2615 \"quoted\"", "production", "pro")
+    get(client, PROTECTED, secret)
+    app.extensions["usage"].flush()
+    answer = analytics.history(key)
+    assert answer.json == app.json.encoder.encode(dict(answer))
+    assert answer["hourly"][-1]["by_endpoint"] == {PROTECTED: 1}
+    response = get(client, HISTORY, secret)
+    assert response.data == (answer.json.replace(answer["generated_at"], response.get_json()["generated_at"])
+                             + "\n").encode()
+
+
 def test_history_reads_older_days_from_the_daily_rows(app, client, pro_key):
     key = key_of(pro_key)
     today = utcnow().date()
