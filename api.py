@@ -13,7 +13,7 @@ import ratelimit
 from accounts import keycreators
 from auth import require_api_key
 from metering import analytics, credits, usage
-from models import iso_ms, iso_seconds, utc_from_epoch
+from models import iso_ms, iso_second
 from openapi import VERSION
 from ops import note as request_note
 from orgs import keyactions
@@ -83,7 +83,7 @@ def usage_stats(api_key):
         "total_requests": total,
         "rate_limit_tier": key.rate_limit_tier,
         "requests_remaining": window.remaining,
-        "reset_time": iso_seconds(utc_from_epoch(math.ceil(window.reset))),
+        "reset_time": iso_second(math.ceil(window.reset)),
     }
     if key.has_credits:
         stats["credits"] = credits.summary(key, request_note.current().credits_remaining)

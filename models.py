@@ -78,6 +78,11 @@ def now_strings():
     return f"{iso_to_the_second}.{int((now - second) * 1000):03d}Z", display
 
 
+def iso_second(second):
+    """Return whole epoch seconds as ISO 8601 to the second, with Z, formatted once a second."""
+    return second_strings(second)[0] + "Z"
+
+
 @functools.lru_cache(maxsize=4)
 def second_strings(second):
     moment = utc_from_epoch(second)

@@ -3,8 +3,10 @@ endpoint, read from the hourly and daily rows with one bounded query each."""
 
 import collections
 import datetime
+import math
+import time
 
-from models import UsageDay, UsageHour, db, iso_seconds, start_of_hour, utcnow
+from models import UsageDay, UsageHour, db, iso_second, iso_seconds, start_of_hour, utc_from_epoch, utcnow
 from ops.encoded import Encoded, encode
 from store.kept import KeptAnswers
 
@@ -89,10 +91,10 @@ def history(key):
     """GET /api/v1/usage/history's answer for the key: its hours and days as the database holds them,
     kept with their JSON while nothing is committed (a usage flush commits every second) within the
     hour."""
-    now = utcnow()
-    hour = start_of_hour(now)
-    hours, days, text = kept_histories.get((key.id, hour), lambda: (periods_json(key.id, hour), None))
-    generated_at = iso_seconds(now)
+    second = math.floor(time.time())
+    hour = second - second % 3600
+    hours, days, text = kept_histories.get((key.id, hour), lambda: (periods_json(key.id, utc_from_epoch(hour)), None))
+    generated_at = iso_second(second)
     return Encoded(f'{{"api_key_name":{encode(key.name)},"generated_at":"{generated_at}",{text}}}',
                    api_key_name=key.name, generated_at=generated_at, hourly=hours, daily=days)
 
