@@ -21,9 +21,11 @@ speed: on the service's side the count is a little high.
     python bench/hotpath.py --against ../before --served [--requests 500]
 
 With --imported (and --instructions), this checkout alone: a key imported by its SHA-256 hash
-(docs/importing-keys.md) against one made here, each counted as above.
+(docs/importing-keys.md) against one made here, each counted as above. With --keyed-paths, each
+keyed GET of this checkout (protected/test, user/me, usage/stats, usage/history) with one key.
 
     python bench/hotpath.py --imported --instructions [--requests 200]
+    python bench/hotpath.py --keyed-paths --instructions [--requests 200]
 """
 
 import argparse
@@ -39,6 +41,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PROTECTED = "/api/v1/protected/test"
+KEYED_PATHS = (PROTECTED, "/api/v1/user/me", "/api/v1/usage/stats", "/api/v1/usage/history")
 
 # Run inside the checkout being measured: prints the CPU microseconds per request.
 MEASURE = """
@@ -118,7 +122,7 @@ else:
             assert imported.refused is None, imported.refused
         else:
             _, secret = keyactions.issue_key(user, "bench", "development")
-    environ = EnvironBuilder(path="/api/v1/protected/test", headers={"X-API-Key": secret}).get_environ()
+    environ = EnvironBuilder(path=os.environ["BENCH_PATH"], headers={"X-API-Key": secret}).get_environ()
 
 def request(_):
     answer = []
@@ -132,8 +136,8 @@ assert len(list(itertools.takewhile(request, range(int(sys.argv[2]))))) == int(s
 """
 
 
-def count_instructions(checkout, requests, bare=False, imported=False):
-    """Instructions per request of protected/test in checkout, or of bench/bare.py's route: the main
+def count_instructions(checkout, requests, bare=False, imported=False, path=PROTECTED):
+    """Instructions per request of a keyed GET (protected/test) in checkout, or of bench/bare.py's route: the main
     thread's count for 3n requests less its count for n, over 2n, so that start-up and the usage
     flusher's thread (valgrind's --separate-threads) are left out and no symbol names are needed."""
     totals = []
@@ -143,7 +147,7 @@ def count_instructions(checkout, requests, bare=False, imported=False):
             subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
                             sys.executable, "-c", COUNT_INSTRUCTIONS, f"{workdir}/bench.db", str(measured),
                             str(ROOT / "bench") if bare else ""], cwd=checkout, capture_output=True, check=True,
-                           env={**os.environ, "BENCH_IMPORTED_KEY": "1" if imported else "",
+                           env={**os.environ, "BENCH_IMPORTED_KEY": "1" if imported else "", "BENCH_PATH": path,
                                 # One hash seed for every count: with a random one, the same code's
                                 # count moved by up to ~5 % between runs; with this one, by ~0.7 %.
                                 "PYTHONHASHSEED": "0"})
@@ -265,6 +269,18 @@ def imported_against_native(requests):
     print(json.dumps({"native": native, "imported": imported}))
 
 
+def keyed_paths(requests):
+    """Each keyed GET of this checkout, counted as protected/test is, beside the bare route."""
+    counts = {"bare": count_instructions(ROOT, requests, bare=True)}
+    counts |= {path: count_instructions(ROOT, requests, path=path) for path in KEYED_PATHS}
+    print(f"Instructions per request through the WSGI app (callgrind, {requests} requests after 300 unmeasured)")
+    print("| | instructions | ÷ bare | ÷ protected/test |")
+    print("|---|---|---|---|")
+    for name, count in counts.items():
+        print(f"| `{name}` | {count:,.0f} | {count / counts['bare']:.2f} | {count / counts[PROTECTED]:.2f} |")
+    print(json.dumps(counts))
+
+
 def measure(checkout, requests):
     with tempfile.TemporaryDirectory(prefix="bench-hotpath-") as workdir:
         output = subprocess.run(["taskset", "-c", "1", sys.executable, "-c", MEASURE, f"{workdir}/bench.db",
@@ -277,6 +293,8 @@ def main():
     parser.add_argument("--against", type=Path, metavar="DIR")
     parser.add_argument("--imported", action="store_true",
                         help="with --instructions: an imported key against a native one")
+    parser.add_argument("--keyed-paths", action="store_true",
+                        help="with --instructions: each keyed GET of this checkout, beside the bare route")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, help="per round (default 5000), or counted (default 200; served 500)")
     parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
@@ -284,8 +302,10 @@ def main():
     args = parser.parse_args()
     if args.imported:
         return imported_against_native(args.requests or 200)
+    if args.keyed_paths:
+        return keyed_paths(args.requests or 200)
     if args.against is None:
-        parser.error("--against DIR is required, unless --imported")
+        parser.error("--against DIR is required, unless --imported or --keyed-paths")
     checkouts = {"this": ROOT, "other": args.against.resolve()}
     if args.instructions or args.served:
         return instructions(checkouts, args.requests or (500 if args.served else 200), args.served)
