@@ -14,8 +14,8 @@ HOURS = 24
 DAYS = 30
 HOUR = datetime.timedelta(hours=1)
 DAY = datetime.timedelta(days=1)
-# Keys whose history is kept between two commits: up to 54 periods each, a few KiB to tens of KiB.
-HISTORIES_KEPT = 1_000
+# Keys whose history is kept between two commits: 54 periods each, 24-100 KiB with their JSON.
+HISTORIES_KEPT = 100
 kept_histories = KeptAnswers(db, HISTORIES_KEPT)
 # How the key page groups statuses: a success, a refusal for scope, a refusal for rate, the rest.
 OUTCOMES = {"success": "Success", "insufficient_scope": "Refused for scope", "rate_limited": "Rate limited",

@@ -3,7 +3,8 @@ a keyed GET that asks the same question as the request before it answers without
 
 SQLite tells cheaply whether anything was committed since a connection last looked: its
 `PRAGMA data_version` moves with another connection's commit, its `total_changes` with its own
-writes. Nothing as cheap tells that of PostgreSQL, where another process may have committed: there
+writes (not its own schema changes, which the service makes only as it starts, before anything is
+kept). Nothing as cheap tells that of PostgreSQL, where another process may have committed: there
 nothing is kept and every answer is read."""
 
 import time
@@ -40,7 +41,9 @@ class KeptAnswers:
         """The answer to a question: kept, or read(), which returns (the answer, the time.time()
         from which it may no longer hold, or None: only a commit changes it)."""
         mark = commit_mark(self.database)
-        if mark is None:
+        # Inside a transaction (a greenlet's, on the connection every greenlet shares), what is read
+        # may yet be rolled back, which moves neither counter.
+        if mark is None or mark[0].in_transaction:
             return read()[0]
         if mark != self.mark:
             # Each entry carries its mark as well: threads outside gevent see different marks.

@@ -86,3 +86,19 @@ def test_a_database_without_a_mark_keeps_nothing():
     kept, read = KeptAnswers(OtherDatabase(), 10), counting("answer")
     assert commit_mark(OtherDatabase()) is None
     assert [kept.get("question", read) for _ in range(3)] == ["answer"] * 3 and read.reads == 3
+
+
+def test_nothing_is_kept_from_inside_a_transaction_that_may_yet_roll_back(tmp_path):
+    """Attacker's review: a greenlet's transaction on the connection every greenlet shares, rolled
+    back after another read inside it, moves neither counter; what was read must not outlive it."""
+    with sqlite_database(tmp_path) as database:
+        kept = KeptAnswers(database, 10)
+
+        def count():
+            return database.execute_sql("SELECT count(*) FROM numbers").fetchone()[0], None
+
+        with database.atomic() as transaction:
+            database.execute_sql("INSERT INTO numbers VALUES (1)")
+            assert kept.get("how many", count) == 1
+            transaction.rollback()
+        assert kept.get("how many", count) == 0
