@@ -33,7 +33,6 @@ from keys import imported
 from keys.lookup import find_active_key
 from models import db
 from store.connections import greenlets_share_thread
-from store.kept import commit_mark
 from store.limitstorage import LimitStorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -72,10 +71,13 @@ class SqliteGeneration:
         self.last_read = (None, None)
 
     def current(self):
-        seen = commit_mark(self.database)
+        connection = self.database.connection()
+        # The connection itself, because data_version counts per connection (threads, outside gevent,
+        # each have their own).
+        seen = (connection, connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes)
         last_seen, generation = self.last_read
         if seen != last_seen:
-            generation = seen[0].execute("SELECT generation FROM key_generation").fetchone()[0]
+            generation = connection.execute("SELECT generation FROM key_generation").fetchone()[0]
             self.last_read = (seen, generation)
         return generation
 
