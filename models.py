@@ -234,9 +234,8 @@ class ApiKey(BaseModel):
     allow_ips = TextField(null=True)
     # The key's own windows (`10/second+5000/hour`) in place of its tier's; NULL: its tier's.
     rate_limits = CharField(null=True, max_length=200)
-    # Credits (metering/credits.py): NULL remaining is a key without credits. granted is what the
-    # last set, add or refill gave (credits.low is 10 % of it); refilled_for the start of the last
-    # period whose refill is applied.
+    # Credits (metering/credits.py): NULL remaining is a key without credits. granted is what the last set, add
+    # or refill gave (credits.low is 10 % of it); refilled_for the start of the last period whose refill is applied.
     credits_remaining = BigIntegerField(null=True)
     credits_granted = BigIntegerField(null=True)
     credits_refill_amount = BigIntegerField(null=True)
