@@ -73,7 +73,8 @@ class SqliteGeneration:
     def current(self):
         connection = self.database.connection()
         # The connection itself, because data_version counts per connection (threads, outside gevent,
-        # each have their own).
+        # each have their own). store/kept.py's commit_mark, written out: through that call and its
+        # checks, protected/test took 0.7 % more instructions.
         seen = (connection, connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes)
         last_seen, generation = self.last_read
         if seen != last_seen:
