@@ -37,6 +37,8 @@ COPIED = {
     wsgi.Response.sendfile: "417ea65fb9a19f5b",
     wsgi.Response.write_file: "dbbc6333931219cc",
     wsgi.Response.close: "1e78fc7777ff09ae",
+    wsgi.Response.process_headers: "496d84a357b028ae",
+    util.is_hoppish: "37c54c9e838fc97a",
     wsgi.create: "2c35d4a2dc629ede",
     util.write: "cd995031295fd782",
     util.write_chunk: "9cd46540c593e44d",
@@ -267,3 +269,44 @@ def test_a_gevent_socket_gets_the_whole_response_however_much_its_buffer_takes(s
         served.close()
         client.close()
     assert replies == [body * parts]
+
+
+class StrSubclass(str):
+    pass
+
+
+HEADER_LISTS = [
+    [("Content-Type", "application/json"), ("X-Request-ID", "abc"), ("RateLimit", '"free";r=9;t=60')],
+    [("Content-Length", " 12 "), ("content-length", "13")],
+    [("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Keep-Alive", "timeout=5"), ("Server", "x")],
+    [("Connection", "close"), ("Upgrade", "h2c"), ("Transfer-Encoding", "chunked"), ("date", "now")],
+    [("X-Padded", " \t value \t "), ("X-Empty", ""), ("X-Latin", "caf\xe9")],
+    [("X-Ok", "1"), ("Bad Name", "x")],
+    [("X-Ok", "1"), ("", "x")],
+    [("X-Ok", "1"), ("X-Split", "a\r\nSet-Cookie: b")],
+    [("X-Ok", "1"), ("X-Nul", "a\x00b")],
+    [("X-Ok", "1"), ("X-Wide", "\u2603")],
+    [("X-Ok", "1"), (b"X-Bytes", "x")],
+    [("X-Ok", "1"), ("X-Bytes", b"x")],
+    [("X-Ok", "1"), (["X-List"], "x")],
+    [("X-Ok", "1"), ("X-Number", 1)],
+    [(StrSubclass("X-Sub"), StrSubclass(" y "))],
+    [("X-Ok", "1"), ("Content-Length", "twelve")],
+]
+
+
+def headers_processed(response_class, headers):
+    """What process_headers leaves, or the error it raises, on a response of response_class."""
+    resp = response_class(types.SimpleNamespace(method="GET", version=(1, 1)), None, Config())
+    try:
+        resp.process_headers(headers)
+    except Exception as error:
+        return type(error), str(error), resp.headers
+    return resp.headers, resp.response_length, resp.upgrade
+
+
+@pytest.mark.parametrize("headers", HEADER_LISTS, ids=range(len(HEADER_LISTS)))
+def test_headers_are_checked_and_kept_as_gunicorn_checks_and_keeps_them(headers):
+    # Twice: the second time each name is one the worker has checked before.
+    for _ in range(2):
+        assert headers_processed(Response, headers) == headers_processed(wsgi.Response, headers)
