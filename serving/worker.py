@@ -22,6 +22,7 @@ from datetime import datetime
 import gevent
 import gevent.socket
 from gunicorn import util
+from gunicorn.config import Config
 from gunicorn.http import wsgi
 from gunicorn.http.message import TOKEN_RE
 from gunicorn.workers.ggevent import GeventWorker
@@ -142,8 +143,30 @@ def is_plain_header_name(name):
     return TOKEN_RE.fullmatch(name) is not None and name.lower() != "content-length" and not util.is_hoppish(name)
 
 
+class KeptConfig(Config):
+    """gunicorn's settings, each kept as an attribute once read. gunicorn reads about 30 of them
+    for every request (15 to parse one), each through Config.__getattr__ and its setting's get():
+    0.85 us a read. Settings are set in the master before the worker is forked, never after."""
+
+    def __getattr__(self, name):
+        value = super().__getattr__(name)
+        self.__dict__[name] = value
+        return value
+
+    @classmethod
+    def of(cls, cfg):
+        kept = cls.__new__(cls)
+        kept.__dict__.update(vars(cfg))
+        return kept
+
+
 class Worker(GeventWorker):
-    """gunicorn's gevent worker, serving with the Response above."""
+    """gunicorn's gevent worker, serving with the Response above and its settings kept once read."""
+
+    def init_process(self):
+        # In the worker, after the fork: the master's settings are its own to change on a reload.
+        self.cfg = KeptConfig.of(self.cfg)
+        super().init_process()
 
     def load_wsgi(self):
         super().load_wsgi()

@@ -23,6 +23,7 @@ from gunicorn.http import wsgi
 from gunicorn.workers.base_async import AsyncWorker
 from gunicorn.workers.ggevent import GeventWorker
 
+from serving import worker as serving_worker
 from serving.worker import Response, Worker
 
 # What serving/worker.py copies or changes in gunicorn 27.0.1. A new gunicorn that changes one of
@@ -310,3 +311,22 @@ def test_headers_are_checked_and_kept_as_gunicorn_checks_and_keeps_them(headers)
     # Twice: the second time each name is one the worker has checked before.
     for _ in range(2):
         assert headers_processed(Response, headers) == headers_processed(wsgi.Response, headers)
+
+
+def test_a_kept_config_reads_every_setting_as_gunicorn_s_config_does_and_keeps_it():
+    cfg = Config()
+    cfg.set("keepalive", 7)
+    kept = serving_worker.KeptConfig.of(cfg)
+    # Those Config makes a property of (worker_class, address...) are its own, read each time.
+    plain = [name for name in cfg.settings if not isinstance(getattr(Config, name, None), property)]
+    assert "keepalive" in plain and "worker_class" not in plain
+    for name in cfg.settings:
+        assert getattr(kept, name) == getattr(cfg, name)
+        assert getattr(kept, name) == getattr(cfg, name)
+    assert set(plain) <= set(vars(kept)) and not set(plain) & set(vars(cfg))
+    assert (kept.keepalive, kept.is_ssl) == (7, cfg.is_ssl)
+    assert kept.forwarded_allow_networks() == cfg.forwarded_allow_networks()
+    with pytest.raises(AttributeError, match="No configuration setting for: no_such_setting"):
+        assert kept.no_such_setting is None
+    with pytest.raises(AttributeError, match="Invalid access"):
+        kept.keepalive = 8
