@@ -5,7 +5,8 @@ gunicorn sends a response's head alone and then its body: two `sendall` calls, t
 and, for a small JSON answer, two packets; gevent's `sendall` also asks the kernel for the socket's
 buffer size each time, and gunicorn formats the Date header anew for every response. Sending the
 head with the body made a served keyed request about 6 % faster (docs/bench/hot-path.md). It also
-checks each response header's name once rather than at every response.
+checks each response header's name once rather than at every response, and keeps gunicorn's
+settings once read (KeptConfig).
 gunicorn lets a protocol bring its own response class to `wsgi.create`, but its worker does not
 pass one, so `Worker.handle_async_request` is gunicorn's own with that one argument
 added; tests/unit/serving/test_worker.py fails when a new gunicorn changes what these copies were
@@ -144,9 +145,10 @@ def is_plain_header_name(name):
 
 
 class KeptConfig(Config):
-    """gunicorn's settings, each kept as an attribute once read. gunicorn reads about 30 of them
-    for every request (15 to parse one), each through Config.__getattr__ and its setting's get():
-    0.85 us a read. Settings are set in the master before the worker is forked, never after."""
+    """gunicorn's settings, each kept as an attribute once read. gunicorn reads about 20 of them
+    for every request (15 to parse one, 18 with the environ and the response), each through
+    Config.__getattr__ and its setting's get(): 0.85 us a read. Settings are set in the master
+    before the worker is forked, never after."""
 
     def __getattr__(self, name):
         value = super().__getattr__(name)
