@@ -168,12 +168,13 @@ class Limiter:
         if self.organisation_rate is not None:
             item = self.organisation_rate
             windows.append(Window(item, item.key_for(f"{tag}org:{key.org_id}"), ORGANISATION_POLICY))
-        storage_windows = [(window.key, window.item.get_expiry(), window.item.amount) for window in windows]
+        # A plan lives as long as its kept key: plain values in a tuple, which full collections stop walking.
+        storage_windows = tuple((window.key, window.item.get_expiry(), window.item.amount) for window in windows)
         policies = ", ".join(f'"{window.policy}";q={window.item.amount};w={window.item.get_expiry()}'
                              for window in windows)
         simple = len(windows) == 1 and not key.has_credits
-        marks = [None if window.policy == ORGANISATION_POLICY else thresholds.marks(window.item.amount)
-                 for window in windows]
+        marks = thresholds.marks_of(tuple(None if window.policy == ORGANISATION_POLICY else window.item.amount
+                                          for window in windows))
         key.limit_plan = LimitPlan(self, windows, storage_windows, simple, policies, marks)
         return key.limit_plan
 

@@ -3,6 +3,7 @@ worked out once per window (ratelimit.Limiter keeps them in the key's plan), so 
 whose count is one of them (exactly one request of all processes sees each count) emits the event
 at the cost of a dict lookup; and credits.low and credits.exhausted, from a spend's balance."""
 
+import functools
 import math
 
 from keys.events import key_data
@@ -16,6 +17,14 @@ def marks(amount):
     """{requests left after the request: percent} for a window of amount; where 80 % and 100 % are
     the same request (an allowance of 1 to 4), 100 %."""
     return {amount - math.ceil(amount * percent / 100): percent for percent in PERCENTS}
+
+
+@functools.lru_cache(maxsize=1024)
+def marks_of(amounts):
+    """marks() of each window's amount (None: no marks), one tuple shared by every key's plan of the same
+    amounts: a kept key's plan lives in the key cache, and each object of its own adds to every full
+    garbage collection."""
+    return tuple(None if amount is None else marks(amount) for amount in amounts)
 
 
 def ignore(org_id, event, data):

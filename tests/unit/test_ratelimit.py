@@ -1,6 +1,7 @@
 """Tier parsing, fixed windows, and the usage counter's flushes."""
 
 import collections
+import gc
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ from liveserver import ROOT
 from redis.crc import key_slot
 
 import ratelimit
-from metering import usage
+from metering import thresholds, usage
 from models import ApiKey, UsageHour, db, start_of_hour, utcnow
 from ops.note import Note
 from orgs import keyactions
@@ -274,6 +275,30 @@ def test_a_keys_window_is_limits_own_key_made_once_per_kept_key(app, user, pro_k
     other, = limiter.tiers["free"]
     assert limiter.count_request(key, Note(app, None)).limit == other.amount
     assert key.limit_plan.windows[0][:2] == (other, other.key_for(f"key:{key.id}"))
+
+
+@pytest.mark.parametrize("organisation_rate", [None, "60/minute"])
+def test_a_kept_key_s_plan_adds_no_object_for_collections_beyond_its_windows(app, user, organisation_rate,
+                                                                               monkeypatch):
+    """A key in the key cache keeps its plan, and every full collection walks each object the
+    collector tracks: the plan's storage windows, plain values, are tracked by none once
+    collections have seen them, and its threshold marks are those of every plan of its amounts."""
+    limiter = app.extensions["ratelimit"]
+    monkeypatch.setattr(limiter, "organisation_rate", organisation_rate and ratelimit.limit_item((60, "minute")))
+    monkeypatch.setitem(limiter.tiers, "two", ratelimit.limit_items("10/second+1000/hour"))
+    plans = []
+    for name in ("one", "another"):
+        key, _ = keyactions.issue_key(user, name, "development")
+        key.rate_limit_tier = "two"
+        plans.append(limiter.plan_for(key))
+    plan, other = plans
+    assert len(plan.storage_windows) == len(plan.marks) == (3 if organisation_rate else 2)
+    assert plan.storage_windows != other.storage_windows
+    assert plan.marks is other.marks
+    assert plan.marks[:2] == (thresholds.marks(10), thresholds.marks(1000))
+    gc.collect()
+    gc.collect()  # a tuple of tuples: the inner ones are let go first
+    assert not gc.is_tracked(plan.storage_windows)
 
 
 @pytest.mark.parametrize("organisation_rate", [None, "60/minute"])
