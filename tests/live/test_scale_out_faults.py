@@ -138,7 +138,8 @@ def test_counts_stay_exact_and_answers_bounded_through_outages_kills_reloads_and
     assert max(duration for *_, duration in probes) < 2
     assert [call for call in load.between(*windows["redis"]) if call.outcome == 503]
     slowest = max(calls, key=lambda call: call.duration)
-    assert slowest.duration < 2, slowest
+    # Where in the run it started, should it be slow: the outages' windows, the kill, the reloads.
+    assert slowest.duration < 2, (slowest, {"killed_at": killed_at, **windows})
     during_reloads = [call for start, end in windows["reloads"] for call in load.between(start, end)]
     assert during_reloads and {call.outcome for call in during_reloads} == {200}
     assert max(call.duration for call in during_reloads) < 1
