@@ -5,6 +5,7 @@ and until the soonest of those keys expires."""
 from peewee import JOIN, fn
 
 from models import ApiKey, User, db, epoch_of, iso_seconds
+from ops import note as request_note
 from store.kept import KeptAnswers
 
 # Keys asked about between two commits (a worker's usage flush commits every second): an entry
@@ -12,7 +13,7 @@ from store.kept import KeptAnswers
 SIZE = 10_000
 GONE = {"user_id": None, "username": None, "email": None, "created_at": None, "api_key_count": 0}
 
-kept = KeptAnswers(db, SIZE)
+kept = KeptAnswers(db, SIZE, request_note.data_versions)
 
 
 def described(key):

@@ -7,6 +7,7 @@ import math
 import time
 
 from models import UsageDay, UsageHour, db, iso_second, iso_seconds, start_of_hour, utc_from_epoch, utcnow
+from ops import note as request_note
 from ops.encoded import Encoded, encode
 from store.kept import KeptAnswers
 
@@ -16,7 +17,7 @@ HOUR = datetime.timedelta(hours=1)
 DAY = datetime.timedelta(days=1)
 # Keys whose history is kept between two commits: 54 periods each, 24-100 KiB with their JSON.
 HISTORIES_KEPT = 100
-kept_histories = KeptAnswers(db, HISTORIES_KEPT)
+kept_histories = KeptAnswers(db, HISTORIES_KEPT, request_note.data_versions)
 # How the key page groups statuses: a success, a refusal for scope, a refusal for rate, the rest.
 OUTCOMES = {"success": "Success", "insufficient_scope": "Refused for scope", "rate_limited": "Rate limited",
             "other": "Other"}

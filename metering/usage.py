@@ -81,7 +81,7 @@ class UsageCounter:
         # What the database holds of a key's counts, kept while nothing is committed (a flush of
         # this process or another commits every second): a keyed GET asked many times in that
         # second reads it once. Read under write_lock, as the counts pending beside it.
-        self.written_counts = KeptAnswers(database, WRITTEN_COUNTS_KEPT)
+        self.written_counts = KeptAnswers(database, WRITTEN_COUNTS_KEPT, request_note.data_versions)
 
     def add(self, key_id, endpoint, status, counted, spent=False):
         """Record one request of the key; counted: it passed the key's allowance (total_requests);

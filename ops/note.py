@@ -19,7 +19,7 @@ class Note:
     """What one request learned on its way through; None where it learned nothing of the kind."""
 
     __slots__ = ("app", "request_id", "route", "socket_route", "rate_limit", "usage_key_id", "counted",
-                 "credits_remaining", "credit_spent")
+                 "credits_remaining", "credit_spent", "data_versions")
 
     def __init__(self, app, request_id):
         self.app = app
@@ -38,6 +38,11 @@ class Note:
         # (the usage counts' ledger).
         self.credits_remaining = None
         self.credit_spent = False
+        # {SQLite connection: its data_version} as a plain request (serving/fastlane.py) first read
+        # it, so that the key cache and a kept answer (store/kept.py) read it once between them: its
+        # answers are as of that look, as if it were served at once. None in any other request,
+        # whose reads look each time (a WebSocket's outlive any look).
+        self.data_versions = None
 
 
 def of(environ):
@@ -48,6 +53,13 @@ def of(environ):
 def current():
     """The note of the request being served, in Flask or in the fast lane (serving/fastlane.py)."""
     return current_environ.get()[ENVIRON_KEY]
+
+
+def data_versions():
+    """The data_versions of the request being served, or None (in none, or in one that reads
+    the data_version at each look)."""
+    environ = current_environ.get(None)
+    return None if environ is None else environ[ENVIRON_KEY].data_versions
 
 
 def request_method(environ):

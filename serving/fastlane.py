@@ -75,7 +75,9 @@ class Lane:
                 or "HTTP_TRANSFER_ENCODING" in environ or "HTTP_ORIGIN" in environ or "HTTP_UPGRADE" in environ
                 or environ["wsgi.url_scheme"] in WEBSOCKET_SCHEMES or not routable_host(environ.get("HTTP_HOST"))):
             return self.wsgi_app(environ, start_response)
-        request_note.of(environ).route = environ["PATH_INFO"]
+        note = request_note.of(environ)
+        note.route = environ["PATH_INFO"]
+        note.data_versions = {}
         try:
             answer = view()
             if type(answer) is not dict and type(answer) is not Encoded:
@@ -83,6 +85,7 @@ class Lane:
         except Exception as error:
             return self.render(environ, start_response, error, raised_by_view=True)
         finally:
+            note.data_versions = None
             models.release_connection()
         try:
             text = answer.json if type(answer) is Encoded else self.app.json.encoder.encode(answer)

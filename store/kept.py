@@ -12,7 +12,19 @@ import time
 from peewee import DatabaseProxy, SqliteDatabase
 
 
-def commit_mark(database):
+def sqlite_mark(connection, looks=None):
+    """(connection, its data_version, its total_changes). looks: {connection: data_version} of a
+    request that reads the data_version once (ops/note.py's data_versions), or None to read it
+    now. Its total_changes is read now either way, so that its own writes move the mark."""
+    if looks is None:
+        return connection, connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes
+    data_version = looks.get(connection)
+    if data_version is None:
+        data_version = looks[connection] = connection.execute("PRAGMA data_version").fetchone()[0]
+    return connection, data_version, connection.total_changes
+
+
+def commit_mark(database, looks=None):
     """What equals an earlier mark only when nothing was committed to the database in between, by
     any connection: (this thread's connection, its data_version, its total_changes) for SQLite;
     None for another database, whose marks tell nothing."""
@@ -20,10 +32,9 @@ def commit_mark(database):
         database = database.obj
     if not isinstance(database, SqliteDatabase):
         return None
-    connection = database.connection()
     # The connection itself belongs in the mark: data_version counts per connection (threads,
     # outside gevent, each have their own).
-    return connection, connection.execute("PRAGMA data_version").fetchone()[0], connection.total_changes
+    return sqlite_mark(database.connection(), looks)
 
 
 class KeptAnswers:
@@ -31,16 +42,18 @@ class KeptAnswers:
     the mark is unchanged and the clock is before the time its read gave (when an answer depends on
     the time too: a key expiring). Entries of an older mark are dropped as a new one is seen."""
 
-    def __init__(self, database, size):
+    def __init__(self, database, size, looks=lambda: None):
         self.database = database
         self.size = size
+        # The request's data_versions (sqlite_mark's looks), read by each get.
+        self.looks = looks
         self.mark = None
         self.entries = {}
 
     def get(self, question, read):
         """The answer to a question: kept, or read(), which returns (the answer, the time.time()
         from which it may no longer hold, or None: only a commit changes it)."""
-        mark = commit_mark(self.database)
+        mark = commit_mark(self.database, self.looks())
         # Inside a transaction (a greenlet's, on the connection every greenlet shares), what is read
         # may yet be rolled back, which moves neither counter.
         if mark is None or mark[0].in_transaction:

@@ -31,8 +31,8 @@ def elsewhere(app, change):
     assert not failures, failures
 
 
-def statements_of(send):
-    """What send() had this thread's SQLite connection run, but for the look at its commit counter."""
+def traced(send):
+    """Every statement send() had this thread's SQLite connection run."""
     seen = []
     connection = db.connection()
     connection.set_trace_callback(seen.append)
@@ -40,7 +40,12 @@ def statements_of(send):
         send()
     finally:
         connection.set_trace_callback(None)
-    return [statement for statement in seen if statement != "PRAGMA data_version"]
+    return seen
+
+
+def statements_of(send):
+    """What send() had this thread's SQLite connection run, but for the look at its commit counter."""
+    return [statement for statement in traced(send) if statement != "PRAGMA data_version"]
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -54,6 +59,30 @@ def test_asked_again_before_a_commit_it_reads_nothing(app, client, user, pro_key
     elsewhere(app, lambda: User.update(email="alice@example.net").where(User.id == user.id).execute())
     assert statements_of(send) != []
     assert statements_of(send) == []
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("path", ["/api/v1/protected/test", *KEPT])
+def test_a_keyed_get_looks_at_the_commit_counter_once(client, pro_key, path):
+    """The key cache and the kept answer share the request's one look (ops/note.py's data_versions):
+    SQLite takes and drops a lock (two fcntl calls) for each."""
+    def send():
+        assert client.get(path, headers={"X-API-Key": pro_key}).status_code == 200
+
+    send()
+    assert traced(send).count("PRAGMA data_version") == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_request_through_flask_looks_at_each_read(client, pro_key):
+    """Only a plain request (serving/fastlane.py) holds its look; through Flask (an Origin header
+    sends it there) each read looks again, as everything outside a request does."""
+    def send():
+        assert client.get("/api/v1/user/me", headers={"X-API-Key": pro_key, "Origin": "https://elsewhere.example"}
+                          ).status_code == 200
+
+    send()
+    assert traced(send).count("PRAGMA data_version") == 2
 
 
 def test_user_me_sees_each_change_committed_elsewhere_from_the_next_request(app, client, user, pro_key):

@@ -9,7 +9,7 @@ import time
 from peewee import DatabaseProxy
 
 from store.connections import open_database
-from store.kept import KeptAnswers, commit_mark
+from store.kept import KeptAnswers, commit_mark, sqlite_mark
 
 
 @contextlib.contextmanager
@@ -102,3 +102,22 @@ def test_nothing_is_kept_from_inside_a_transaction_that_may_yet_roll_back(tmp_pa
             assert kept.get("how many", count) == 1
             transaction.rollback()
         assert kept.get("how many", count) == 0
+
+
+def test_a_request_s_one_look_still_sees_its_own_writes(tmp_path):
+    """A request that holds its look at data_version (looks) reads it once; its own commits move
+    the mark through total_changes, and another connection's show from the next request's look."""
+    with sqlite_database(tmp_path) as database:
+        connection, looks = database.connection(), {}
+        traced = []
+        connection.set_trace_callback(traced.append)
+        before = sqlite_mark(connection, looks)
+        assert sqlite_mark(connection, looks) == before
+        database.execute_sql("INSERT INTO numbers VALUES (1)")
+        assert sqlite_mark(connection, looks) != before
+        assert traced.count("PRAGMA data_version") == 1
+        with contextlib.closing(sqlite3.connect(tmp_path / "kept.db")) as other_process, other_process:
+            other_process.execute("INSERT INTO numbers VALUES (2)")
+        held = sqlite_mark(connection, looks)
+        assert sqlite_mark(connection, {}) != held
+        assert sqlite_mark(connection) != held
