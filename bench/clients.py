@@ -50,11 +50,12 @@ def epoch(text, layout):
     return datetime.datetime.strptime(text, layout).replace(tzinfo=datetime.UTC).timestamp()
 
 
-def lateness(sockets, window):
+def lateness(sockets, window, by_second=None):
     """Each tick's lateness after its whole second, for ticks of the seconds in window.
 
     sockets yields, for each socket, its (arrival time, raw message) pairs; return (arrived ms,
-    built ms, skipped seconds), the seconds of window that a socket never received summed."""
+    built ms, skipped seconds), the seconds of window that a socket never received summed. by_second,
+    if given, a {second: []} of window's seconds, gets each arrival's lateness under its second too."""
     parsed, arrived_ms, built_ms, skipped = {}, [], [], 0
     for arrivals in sockets:
         seen = set()
@@ -69,8 +70,17 @@ def lateness(sockets, window):
                 seen.add(second)
                 arrived_ms.append((arrived - second) * 1000)
                 built_ms.append((built - second) * 1000)
+                if by_second is not None:
+                    by_second[second].append(arrived_ms[-1])
         skipped += len(window - seen)
     return arrived_ms, built_ms, skipped
+
+
+def tick_p99s(by_second):
+    """Each second's arrival p99 in ms, in the order of the seconds (None for a second nothing
+    arrived in): a run's p99 over every arrival is the tail of its slowest ticks, and one slow
+    second, the machine's or the server's, can decide it."""
+    return [(percentiles(sorted(lates)) or {"p99": None})["p99"] for _, lates in sorted(by_second.items())]
 
 
 def percentiles(values):
@@ -235,13 +245,17 @@ def read_every_socket(port, paths, tick_seconds, rss_kib=None):
     reports = [pipe.recv() for pipe in pipes]
     for process in processes:
         process.join()
+    by_second = {second: [] for second in range(first_second, first_second + tick_seconds)}
+    for report in reports:
+        for second, lates in report["by_second"].items():
+            by_second[second].extend(lates)
     arrived = sorted(late for report in reports for late in report["arrived_ms"])
     built = sorted(late for report in reports for late in report["built_ms"])
     # The processes share the client core: their CPU seconds over the window is a share of it.
     cpu = sum(report["cpu_seconds"] for report in reports) / max(report["wall_seconds"] for report in reports)
     return {"sockets": len(paths), "handshake_failures": failures,
             "skipped_seconds": sum(report["skipped"] for report in reports),
-            "built_ms": percentiles(built), "arrived_ms": percentiles(arrived),
+            "built_ms": percentiles(built), "arrived_ms": percentiles(arrived), "tick_p99_ms": tick_p99s(by_second),
             "client_cpu_percent": round(100 * cpu), "rss_open_kib": rss_open}
 
 
@@ -281,11 +295,12 @@ def read_time_sockets(port, paths, tick_seconds, pipe):
                 pass
     cpu_seconds, wall_seconds = time.process_time() - cpu_started, time.time() - started
     window = set(range(first_second, first_second + tick_seconds))
-    arrived_ms, built_ms, skipped = lateness((reader.messages() for reader in readers.values()), window)
+    by_second = {second: [] for second in window}
+    arrived_ms, built_ms, skipped = lateness((reader.messages() for reader in readers.values()), window, by_second)
     for reader in readers.values():
         reader.sock.close()
-    pipe.send({"arrived_ms": arrived_ms, "built_ms": built_ms, "skipped": skipped, "cpu_seconds": cpu_seconds,
-               "wall_seconds": wall_seconds})
+    pipe.send({"by_second": by_second, "arrived_ms": arrived_ms, "built_ms": built_ms, "skipped": skipped,
+               "cpu_seconds": cpu_seconds, "wall_seconds": wall_seconds})
 
 
 class EchoClient(asyncio.Protocol):

@@ -7,6 +7,7 @@ kernel stamps each arrival, and their CPU share is reported.
 """
 
 import asyncio
+import statistics
 import time
 
 import websockets
@@ -53,6 +54,8 @@ def measure(workdir, options):
                     row["floor_skipped_seconds"] = floor["skipped_seconds"]
                     row["p99_to_floor"] = (row["arrived_ms"] and floor["arrived_ms"]
                                            and round(row["arrived_ms"]["p99"] / floor["arrived_ms"]["p99"], 2))
+                    row["floor_tick_p99_ms"] = floor["tick_p99_ms"]
+                    row["median_tick_p99_to_floor"] = median_tick_ratio(row["tick_p99_ms"], floor["tick_p99_ms"])
                 else:
                     row = asyncio.run(measure_ticks(server, secrets, count, before, options.tick_seconds))
             finally:
@@ -61,6 +64,8 @@ def measure(workdir, options):
             print(tick_row(f"{count:,}" + (f" | {run}" if options.runs > 1 else ""), row))
     if options.runs > 1:
         print_runs(rows, options)
+    if options.all_sockets:
+        print_ticks(rows, options)
     read = "every socket" if options.all_sockets else f"the {SAMPLE_SOCKETS} sockets opened last"
     return {"read": read, "tick_seconds": options.tick_seconds, "rows": rows}
 
@@ -87,6 +92,25 @@ def print_runs(rows, options):
         print(f"| {count:,} | {arrived['p50']} | {arrived['p99']} | {cpu_cell}"
               f"{sum(row['handshake_failures'] for row in runs)}, {sum(row['skipped_seconds'] for row in runs)} "
               f"| {each([row['rss_per_socket_kib'] for row in runs])} |{floor_cells}")
+
+
+def median_tick_ratio(ticks, floor_ticks):
+    """The service's median tick p99 ÷ the floor's: the typical second against the floor's, which
+    one slow second of either (a run's p99 is the tail of its slowest ticks) does not decide."""
+    ticks, floor_ticks = [t for t in ticks if t is not None], [t for t in floor_ticks if t is not None]
+    if not ticks or not floor_ticks:
+        return None
+    return round(statistics.median(ticks) / statistics.median(floor_ticks), 2)
+
+
+def print_ticks(rows, options):
+    """Each run's ticks, second by second: the arrival p99 of the service's and of its floor's."""
+    print("\nEach second's arrival p99, ms (the service; its floor just before), and the median second's ÷ the "
+          "floor's:\n")
+    for row in rows:
+        run = f", run {row['run']}" if options.runs > 1 else ""
+        print(f"- {row['sockets']:,}{run}: {each(row['tick_p99_ms'])}; floor {each(row['floor_tick_p99_ms'])}; "
+              f"{each([row['median_tick_p99_to_floor']], '.2f')}")
 
 
 def each(values, spec=".1f"):
