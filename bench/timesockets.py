@@ -1,7 +1,7 @@
 """Time sockets on one worker: how late each second's tick arrives and what a socket costs in
 memory, for 1,000 to 5,000 sockets (or the counts given). By default the 100 sockets opened last
-are read and the others held unread; with --all, client processes read every socket and the
-kernel stamps each arrival, and their CPU share is reported.
+are read and the others held unread, for 10 s of ticks; with --all, client processes read every
+socket for 60 s of ticks and the kernel stamps each arrival, and their CPU share is reported.
 
     python -m bench.timesockets [--all] [--sockets N [N ...]] [--runs N] [--quick] [--json FILE]
 """
@@ -22,8 +22,9 @@ def measure(workdir, options):
     env = servers.service_env(workdir)
     # The service allows 10 time sockets per key.
     secrets = servers.seed_keys(env, max(options.socket_counts) // 10)
+    seconds = options.every_socket_seconds if options.all_sockets else options.tick_seconds
     if options.all_sockets:
-        print(f"\nTime sockets, every one read: {options.tick_seconds} s of ticks; lateness after the whole second "
+        print(f"\nTime sockets, every one read: {seconds} s of ticks; lateness after the whole second "
               f"of every tick on every socket, as the client's kernel stamped its arrival (SO_TIMESTAMPNS), read by "
               f"{clients.READER_PROCESSES} client processes on core {servers.CLIENT_CORE}, whose CPU use "
               f"(user + system ÷ wall time, in % of that one core) is shown; before each run, the machine's floor "
@@ -35,7 +36,7 @@ def measure(workdir, options):
               "| floor arrived p50 / p99 / max ms | p99 ÷ floor p99 |")
         print("|---" * (9 + (options.runs > 1)) + "|")
     else:
-        print(f"\nTime sockets: all open, {options.tick_seconds} s of ticks; lateness after the whole second, "
+        print(f"\nTime sockets: all open, {seconds} s of ticks; lateness after the whole second, "
               f"measured on the {SAMPLE_SOCKETS} sockets opened last (the others never read, so the client costs "
               f"nothing)\n")
         print(f"| sockets{run_column(options)} | handshake failures | skipped seconds (sample) "
@@ -44,12 +45,12 @@ def measure(workdir, options):
     rows = []
     for run in range(1, options.runs + 1):
         for count in options.socket_counts:
-            floor = read_floor(count, options.tick_seconds) if options.all_sockets else None
+            floor = read_floor(count, seconds) if options.all_sockets else None
             server = servers.service(env)
             try:
                 before = server.rss_kib()
                 if options.all_sockets:
-                    row = read_every_socket(server, secrets, count, before, options.tick_seconds)
+                    row = read_every_socket(server, secrets, count, before, seconds)
                     row["floor_arrived_ms"] = floor["arrived_ms"]
                     row["floor_skipped_seconds"] = floor["skipped_seconds"]
                     row["p99_to_floor"] = (row["arrived_ms"] and floor["arrived_ms"]
@@ -57,7 +58,7 @@ def measure(workdir, options):
                     row["floor_tick_p99_ms"] = floor["tick_p99_ms"]
                     row["median_tick_p99_to_floor"] = median_tick_ratio(row["tick_p99_ms"], floor["tick_p99_ms"])
                 else:
-                    row = asyncio.run(measure_ticks(server, secrets, count, before, options.tick_seconds))
+                    row = asyncio.run(measure_ticks(server, secrets, count, before, seconds))
             finally:
                 server.stop()
             rows.append(row | ({"run": run} if options.runs > 1 else {}))
@@ -67,7 +68,7 @@ def measure(workdir, options):
     if options.all_sockets:
         print_ticks(rows, options)
     read = "every socket" if options.all_sockets else f"the {SAMPLE_SOCKETS} sockets opened last"
-    return {"read": read, "tick_seconds": options.tick_seconds, "rows": rows}
+    return {"read": read, "tick_seconds": seconds, "rows": rows}
 
 
 def run_column(options):
@@ -104,13 +105,21 @@ def median_tick_ratio(ticks, floor_ticks):
 
 
 def print_ticks(rows, options):
-    """Each run's ticks, second by second: the arrival p99 of the service's and of its floor's."""
-    print("\nEach second's arrival p99, ms (the service; its floor just before), and the median second's ÷ the "
-          "floor's:\n")
+    """Each run's seconds (every one is in the JSON): the median second's arrival p99 and the three
+    slowest, the service's and its floor's, and the median's ratio."""
+    print("\nEach second's arrival p99, ms: the median second and the three slowest, the service's; the same, its "
+          "floor's; the median second's ÷ the floor's\n")
     for row in rows:
         run = f", run {row['run']}" if options.runs > 1 else ""
-        print(f"- {row['sockets']:,}{run}: {each(row['tick_p99_ms'])}; floor {each(row['floor_tick_p99_ms'])}; "
-              f"{each([row['median_tick_p99_to_floor']], '.2f')}")
+        print(f"- {row['sockets']:,}{run}: {seconds_of(row['tick_p99_ms'])}; "
+              f"floor {seconds_of(row['floor_tick_p99_ms'])}; {each([row['median_tick_p99_to_floor']], '.2f')}")
+
+
+def seconds_of(ticks):
+    ticks = [tick for tick in ticks if tick is not None]
+    if not ticks:
+        return "-"
+    return f"{statistics.median(ticks):.1f}, slowest {each(sorted(ticks, reverse=True)[:3])}"
 
 
 def each(values, spec=".1f"):

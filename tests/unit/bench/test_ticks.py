@@ -32,3 +32,8 @@ def test_the_median_tick_s_ratio_leaves_one_slow_second_out():
     service = [82.0, 84.0, 83.0, 80.0, 81.0]
     assert timesockets.median_tick_ratio(service, floor) == 1.01
     assert timesockets.median_tick_ratio([None], floor) is None
+
+
+def test_a_run_s_seconds_print_as_their_median_and_the_three_slowest():
+    assert timesockets.seconds_of([80.0, None, 82.0, 103.0, 79.0]) == "81.0, slowest 103.0 / 82.0 / 80.0"
+    assert timesockets.seconds_of([None]) == "-"
