@@ -179,13 +179,16 @@ async def open_answering_sockets(port, paths, at_once=100):
 
 class TimeSocketReader:
     """One time socket of sockets --all: reads every frame and keeps each chunk with the time the
-    kernel received it; nothing is parsed until the run is over."""
+    kernel received it, answering the server's pings as a browser does (the service closes a
+    socket that leaves one unanswered at its next, 25 to 50 s on); nothing else is parsed until
+    the run is over."""
 
     def __init__(self, port, path):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=120)
         self.sock.sendall(handshake(path))
         self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.chunks = []
+        self.unparsed = None  # the frames' bytes not yet looked through for pings, once upgraded
 
     def finish_handshake(self):
         """Wait for the 101 (raise ConnectionError for anything else), then stop blocking."""
@@ -194,6 +197,8 @@ class TimeSocketReader:
                 raise ConnectionError("closed before the handshake")
         if not self.chunks[0][1].startswith(b"HTTP/1.1 101"):
             raise ConnectionError(self.chunks[0][1].split(b"\r\n")[0].decode(errors="replace"))
+        self.unparsed = b""
+        self.answer_pings(b"".join(data for _, data in self.chunks).partition(b"\r\n\r\n")[2])
         self.sock.setblocking(False)
 
     def read(self):
@@ -205,7 +210,16 @@ class TimeSocketReader:
                 seconds, nanoseconds = struct.unpack("qq", value[:16])
                 stamp = seconds + nanoseconds / 1e9
         self.chunks.append((stamp, data))
+        if self.unparsed is not None:
+            self.answer_pings(data)
         return bool(data)
+
+    def answer_pings(self, data):
+        complete, self.unparsed = frames(self.unparsed + data)
+        for opcode, payload in complete:
+            if opcode == 9:
+                # A pong (FIN, opcode 10), masked with the key 0, which leaves the payload as it is.
+                self.sock.send(bytes([0x8A, 0x80 | len(payload)]) + bytes(4) + payload)
 
     def messages(self):
         """Yield (arrival time, payload) for each text frame, stamped with the chunk that ended it."""
