@@ -7,7 +7,6 @@ socket for 60 s of ticks and the kernel stamps each arrival, and their CPU share
 """
 
 import asyncio
-import statistics
 import time
 
 import websockets
@@ -56,7 +55,8 @@ def measure(workdir, options):
                     row["p99_to_floor"] = (row["arrived_ms"] and floor["arrived_ms"]
                                            and round(row["arrived_ms"]["p99"] / floor["arrived_ms"]["p99"], 2))
                     row["floor_tick_p99_ms"] = floor["tick_p99_ms"]
-                    row["median_tick_p99_to_floor"] = median_tick_ratio(row["tick_p99_ms"], floor["tick_p99_ms"])
+                    row["median_tick_p99_to_floor"] = clients.median_tick_ratio(row["tick_p99_ms"],
+                                                                                floor["tick_p99_ms"])
                 else:
                     row = asyncio.run(measure_ticks(server, secrets, count, before, seconds))
             finally:
@@ -95,15 +95,6 @@ def print_runs(rows, options):
               f"| {each([row['rss_per_socket_kib'] for row in runs])} |{floor_cells}")
 
 
-def median_tick_ratio(ticks, floor_ticks):
-    """The service's median tick p99 ÷ the floor's: the typical second against the floor's, which
-    one slow second of either (a run's p99 is the tail of its slowest ticks) does not decide."""
-    ticks, floor_ticks = [t for t in ticks if t is not None], [t for t in floor_ticks if t is not None]
-    if not ticks or not floor_ticks:
-        return None
-    return round(statistics.median(ticks) / statistics.median(floor_ticks), 2)
-
-
 def print_ticks(rows, options):
     """Each run's seconds (every one is in the JSON): the median second's arrival p99 and the three
     slowest, the service's and its floor's, and the median's ratio."""
@@ -111,15 +102,8 @@ def print_ticks(rows, options):
           "floor's; the median second's ÷ the floor's\n")
     for row in rows:
         run = f", run {row['run']}" if options.runs > 1 else ""
-        print(f"- {row['sockets']:,}{run}: {seconds_of(row['tick_p99_ms'])}; "
-              f"floor {seconds_of(row['floor_tick_p99_ms'])}; {each([row['median_tick_p99_to_floor']], '.2f')}")
-
-
-def seconds_of(ticks):
-    ticks = [tick for tick in ticks if tick is not None]
-    if not ticks:
-        return "-"
-    return f"{statistics.median(ticks):.1f}, slowest {each(sorted(ticks, reverse=True)[:3])}"
+        print(f"- {row['sockets']:,}{run}: {clients.seconds_of(row['tick_p99_ms'])}; "
+              f"floor {clients.seconds_of(row['floor_tick_p99_ms'])}; {each([row['median_tick_p99_to_floor']], '.2f')}")
 
 
 def each(values, spec=".1f"):
