@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import select
 import socket
-import statistics
 import struct
 import time
 
@@ -82,23 +81,6 @@ def tick_p99s(by_second):
     arrived in): a run's p99 over every arrival is the tail of its slowest ticks, and one slow
     second, the machine's or the server's, can decide it."""
     return [(percentiles(sorted(lates)) or {"p99": None})["p99"] for _, lates in sorted(by_second.items())]
-
-
-def median_tick_ratio(ticks, floor_ticks):
-    """The service's median tick p99 ÷ the floor's: the typical second against the floor's, which
-    one slow second of either (a run's p99 is the tail of its slowest ticks) does not decide."""
-    ticks, floor_ticks = [t for t in ticks if t is not None], [t for t in floor_ticks if t is not None]
-    if not ticks or not floor_ticks:
-        return None
-    return round(statistics.median(ticks) / statistics.median(floor_ticks), 2)
-
-
-def seconds_of(ticks):
-    ticks = [tick for tick in ticks if tick is not None]
-    if not ticks:
-        return "-"
-    slowest = " / ".join(f"{tick:.1f}" for tick in sorted(ticks, reverse=True)[:3])
-    return f"{statistics.median(ticks):.1f}, slowest {slowest}"
 
 
 def percentiles(values):

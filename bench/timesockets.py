@@ -11,7 +11,7 @@ import time
 
 import websockets
 
-from bench import clients, sendfloor, servers, suite
+from bench import clients, sendfloor, servers, suite, ticks
 
 SAMPLE_SOCKETS = 100
 STALLED_RECEIVE_BUFFER = 1024
@@ -55,7 +55,7 @@ def measure(workdir, options):
                     row["p99_to_floor"] = (row["arrived_ms"] and floor["arrived_ms"]
                                            and round(row["arrived_ms"]["p99"] / floor["arrived_ms"]["p99"], 2))
                     row["floor_tick_p99_ms"] = floor["tick_p99_ms"]
-                    row["median_tick_p99_to_floor"] = clients.median_tick_ratio(row["tick_p99_ms"],
+                    row["median_tick_p99_to_floor"] = ticks.median_tick_ratio(row["tick_p99_ms"],
                                                                                 floor["tick_p99_ms"])
                 else:
                     row = asyncio.run(measure_ticks(server, secrets, count, before, seconds))
@@ -102,8 +102,8 @@ def print_ticks(rows, options):
           "floor's; the median second's ÷ the floor's\n")
     for row in rows:
         run = f", run {row['run']}" if options.runs > 1 else ""
-        print(f"- {row['sockets']:,}{run}: {clients.seconds_of(row['tick_p99_ms'])}; "
-              f"floor {clients.seconds_of(row['floor_tick_p99_ms'])}; {each([row['median_tick_p99_to_floor']], '.2f')}")
+        print(f"- {row['sockets']:,}{run}: {ticks.seconds_of(row['tick_p99_ms'])}; "
+              f"floor {ticks.seconds_of(row['floor_tick_p99_ms'])}; {each([row['median_tick_p99_to_floor']], '.2f')}")
 
 
 def each(values, spec=".1f"):

@@ -1,11 +1,11 @@
-"""The time sockets' figures second by second (bench/clients.py): a run's p99
+"""The time sockets' figures second by second (bench/clients.py, bench/ticks.py): a run's p99
 is the tail of its slowest ticks, so each tick's p99 and the median tick's ratio to the floor's
 are reported beside it."""
 
 import json
 import time
 
-from bench import clients
+from bench import clients, ticks
 
 
 def tick(second):
@@ -30,10 +30,10 @@ def test_each_arrival_is_counted_under_its_second_and_each_second_gets_its_p99()
 def test_the_median_tick_s_ratio_leaves_one_slow_second_out():
     floor = [80.0, 82.0, 81.0, 103.0, 79.0]
     service = [82.0, 84.0, 83.0, 80.0, 81.0]
-    assert clients.median_tick_ratio(service, floor) == 1.01
-    assert clients.median_tick_ratio([None], floor) is None
+    assert ticks.median_tick_ratio(service, floor) == 1.01
+    assert ticks.median_tick_ratio([None], floor) is None
 
 
 def test_a_run_s_seconds_print_as_their_median_and_the_three_slowest():
-    assert clients.seconds_of([80.0, None, 82.0, 103.0, 79.0]) == "81.0, slowest 103.0 / 82.0 / 80.0"
-    assert clients.seconds_of([None]) == "-"
+    assert ticks.seconds_of([80.0, None, 82.0, 103.0, 79.0]) == "81.0, slowest 103.0 / 82.0 / 80.0"
+    assert ticks.seconds_of([None]) == "-"
