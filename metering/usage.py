@@ -190,12 +190,15 @@ class UsageCounter:
             metrics.usage_pending(waiting)
 
     def written(self, batch):
-        """Take a committed batch's counts out of pending."""
+        """Take a committed batch's counts out of pending (under write_lock), and forget the totals
+        kept from before them: a request that looked at the commit counter before the commit (and
+        holds that look) would add them to pending that no longer holds the batch."""
         with self.pending_lock:
             self.pending.subtract(batch)
             for entry in batch:
                 if self.pending[entry] <= 0:
                     del self.pending[entry]
+        self.written_counts.forget()
 
     def settle_doubt(self):
         """After a failed transaction, learn from usage_writers whether it committed after all, and

@@ -50,6 +50,11 @@ class KeptAnswers:
         self.mark = None
         self.entries = {}
 
+    def forget(self):
+        """Drop every answer: for a change the marks cannot tell, such as a commit of this process
+        on another connection while a request holds its look (sqlite_mark's looks)."""
+        self.entries = {}
+
     def get(self, question, read):
         """The answer to a question: kept, or read(), which returns (the answer, the time.time()
         from which it may no longer hold, or None: only a commit changes it)."""

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from metering import usage
 from models import ApiKey, UsageHour, User, db, start_of_hour, utcnow
 from orgs import keyactions
 
@@ -136,3 +137,33 @@ def test_usage_history_shows_an_hour_written_elsewhere(app, client, pro_key):
     assert this_hour() == 5
     app.extensions["usage"].flush()
     assert this_hour() == 7
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_request_s_held_look_still_sees_its_own_process_s_flush(app, user):
+    """A flush moves counts from pending into the database. A request that looked at the commit
+    counter before the flush committed on another connection (a thread's, where gevent has not
+    patched threading) holds that look: the total kept before must not meet the pending after."""
+    key_id = keyactions.issue_key(user, "held", "production")[0].id
+    counter = usage.UsageCounter(db.obj, interval=3600)
+    looks = {}
+    counter.written_counts.looks = lambda: looks
+
+    def add(count):
+        for _ in range(count):
+            counter.add(key_id, "/api/v1/usage/stats", 200, True)
+
+    def flush_on_its_own_connection():
+        with db.connection_context():
+            counter.flush()
+
+    add(2)
+    counter.flush()
+    assert counter.total(key_id) == 2
+    add(3)
+    assert counter.total(key_id) == 5
+    flusher = threading.Thread(target=flush_on_its_own_connection)
+    flusher.start()
+    flusher.join()
+    assert not counter.pending
+    assert counter.total(key_id) == 5
