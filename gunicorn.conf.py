@@ -214,7 +214,6 @@ def with_request_id(handle_error):
 def post_request(worker, req, environ, resp):
     """Let the worker's other connections run before this one's next request; close the connection
     after a body refused as too large, or any chunked one, instead of reading the rest of it."""
-    logs.end_request()
     # A WebSocket's response never started, so it has no status_code.
     if getattr(resp, "status_code", None) == 413 or environ.get("HTTP_TRANSFER_ENCODING"):
         # gunicorn would otherwise read and discard the whole body before the next request: a

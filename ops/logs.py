@@ -37,7 +37,9 @@ CONTROL_OR_BACKSLASH = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 REQUEST_ID_HEADER = "X-Request-ID"
-# Set for each request by envelope.Envelope; gevent gives every connection's greenlet its own context.
+# The id of an answer given outside the app (gunicorn's or the fallback server's to a request it
+# cannot parse): a request the app serves keeps its id in its note (request_id_now). gevent gives
+# every connection's greenlet its own context.
 current_request_id = contextvars.ContextVar("request_id", default=None)
 
 
@@ -81,8 +83,15 @@ def request_id_for(header):
     return os.urandom(16).hex()
 
 
+def request_id_now():
+    """The id of the request being served in this context: the app's (its note's), else that of an
+    answer given outside the app, else None."""
+    environ = request_note.current_environ.get(None)
+    return current_request_id.get() if environ is None else environ[request_note.ENVIRON_KEY].request_id
+
+
 def end_request():
-    """Forget the request id once its response is sent and logged (gunicorn's post_request)."""
+    """Forget the id of an answer given outside the app once it is sent and logged."""
     current_request_id.set(None)
 
 
@@ -105,7 +114,7 @@ class AddRequestId(logging.Filter):
     """Give a record logged while a request is served that request's id."""
 
     def filter(self, record):
-        request_id = current_request_id.get()
+        request_id = request_id_now()
         if request_id is not None and not hasattr(record, "request_id"):
             record.request_id = request_id
         return True

@@ -228,7 +228,12 @@ class Handler(pywsgi.WSGIHandler):
         """After a body refused as too large, or any chunked one, linger briefly and close, as
         gunicorn.conf.py's post_request does: pywsgi would read whatever the app left of the body
         before the next request, however long."""
-        super().run_application()
+        try:
+            super().run_application()
+        finally:
+            # The envelope has let go of the request: what pywsgi logs and answers after the app
+            # (an error, a refused body) keeps the request's id.
+            logs.current_request_id.set(logs.request_id_of(self.environ))
         if self.code == 413 or self.environ.get("HTTP_TRANSFER_ENCODING"):
             lingering.linger(self.wsgi_input)
             self.close_connection = True

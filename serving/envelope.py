@@ -34,7 +34,6 @@ class Envelope:
         started = time.perf_counter()
         request_id = logs.request_id_for(environ.get("HTTP_X_REQUEST_ID"))
         note = environ[request_note.ENVIRON_KEY] = request_note.Note(self.app, request_id)
-        logs.current_request_id.set(request_id)
 
         def start_enveloped(status, headers, exc_info=None):
             code = int(status[:3])
