@@ -117,7 +117,7 @@ def admit(secret, scope, note, source="the X-API-Key header", hold=None):
     secret = given_secret(secret, source)
     key_hash = hash_key(secret)
     # Its form is checked only before the database is read: a kept hash is a real key's.
-    key, generation = keys.find(key_hash, secret)
+    key, generation = keys.find(key_hash, secret, note.data_versions)
     key = found_key(key)
     if hold is not None and generation is not None:
         # A kept key may be revoked by now, and hold's refusal (too many sockets) would answer for

@@ -32,7 +32,6 @@ from peewee import SqliteDatabase
 from keys import imported
 from keys.lookup import find_active_key
 from models import db
-from ops import note as request_note
 from store.connections import greenlets_share_thread
 from store.limitstorage import LimitStorageUnavailable
 
@@ -71,13 +70,13 @@ class SqliteGeneration:
         # ((connection, data_version, total_changes), the generation read then), replaced whole.
         self.last_read = (None, None)
 
-    def current(self):
+    def current(self, looks=None):
+        """looks: the request's data_versions (ops/note.py), where it reads the counter once: this
+        look is a keyed request's first, kept there for its kept answers (store/kept.py's
+        sqlite_mark, written out: one call fewer on every keyed request)."""
         connection = self.database.connection()
-        # The key is a plain request's first look at the counter: read here, it is kept in the
-        # request's note for its kept answers (store/kept.py's sqlite_mark, written out: one call
-        # fewer on every keyed request).
         data_version = connection.execute("PRAGMA data_version").fetchone()[0]
-        if (looks := request_note.data_versions()) is not None:
+        if looks is not None:
             looks[connection] = data_version
         # The connection itself, because data_version counts per connection (threads, outside gevent,
         # each have their own).
@@ -104,7 +103,7 @@ class RedisGeneration:
     def __init__(self, windows):
         self.windows = windows
 
-    def current(self):
+    def current(self, looks=None):
         return self.windows.generation
 
     def announce(self, keys):
@@ -139,7 +138,7 @@ class TaggedGeneration(RedisGeneration):
         super().__init__(windows)
         self.limiter = limiter
 
-    def current(self):
+    def current(self, looks=None):
         """None: no generation stands for every key, each kept key carries its tag's."""
         return None
 
@@ -176,11 +175,12 @@ class KeyCache:
         self.entries = {}
         self.reading = {} if greenlets_share_thread() else None
 
-    def find(self, key_hash, secret=None):
+    def find(self, key_hash, secret=None, looks=None):
         """Return (the active ApiKey for this hash or None, the generation the count must confirm,
         or None when nothing needs confirming). With the secret, a key not kept is read only when the
-        secret has a known form, and a key awaiting its first use is checked and rehashed."""
-        generation = self.generation.current()
+        secret has a known form, and a key awaiting its first use is checked and rehashed. looks:
+        the request's data_versions, which the look at the generation joins (SqliteGeneration)."""
+        generation = self.generation.current(looks)
         entry = self.entries.get(key_hash)
         now = time.time()
         if (entry is not None and entry.generation == generation and now < entry.usable_until
@@ -287,7 +287,8 @@ class Uncached:
         self.forms = imported.DeclaredForms(imported.clock_seconds)
         self.first_use = first_use
 
-    def find(self, key_hash, secret=None):
+    def find(self, key_hash, secret=None, looks=None):
+        """As KeyCache.find; looks is SQLite's, which this never serves."""
         if secret is not None and not self.forms.admit(secret):
             return None, None
         mark = self.forms.settles
