@@ -3,11 +3,13 @@
 alternating rounds. CPU time rather than wall time, so that other work on a shared machine counts
 for less; the test client's own cost is in both.
 
-With --instructions, the machine's load does not count at all: valgrind's callgrind counts the
-CPU instructions of one request through the WSGI app (no server, no test client), for this
-checkout, the other and bench/bare.py's route, each with one hash seed (with a random one, a
-count moved by up to ~5 % between runs of the same code; with one seed, the bare route's repeats
-and the service's, whose usage flusher runs beside it, moves by up to ~0.7 %).
+With --instructions, valgrind's callgrind counts the CPU instructions of one request through the
+WSGI app (no server, no test client), for this checkout, the other and bench/bare.py's route, each
+with one hash seed (with a random one, a count moved by up to ~5 % between runs of the same code;
+with one seed, the bare route's repeats and the service's, whose usage flusher runs beside it,
+moves by up to ~0.7 %). The machine's load counts only through that flusher, which runs once a
+second of wall time and makes the next request read the key generation again: with the test
+suite running beside it, a count was 0.9-1.4 % higher. Count on a quiet machine.
 
 With --served, callgrind counts the instructions of the gunicorn worker itself (gevent, parsing,
 the app, the access line, writing; the kernel's work is not counted) per request from one
