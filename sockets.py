@@ -23,7 +23,7 @@ import ratelimit
 from keys import keyformat, lookup
 from metering import usage
 from ops import clientaddress, metrics, note as request_note, services
-from ws import outbox as outbox_module, slots, wsserver
+from ws import freezer, outbox as outbox_module, slots, wsserver
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +236,7 @@ class Ticker:
         """Start sending ticks to ws, which holds slot (key id, token) and was opened with the
         secret of this hash."""
         self.sockets[ws] = slot
+        freezer.FREEZER.socket_opened()
         self.secrets[ws] = secret_hash
         self.outboxes[ws.outbox] = ws
         # Started here rather than with the app's services: a worker that serves no time socket
@@ -253,7 +254,8 @@ class Ticker:
                 thread.start()
 
     def discard(self, ws):
-        self.sockets.pop(ws, None)
+        if self.sockets.pop(ws, None) is not None:
+            freezer.FREEZER.socket_closed()
         self.secrets.pop(ws, None)
         self.outboxes.pop(ws.outbox, None)
 
@@ -286,6 +288,10 @@ class Ticker:
         for outbox, error in refused:
             self.let_go(outbox, error)
         metrics.messages_sent("time", len(outboxes) - len(refused))
+        # A full collection now has the whole second before the next tick.
+        collected = freezer.FREEZER.after_tick(len(self.outboxes))
+        if collected:
+            metrics.socket_heap_collected(collected)
 
     def let_go(self, outbox, error):
         """Let go of the socket whose outbox refused a tick with error: a closed socket quietly,

@@ -36,6 +36,9 @@ STORAGE_FAILOPEN = Counter("ratelimit_storage_failopen", "Keyed requests admitte
                            "the limit storage unreachable (RATE_LIMIT_ON_STORAGE_FAILURE=open).")
 SOCKETS = Gauge("websocket_connections", "Open WebSockets.", ["socket"], multiprocess_mode="livesum")
 SOCKET_MESSAGES = Counter("websocket_messages_sent", "Messages sent on WebSockets.", ["socket"])
+SOCKET_HEAP_COLLECTIONS = Counter("websocket_heap_collections", "Full garbage collections run right after a "
+                                  "tick: a freeze of the time sockets opened since, or a thaw of all after closes.",
+                                  ["kind"])
 USAGE_PENDING = Gauge("usage_counts_pending", "Requests counted in memory and not yet written to the "
                       "database, as the last flush left them.", multiprocess_mode="livesum")
 USAGE_FLUSH = Histogram("usage_flush_duration_seconds",
@@ -183,6 +186,10 @@ def socket_closed(name):
 
 def messages_sent(name, count=1):
     tally.messages[name] += count
+
+
+def socket_heap_collected(kind):
+    SOCKET_HEAP_COLLECTIONS.labels(kind).inc()
 
 
 def rate_limited(policy):

@@ -5,6 +5,8 @@ which may be taking over from one a reload retires, its first database and Redis
 import gc
 import importlib
 
+from ws import freezer
+
 # What a request imports on first use, not at start (so a CLI command never does): py_webauthn
 # for a passkey ceremony, Fernet for a kept or sealed secret, segno for a set-up's QR code, the
 # email package and smtplib for a mail. Imported after the freeze, their objects would add to
@@ -20,6 +22,8 @@ def freeze_heap():
     for name in FIRST_USE_LIBRARIES:
         importlib.import_module(name)
     gc.freeze()
+    # And the time sockets' objects as they open (ws/freezer.py).
+    freezer.FREEZER.enable()
 
 
 def open_connections(app):

@@ -39,6 +39,7 @@ from wsproto.utilities import LocalProtocolError
 from ops import logs, note as request_note
 from ws.frames import whole_texts
 from ws.outbox import Outbox
+from ws.pinger import PINGER
 
 OUTPUT_LIMIT = 1024 * 1024
 LINGER_SECONDS = 1.0
@@ -67,38 +68,6 @@ class FinishedHandshake:
 
 
 FINISHED_HANDSHAKE = FinishedHandshake()
-
-
-class Pinger:
-    """One greenlet per worker pings each socket whose ping_interval has passed, once a second
-    between two ticks of the time sockets (at x.5 s), instead of a timer per socket."""
-
-    def __init__(self):
-        self.servers = set()
-        self.sweeper = None
-
-    def watch(self, server):
-        self.servers.add(server)
-        if self.sweeper is None:
-            self.sweeper = gevent.spawn(self._sweep)
-
-    def forget(self, server):
-        self.servers.discard(server)
-        if not self.servers and self.sweeper is not None:
-            # It stops with the last socket, so no greenlet outlives a test's server.
-            self.sweeper.kill(block=False)
-            self.sweeper = None
-
-    def _sweep(self):
-        while True:
-            gevent.sleep(1.5 - time.time() % 1.0)
-            now = time.monotonic()
-            for server in [server for server in self.servers if server.next_ping <= now]:
-                if not server.held_back:
-                    server.ping_or_give_up()
-
-
-PINGER = Pinger()
 
 
 class Reader:

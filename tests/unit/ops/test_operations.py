@@ -6,10 +6,13 @@ import contextvars
 import json
 import logging
 import re
+import subprocess
+import sys
 import time
 
 import gevent
 import pytest
+from liveserver import ROOT, service_env
 from peewee import OperationalError
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
@@ -188,6 +191,17 @@ def test_a_failed_flush_shows_its_counts_as_pending(client, app, api_key, monkey
         with pytest.raises(OperationalError):
             app.extensions["usage"].flush()
     assert value(samples(client), "usage_counts_pending") == 2
+
+
+def test_gunicorns_master_reads_its_configuration_without_loading_the_metrics(tmp_path):
+    """ops.metrics picks prometheus_client's mode by PROMETHEUS_MULTIPROC_DIR when it is imported:
+    loaded with gunicorn.conf.py, before the master sets the folder, every worker would count in
+    its own memory and /metrics would show only the worker that answers it."""
+    program = ("import runpy, sys; runpy.run_path('gunicorn.conf.py'); "
+               "print(sorted(name for name in sys.modules if name.startswith(('ops.metrics', 'prometheus_client'))))")
+    result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=service_env(tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ["[]"], result.stderr
 
 
 @pytest.mark.parametrize("remote, authorization, token, status", [

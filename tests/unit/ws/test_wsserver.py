@@ -22,7 +22,7 @@ from wsproto.frame_protocol import FrameProtocol, Opcode
 from wsservers import Client, open_server, wait_until
 
 import sockets
-from ws import wsserver
+from ws import pinger, wsserver
 
 
 def test_the_library_internals_the_adapter_relies_on():
@@ -100,7 +100,7 @@ def test_a_client_that_answers_pings_is_pinged_every_interval_and_kept(pair):
     client_sock.close()
     server.thread.join(timeout=wsserver.LINGER_SECONDS + 30)
     assert server.thread.thread.dead
-    assert wsserver.PINGER.sweeper is None
+    assert pinger.PINGER.sweeper is None
 
 
 def test_a_client_that_answers_no_ping_is_closed_with_1008(pair):
@@ -112,7 +112,7 @@ def test_a_client_that_answers_no_ping_is_closed_with_1008(pair):
     assert frames[1].payload == (1008, "Ping/Pong timeout")
     # The client never answers the close either: the server stops waiting for it.
     server.thread.join(timeout=wsserver.LINGER_SECONDS + 30)
-    assert server.thread.thread.dead and server.outbox.closed and wsserver.PINGER.sweeper is None
+    assert server.thread.thread.dead and server.outbox.closed and pinger.PINGER.sweeper is None
 
 
 def test_a_server_read_in_the_handlers_greenlet_drops_messages_and_ends_when_closed(pair):
