@@ -146,6 +146,7 @@ def tracked(handler):
             ws.close(SHUTDOWN, "The server is shutting down.")
             return
         open_sockets.add(ws)
+        freezer.FREEZER.socket_opened()
         metrics.socket_opened(name)
         started = time.monotonic()
         try:
@@ -158,6 +159,7 @@ def tracked(handler):
             close_quietly(ws, INTERNAL_ERROR, "Something went wrong on our side.")
         finally:
             open_sockets.discard(ws)
+            freezer.FREEZER.socket_closed()
             metrics.socket_closed(name)
             # Let the reader see the client's answer to our close before gunicorn drops the
             # connection; otherwise the client may get a reset instead of the close code.
@@ -236,7 +238,6 @@ class Ticker:
         """Start sending ticks to ws, which holds slot (key id, token) and was opened with the
         secret of this hash."""
         self.sockets[ws] = slot
-        freezer.FREEZER.socket_opened()
         self.secrets[ws] = secret_hash
         self.outboxes[ws.outbox] = ws
         # Started here rather than with the app's services: a worker that serves no time socket
@@ -254,8 +255,7 @@ class Ticker:
                 thread.start()
 
     def discard(self, ws):
-        if self.sockets.pop(ws, None) is not None:
-            freezer.FREEZER.socket_closed()
+        self.sockets.pop(ws, None)
         self.secrets.pop(ws, None)
         self.outboxes.pop(ws.outbox, None)
 
@@ -289,7 +289,7 @@ class Ticker:
             self.let_go(outbox, error)
         metrics.messages_sent("time", len(outboxes) - len(refused))
         # A full collection now has the whole second before the next tick.
-        collected = freezer.FREEZER.after_tick(len(self.outboxes))
+        collected = freezer.FREEZER.after_tick(len(open_sockets))
         if collected:
             metrics.socket_heap_collected(collected)
 
