@@ -23,67 +23,60 @@ def freezer_with(collector):
     return heap
 
 
+def after(heap, opened=0, closed=0, open_now=0):
+    """Open and close that many sockets, then tick, with open_now sockets open."""
+    for _ in range(opened):
+        heap.socket_opened()
+    for _ in range(closed):
+        heap.socket_closed()
+    heap.after_tick(open_now)
+
+
+def frozen(collector, sockets):
+    """A freezer that has just frozen this many open sockets, and the collector's calls cleared."""
+    heap = freezer_with(collector)
+    after(heap, opened=sockets, open_now=sockets)
+    collector.calls.clear()
+    return heap
+
+
 def test_a_tick_after_sockets_opened_collects_then_freezes_once():
     collector = Collector()
     heap = freezer_with(collector)
-    heap.after_tick(0)
-    for _ in range(8):
-        heap.socket_opened()
-    heap.after_tick(8)
-    heap.after_tick(8)
+    after(heap)
+    after(heap, opened=8, open_now=8)
+    after(heap, open_now=8)
     assert collector.calls == ["collect", "freeze"]
 
 
 def test_a_freeze_waits_for_one_socket_in_a_hundred_of_those_frozen():
     collector = Collector()
-    heap = freezer_with(collector)
-    for _ in range(1000):
-        heap.socket_opened()
-    heap.after_tick(1000)
-    collector.calls.clear()
-    for _ in range(9):
-        heap.socket_opened()
-    heap.after_tick(1009)
+    heap = frozen(collector, 1000)
+    after(heap, opened=9, open_now=1009)
     assert collector.calls == []
-    heap.socket_opened()
-    heap.after_tick(1010)
+    after(heap, opened=1, open_now=1010)
     assert collector.calls == ["collect", "freeze"]
 
 
 def test_closes_past_a_quarter_of_the_frozen_sockets_thaw_collect_and_freeze_again():
     collector = Collector()
-    heap = freezer_with(collector)
-    for _ in range(800):
-        heap.socket_opened()
-    heap.after_tick(800)
-    collector.calls.clear()
-    for _ in range(200):
-        heap.socket_closed()
-    heap.after_tick(600)
+    heap = frozen(collector, 800)
+    after(heap, closed=200, open_now=600)
     assert collector.calls == []
-    heap.socket_closed()
-    heap.after_tick(599)
+    after(heap, closed=1, open_now=599)
     assert collector.calls == ["unfreeze", "collect", "freeze"]
     # The count starts again from the sockets open at the thaw.
-    for _ in range(149):
-        heap.socket_closed()
-    heap.after_tick(450)
+    after(heap, closed=149, open_now=450)
     assert collector.calls == ["unfreeze", "collect", "freeze"]
 
 
 def test_a_thaw_waits_for_the_least_number_of_closes():
     collector = Collector()
-    heap = freezer_with(collector)
-    for _ in range(200):
-        heap.socket_opened()
-    heap.after_tick(200)
-    for _ in range(freezer.LEAST_CLOSES_TO_THAW):
-        heap.socket_closed()
-    heap.after_tick(100)
-    assert "unfreeze" not in collector.calls
-    heap.socket_closed()
-    heap.after_tick(99)
-    assert collector.calls[-3:] == ["unfreeze", "collect", "freeze"]
+    heap = frozen(collector, 200)
+    after(heap, closed=freezer.LEAST_CLOSES_TO_THAW, open_now=100)
+    assert collector.calls == []
+    after(heap, closed=1, open_now=99)
+    assert collector.calls == ["unfreeze", "collect", "freeze"]
 
 
 def test_a_socket_opened_and_closed_every_second_thaws_the_heap_once_in_most_freezes():
