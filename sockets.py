@@ -146,7 +146,7 @@ def tracked(handler):
             ws.close(SHUTDOWN, "The server is shutting down.")
             return
         open_sockets.add(ws)
-        freezer.FREEZER.socket_opened()
+        opened_in = freezer.FREEZER.socket_opened()
         metrics.socket_opened(name)
         started = time.monotonic()
         try:
@@ -159,7 +159,7 @@ def tracked(handler):
             close_quietly(ws, INTERNAL_ERROR, "Something went wrong on our side.")
         finally:
             open_sockets.discard(ws)
-            freezer.FREEZER.socket_closed()
+            freezer.FREEZER.socket_closed(opened_in)
             metrics.socket_closed(name)
             # Let the reader see the client's answer to our close before gunicorn drops the
             # connection; otherwise the client may get a reset instead of the close code.

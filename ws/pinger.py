@@ -5,6 +5,7 @@ watch the socket while it reads, and the socket answers for itself (`next_ping`,
 import heapq
 import itertools
 import time
+import weakref
 
 import gevent
 
@@ -28,7 +29,8 @@ class Pinger:
             self.sweeper = gevent.spawn(self._sweep)
 
     def forget(self, server):
-        # Its place in the heap is dropped when it comes due.
+        # Its place in the heap is dropped when it comes due; the heap holds it weakly, so a
+        # closed socket is freed at once rather than up to a ping interval later.
         self.servers.discard(server)
         if not self.servers and self.sweeper is not None:
             # It stops with the last socket, so no greenlet outlives a test's server.
@@ -36,8 +38,8 @@ class Pinger:
             self.sweeper = None
             self.due.clear()
 
-    def _queue(self, server, due=None):
-        heapq.heappush(self.due, (server.next_ping if due is None else due, next(self.order), server))
+    def _queue(self, server):
+        heapq.heappush(self.due, (server.next_ping, next(self.order), weakref.ref(server)))
 
     def _sweep(self):
         while True:
@@ -48,8 +50,9 @@ class Pinger:
         """Ping (or give up on) each watched socket whose next ping is due by now and not held back."""
         later = []
         while self.due and self.due[0][0] <= now:
-            _, _, server = heapq.heappop(self.due)
-            if server not in self.servers:
+            _, _, watched = heapq.heappop(self.due)
+            server = watched()
+            if server is None or server not in self.servers:
                 continue
             # A socket held back (or whose ping was put off by its wait) comes back at its next ping,
             # or at the next sweep if that has passed.

@@ -2,6 +2,9 @@
 held back, drops what it forgot, and reads no socket that is not due (its pings on real sockets:
 test_wsserver.py)."""
 
+import gc
+import weakref
+
 from ws import pinger
 
 
@@ -11,6 +14,7 @@ class Socket:
     def __init__(self, next_ping, interval=25):
         self._next_ping = next_ping
         self.interval = interval
+        self.now = None
         self.held_back = False
         self.pings = 0
         self.reads = 0
@@ -20,19 +24,18 @@ class Socket:
         self.reads += 1
         return self._next_ping
 
-    def ping_or_give_up(self, now):
+    def ping_or_give_up(self):
         self.pings += 1
-        self._next_ping = now + self.interval
+        self._next_ping = self.now + self.interval
 
 
 def pinger_of(sockets, now):
+    """A Pinger watching sockets, which take a ping as sent at now."""
     watching = pinger.Pinger()
     for socket in sockets:
+        socket.now = now
         watching.servers.add(socket)
         watching._queue(socket)
-    ping = {socket: socket.ping_or_give_up for socket in sockets}
-    for socket in sockets:
-        socket.ping_or_give_up = lambda socket=socket: ping[socket](now)
     return watching
 
 
@@ -72,4 +75,16 @@ def test_a_forgotten_socket_is_dropped_when_it_comes_due():
     watching.servers.discard(forgotten)
     watching.ping_due(2.0)
     assert (kept.pings, forgotten.pings) == (1, 0)
-    assert [entry[2] for entry in watching.due] == [kept]
+    assert [entry[2]() for entry in watching.due] == [kept]
+
+
+def test_the_heap_keeps_no_forgotten_socket_alive_until_it_comes_due():
+    kept, forgotten = Socket(next_ping=1.0), Socket(next_ping=1.0)
+    watching = pinger_of([kept, forgotten], now=2.0)
+    watching.servers.discard(forgotten)
+    gone = weakref.ref(forgotten)
+    del forgotten
+    gc.collect()
+    assert gone() is None
+    watching.ping_due(2.0)
+    assert kept.pings == 1 and len(watching.due) == 1
