@@ -37,7 +37,7 @@ STORAGE_FAILOPEN = Counter("ratelimit_storage_failopen", "Keyed requests admitte
 SOCKETS = Gauge("websocket_connections", "Open WebSockets.", ["socket"], multiprocess_mode="livesum")
 SOCKET_MESSAGES = Counter("websocket_messages_sent", "Messages sent on WebSockets.", ["socket"])
 SOCKET_HEAP_COLLECTIONS = Counter("websocket_heap_collections", "Full garbage collections run right after a "
-                                  "tick: a freeze of the time sockets opened since, or a thaw of all after closes.",
+                                  "tick: a freeze of the WebSockets opened since, or a thaw of the whole heap.",
                                   ["kind"])
 USAGE_PENDING = Gauge("usage_counts_pending", "Requests counted in memory and not yet written to the "
                       "database, as the last flush left them.", multiprocess_mode="livesum")

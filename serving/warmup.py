@@ -22,7 +22,7 @@ def freeze_heap():
     for name in FIRST_USE_LIBRARIES:
         importlib.import_module(name)
     gc.freeze()
-    # And the time sockets' objects as they open (ws/freezer.py).
+    # And, once time sockets tick, the WebSockets' objects as they open (ws/freezer.py).
     freezer.FREEZER.enable()
 
 
