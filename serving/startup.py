@@ -55,9 +55,9 @@ def prepare():
     if gunicorn_unavailable is None:
         read_env_file()
         return
-    from gevent import monkey
+    from serving import patching
 
-    monkey.patch_all()
+    patching.patch_all()
     read_env_file()
     # gunicorn.conf.py's folder for summing the workers' metrics: one process needs none, and would
     # otherwise add the counts an earlier run left there.

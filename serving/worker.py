@@ -28,6 +28,8 @@ from gunicorn.http import wsgi
 from gunicorn.http.message import TOKEN_RE
 from gunicorn.workers.ggevent import GeventWorker
 
+from serving import patching
+
 # Header names, each with whether gunicorn's checks take it as a plain header: a token, neither
 # Content-Length nor hop-by-hop. Names come from the app's code, not from clients: a few dozen.
 plain_header_names = {}
@@ -169,6 +171,13 @@ class Worker(GeventWorker):
         # In the worker, after the fork: the master's settings are its own to change on a reload.
         self.cfg = KeptConfig.of(self.cfg)
         super().init_process()
+
+    def patch(self):
+        """GeventWorker.patch of gunicorn 27.0.1, with gevent's patch reading the installed entry
+        points once (serving/patching.py): the listening sockets wrapped as gevent's."""
+        patching.patch_all()
+        self.sockets = [gevent.socket.socket(listener.FAMILY, socket.SOCK_STREAM, fileno=listener.sock.detach())
+                        for listener in self.sockets]
 
     def load_wsgi(self):
         super().load_wsgi()

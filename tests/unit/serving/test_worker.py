@@ -31,6 +31,7 @@ from serving.worker import Response, Worker
 COPIED = {
     AsyncWorker.handle_request: "913e17a9542aa70d",
     GeventWorker.handle_request: "46750b15c6e4d4b4",
+    GeventWorker.patch: "e755a4b317f558e7",
     wsgi.Response.default_headers: "cb490cea5d6f5408",
     wsgi.Response.send_headers: "7aff3b7d004fc17b",
     wsgi.Response.write: "a13659ff072c00e1",
