@@ -4,15 +4,19 @@ own SQLite database, limits in memory). Wall time of the whole process, the inte
 included, as every CLI command and worker boot pays it, and the CPU time the process used, which
 the machine's other work disturbs less; medians, and their ratios to `import flask`. One untimed
 process of each first writes the bytecode and the database, as a deployed service has them.
+Beside them, the Procfile's gunicorn with one worker, started, asked once and stopped: wall time
+to its first answer, and the CPU of its master and worker through their whole life.
 
     python -m bench.startup [--against DIR] [--json FILE]
 """
 
+import functools
 import resource
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 from bench import servers, suite
 
@@ -26,26 +30,58 @@ def run_once(statement, cwd, env):
     subprocess.run(["taskset", "-c", servers.SERVER_CORE, sys.executable, "-c", statement],
                    cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
+    return wall, children_cpu_since(before)
+
+
+def serve_once(checkout, env):
+    """(wall seconds to the first answer, CPU seconds of the whole life) of the checkout's gunicorn
+    with one worker, pinned, asked `GET /api/v1/demo/year` once and stopped."""
+    port = servers.free_port()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    process = subprocess.Popen(["taskset", "-c", servers.SERVER_CORE, sys.executable, "-m", "gunicorn",
+                                "-c", str(checkout / "gunicorn.conf.py"), "--chdir", str(checkout), "app:app"],
+                               cwd=checkout, env=dict(env, PORT=str(port), WEB_CONCURRENCY="1"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/demo/year", timeout=5):
+                break
+        except OSError:
+            if process.poll() is not None:
+                raise SystemExit(f"gunicorn in {checkout} did not start") from None
+            time.sleep(0.005)
+    wall = time.perf_counter() - started
+    process.terminate()
+    process.wait(timeout=60)
+    return wall, children_cpu_since(before)
+
+
+def children_cpu_since(before):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def measure(workdir, options):
     # Bytecode written as a deployed service has it, whatever the shell says.
     env = {name: value for name, value in servers.service_env(workdir).items() if name != "PYTHONDONTWRITEBYTECODE"}
-    runs = {"python -c pass": ("pass", servers.ROOT, env), "import flask": ("import flask", servers.ROOT, env),
-            "import app": ("import app", servers.ROOT, env)}
+    runs = {"python -c pass": functools.partial(run_once, "pass", servers.ROOT, env),
+            "import flask": functools.partial(run_once, "import flask", servers.ROOT, env),
+            "import app": functools.partial(run_once, "import app", servers.ROOT, env),
+            "gunicorn, to its first answer": functools.partial(serve_once, servers.ROOT, env)}
     if options.against:
         # Its own database: `import app` upgrades the schema, and an older checkout refuses a newer one.
         against_env = {**env, "DATABASE_URL": f"sqlite:///{workdir}/against.db"}
-        runs[f"import app ({options.against.name})"] = ("import app", options.against, against_env)
+        name = options.against.name
+        runs[f"import app ({name})"] = functools.partial(run_once, "import app", options.against, against_env)
+        runs[f"gunicorn, to its first answer ({name})"] = functools.partial(serve_once, options.against, against_env)
     for run in runs.values():
-        run_once(*run)
+        run()
     rounds = 3 if options.quick else ROUNDS
     times = {name: [] for name in runs}
     for repetition in range(rounds):
         for name in servers.rotated(list(runs), repetition):
-            times[name].append(run_once(*runs[name]))
+            times[name].append(runs[name]())
 
     flask_wall = statistics.median(wall for wall, _ in times["import flask"])
     flask_cpu = statistics.median(cpu for _, cpu in times["import flask"])
