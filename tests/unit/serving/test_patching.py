@@ -31,6 +31,18 @@ REPORT = textwrap.dedent("""\
     if sys.argv[1] == "gevent":
         from gevent import monkey
         patched = monkey.patch_all()
+    elif sys.argv[1] == "worker":
+        # As gunicorn's gevent worker patches in the forked process, its listening sockets given.
+        import socket
+        from serving.worker import Worker
+        from gunicorn.sock import TCPSocket
+        worker = Worker.__new__(Worker)
+        listener = socket.create_server(("127.0.0.1", 0))
+        worker.sockets = [TCPSocket.__new__(TCPSocket)]
+        worker.sockets[0].sock = listener
+        Worker.patch(worker)
+        import gevent.socket
+        patched = type(worker.sockets[0]) is gevent.socket.socket and worker.sockets[0].getsockname()[0] == "127.0.0.1"
     else:
         from serving import patching
         patched = patching.patch_all()
@@ -62,9 +74,12 @@ def patched_by(patcher, plugin_folder):
     return json.loads(lines[-1]), [line for line in lines if line.startswith("event ")]
 
 
-def test_the_patch_is_gevents_own_with_the_entry_points_read_once(plugin_folder):
+@pytest.mark.parametrize("patcher", ["service", "worker"])
+def test_the_patch_is_gevents_own_with_the_entry_points_read_once(plugin_folder, patcher):
+    """The patch itself, and the gunicorn worker's (serving/worker.py), which also wraps its
+    listening sockets as gevent's as gunicorn's own does."""
     gevents, gevents_events = patched_by("gevent", plugin_folder)
-    ours, our_events = patched_by("service", plugin_folder)
+    ours, our_events = patched_by(patcher, plugin_folder)
     assert ours["patched"] is gevents["patched"] is True
     assert ours["saved"] == gevents["saved"]
     assert {"socket", "threading", "ssl", "select", "time"} <= set(ours["saved"])
