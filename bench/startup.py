@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 from bench import servers, suite
@@ -47,6 +48,8 @@ def serve_once(checkout, env):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/demo/year", timeout=5):
                 break
+        except urllib.error.HTTPError as error:
+            raise SystemExit(f"gunicorn in {checkout} answered {error.code}") from None
         except OSError:
             if process.poll() is not None:
                 raise SystemExit(f"gunicorn in {checkout} did not start") from None
