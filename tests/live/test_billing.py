@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from billingreceiver import VendorReceiver
 from keyload import Load, make_keys
-from liveserver import cli, service_env, start_procfile, wait_for
+from liveserver import cli, service_env, start_instances, wait_for
 from privateservers import PrivatePostgres, PrivateRedis
 
 KEYS = 80
@@ -68,7 +68,7 @@ def test_each_hour_reaches_the_billing_system_once_through_failures_and_a_killed
                               BILLING_API_KEY="test-billing-token", BILLING_RETRY_SCHEDULE="1s,1s,2s,2s,3s,3s,5s,5s")
             keys = make_keys(env, KEYS, credits=10**9)
             cli(env, "orgs", "billing", "carol", "--customer", "subject-carol")
-            servers = [start_procfile(tmp_path, env) for _ in range(2)]
+            servers = start_instances(tmp_path, env)
             load = Load(servers, keys)
             time.sleep(6)
             calls = load.stop()
@@ -91,7 +91,7 @@ def test_each_hour_reaches_the_billing_system_once_through_failures_and_a_killed
             receiver.fail(2, "close")
             receiver.fail(3, 500)
             receiver.fail(1, 400)
-            servers = [start_procfile(tmp_path, env) for _ in range(2)]
+            servers = start_instances(tmp_path, env)
             load = Load(servers, keys, threads=2)
             wait_for(lambda: sum(outbox_states(postgres.url).values()) > 0, seconds=30)
             time.sleep(2)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import requests
-from liveserver import PASSWORD, Browser, service_env, start_procfile, usernames
+from liveserver import PASSWORD, Browser, service_env, start_instances, usernames
 from mailserver import mail_server
 from serverfixtures import each_run_mode, mailing
 
@@ -255,7 +255,7 @@ def test_accounts_racing_on_two_instances_of_two_workers_mail_one_address_three_
     """Eight accounts ask at once, through two instances of two workers each on the module's
     database, to move to one address: three are mailed, five are told, whichever worker counts."""
     target = stranger()
-    servers = [start_procfile(tmp_path, dict(env, WEB_CONCURRENCY="2")) for _ in range(2)]
+    servers = start_instances(tmp_path, dict(env, WEB_CONCURRENCY="2"))
     try:
         askers = [Browser(servers[n % 2]).signup() for n in range(8)]
         forms = [(asker, re.search(r'name="csrf_token" value="([^"]+)"', profile(asker))[1]) for asker in askers]

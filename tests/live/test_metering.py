@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 import services
-from liveserver import cli_session, service_env, start_procfile, stored_total, wait_for
+from liveserver import cli_session, service_env, start_instances, stored_total, wait_for
 from services import rows
 from webhookreceiver import receiving
 
@@ -27,7 +27,7 @@ def deployment(request, tmp_path_factory):
     database = "postgresql" if request.param.endswith("postgresql") else "sqlite"
     env = service_env(tmp_path, database, RATELIMIT_STORAGE_URL=services.redis_url(), WEB_CONCURRENCY="2",
                       ACCOUNT_RATE_LIMIT=f"{ACCOUNT_ALLOWANCE}/hour", WEBHOOK_ALLOW_PRIVATE="1")
-    servers = [start_procfile(tmp_path, env) for _ in range(2 if database == "postgresql" else 1)]
+    servers = start_instances(tmp_path, env, 2 if database == "postgresql" else 1)
     try:
         with cli_session(env) as cli:
             yield env, servers, cli

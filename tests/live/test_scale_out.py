@@ -8,7 +8,7 @@ import pytest
 import requests
 import services
 import websocket
-from liveserver import cli_session, make_key, service_env, start_procfile, stored_total, wait_for
+from liveserver import cli_session, make_key, service_env, start_instances, start_procfile, stored_total, wait_for
 from tcpproxy import TcpProxy
 
 from accounts import users
@@ -30,7 +30,7 @@ def cluster(tmp_path_factory):
     env = service_env(tmp_path, DATABASE_URL=services.postgres_url(), RATELIMIT_STORAGE_URL=services.redis_url(),
                       WEB_CONCURRENCY="4", RATE_LIMIT_TIERS="free=100000/hour,five=5/minute")
     with cli_session(env) as commands:
-        servers = [start_procfile(tmp_path, env) for _ in range(2)]
+        servers = start_instances(tmp_path, env)
         try:
             yield env, servers, commands
         finally:
@@ -88,7 +88,7 @@ def test_an_organisation_s_allowance_is_exact_across_its_members_keys_workers_an
         members = [keyactions.issue_key(member, f"{member.username}'s", "production", org=acme.id)[1]
                    for member in (alice, bob)]
         _, other = keyactions.issue_key(carol, "Own", "production")
-    servers = [start_procfile(tmp_path, env) for _ in range(2)]
+    servers = start_instances(tmp_path, env)
     try:
         with concurrent.futures.ThreadPoolExecutor(50) as pool:
             responses = list(pool.map(lambda i: requests.get(f"{servers[i % 2].base}/api/v1/protected/test",

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 import requests
 from keyload import Load, make_keys
-from liveserver import children, metrics_folder, service_env, start_procfile, wait_for
+from liveserver import children, metrics_folder, service_env, start_instances, wait_for
 from privateservers import PrivatePostgres, PrivateRedis
 
 KEYS = 8
@@ -55,7 +55,7 @@ def test_counts_stay_exact_and_answers_bounded_through_outages_kills_reloads_and
         secrets = make_keys(env, KEYS + 1 + REVOKED_PER_ROUND * ROUNDS, credits=CREDITS)
         # The probes' key is left out of the accounting: only the load's answers are counted.
         keys, probe_key, to_revoke = secrets[:KEYS], secrets[KEYS], secrets[KEYS + 1:]
-        servers = [start_procfile(tmp_path, env) for _ in range(2)]
+        servers = start_instances(tmp_path, env)
         folders = [metrics_folder(server.process.pid) for server in servers]
         stale = []
         windows = {}

@@ -219,6 +219,21 @@ def start_procfile(tmp_path, env):
     return Server(argv, env, port, tmp_path / f"gunicorn-{port}.log")
 
 
+def start_instances(tmp_path, env, count=2):
+    """count instances of the Procfile's gunicorn on env, as behind a load balancer. When one fails
+    to start, those already started are stopped before the failure is raised: no test leaves a
+    server running."""
+    servers = []
+    try:
+        for _ in range(count):
+            servers.append(start_procfile(tmp_path, env))
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
 def start_server(tmp_path, env, mode="gunicorn"):
     """The service in a run mode (RUN_MODES) on a free port, with the Procfile's settings in both."""
     if mode == "gunicorn":

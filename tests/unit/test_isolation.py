@@ -1,6 +1,7 @@
 """The tests' own Redis (tests/support/services.py): without TEST_REDIS_URL a redis-server of each test
 process's own, never the machine's, and gone with the process; with it, a database a worker. And the
-app fixture's database (tests/conftest.py): the schema an app builds, holding nothing of the last test."""
+app fixture's database (tests/conftest.py): the schema an app builds, holding nothing of the last test.
+And the instances a test starts together: none left running when a later one fails to start."""
 
 import json
 import os
@@ -8,10 +9,11 @@ import socket
 import subprocess
 import sys
 
+import liveserver
 import psycopg
 import pytest
 import services
-from liveserver import ROOT, wait_for
+from liveserver import ROOT, service_env, start_instances, wait_for
 from services import rows
 
 from accounts import users
@@ -122,3 +124,19 @@ def test_the_app_fixture_s_database_is_the_one_an_app_builds_and_holds_nothing_o
     assert schema_of(services.postgres_url_as_built(build_schema)) == prepared
     build_schema(services.postgres_url())
     assert schema_of(emptied) == prepared
+
+
+def test_instances_started_before_one_that_fails_are_stopped(tmp_path, monkeypatch):
+    started = []
+    start_procfile = liveserver.start_procfile
+
+    def second_fails(tmp_path, env):
+        if started:
+            raise AssertionError("server did not start")
+        started.append(start_procfile(tmp_path, env))
+        return started[-1]
+
+    monkeypatch.setattr(liveserver, "start_procfile", second_fails)
+    with pytest.raises(AssertionError, match="server did not start"):
+        start_instances(tmp_path, service_env(tmp_path))
+    assert started[0].process.poll() is not None
